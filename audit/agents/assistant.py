@@ -1,0 +1,49 @@
+"""The built-in ``assistant`` agent (SPEC §5): a ``create_agent`` agent with
+four tools, human approval for ``send_email``, and large tool results moved
+to the thread workspace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain.agents.middleware import HumanInTheLoopMiddleware
+
+from yuxi_project.errors import InvalidInput
+
+from .models import chat_model
+from .tools import ASSISTANT_TOOLS, AgentContext
+
+AGENTS = ("assistant",)
+
+SYSTEM_PROMPT = (
+    "You are a helpful assistant. Use the tools when they help: get_weather for weather, "
+    "calculator for arithmetic, lookup_docs for product documentation, send_email to send email."
+)
+
+
+class UnknownAgent(InvalidInput):
+    code = "unknown_agent"
+
+
+def validate_agent_id(agent_id: str) -> str:
+    if agent_id not in AGENTS:
+        raise UnknownAgent(f"unknown agent {agent_id!r}", extra={"available": list(AGENTS)})
+    return agent_id
+
+
+def build_agent(agent_id: str, *, model: str, checkpointer: Any) -> Any:
+    """Compile the agent ``agent_id`` with the chat model ``model``.
+
+    Raises :class:`UnknownAgent` / ``UnknownModel``.
+    """
+    validate_agent_id(agent_id)
+    return create_agent(
+        chat_model(model),
+        tools=ASSISTANT_TOOLS,
+        system_prompt=SYSTEM_PROMPT,
+        middleware=[HumanInTheLoopMiddleware(interrupt_on={"send_email": True})],
+        context_schema=AgentContext,
+        checkpointer=checkpointer,
+        name=agent_id,
+    )

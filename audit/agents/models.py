@@ -1,0 +1,65 @@
+"""Chat models by name: ``provider:name`` (SPEC §5).
+
+``replay:<scenario>`` goes to the project's replay model server;
+``openai:<model>`` to an OpenAI-compatible endpoint. Both use
+langchain-openai with ``stream_usage=True`` so that message-finish carries
+the provider's usage (PROTOCOL.md §11).
+"""
+
+from __future__ import annotations
+
+from langchain_openai import ChatOpenAI
+
+from yuxi_project.config import get_config
+from yuxi_project.errors import InvalidInput
+
+
+class UnknownModel(InvalidInput):
+    code = "unknown_model"
+
+
+def available_models() -> list[str]:
+    """Model names a thread may use: every bundled replay scenario plus the
+    configured ``MODELS`` list."""
+    from audit.replay.scenarios import bundled_scenario_names
+
+    names = [f"replay:{name}" for name in bundled_scenario_names()]
+    names += [m for m in get_config().MODELS if m not in names]
+    return names
+
+
+def validate_model_name(name: str) -> str:
+    """Return ``name`` if it is available; raises :class:`UnknownModel`."""
+    if name not in available_models():
+        raise UnknownModel(f"unknown model {name!r}", extra={"available": available_models()})
+    return name
+
+
+def chat_model(name: str) -> ChatOpenAI:
+    """Build the chat model for ``provider:name``.
+
+    Raises :class:`UnknownModel` for an unknown provider.
+    """
+    provider, _, model = name.partition(":")
+    config = get_config()
+    if provider == "replay" and model:
+        return ChatOpenAI(
+            model=model,
+            base_url=config.REPLAY_MODEL_URL,
+            api_key="replay",
+            stream_usage=True,
+            streaming=True,
+            max_retries=0,
+            timeout=60,
+        )
+    if provider == "openai" and model:
+        return ChatOpenAI(
+            model=model,
+            base_url=config.OPENAI_BASE_URL or None,
+            api_key=config.OPENAI_API_KEY or None,
+            stream_usage=True,
+            streaming=True,
+            max_retries=1,
+            timeout=120,
+        )
+    raise UnknownModel(f"unknown model provider in {name!r}: use replay:<scenario> or openai:<model>")

@@ -1,0 +1,116 @@
+"""Tools of the built-in ``assistant`` agent (SPEC §5).
+
+All are deterministic so that scenarios and tests are repeatable.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from langchain.tools import ToolRuntime
+from langchain_core.tools import ToolException, tool
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    """Runtime context given to every tool: the thread and its workspace."""
+
+    thread_id: str
+    run_id: str
+    workspace: str
+
+
+_WEATHER = {
+    "paris": {"city": "Paris", "temperature_c": 18, "conditions": "sunny"},
+    "berlin": {"city": "Berlin", "temperature_c": 12, "conditions": "cloudy"},
+    "tokyo": {"city": "Tokyo", "temperature_c": 22, "conditions": "light rain"},
+    "london": {"city": "London", "temperature_c": 14, "conditions": "overcast"},
+    "new york": {"city": "New York", "temperature_c": 20, "conditions": "clear"},
+}
+
+
+@tool
+def get_weather(city: str) -> str:
+    """Current weather for a city. An unknown city is reported as a tool error."""
+    data = _WEATHER.get(city.strip().lower())
+    if data is None:
+        # Handled: the agent sees an error ToolMessage and carries on.
+        raise ToolException(f"unknown city: {city}")
+    return json.dumps(data)
+
+
+# A ToolException becomes an error ToolMessage (status="error") instead of
+# propagating: the handled-tool-error path (R-TA-3).
+get_weather.handle_tool_error = True
+
+
+_OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+
+
+def _evaluate(node: ast.AST) -> float:
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        right = _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > 100:
+            raise ValueError("exponent too large")
+        return _OPERATORS[type(node.op)](_evaluate(node.left), right)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_evaluate(node.operand))
+    raise ValueError(f"unsupported expression element: {type(node).__name__}")
+
+
+@tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression (+ - * / // % ** and parentheses).
+
+    Raises on an invalid expression or a division by zero: an unhandled tool
+    error that fails the run."""
+    result = _evaluate(ast.parse(expression, mode="eval"))
+    return str(result)
+
+
+_DOC_TEXT = (
+    "Records are retained for 400 days and then deleted. Audit rows are kept for the life of the thread. "
+    "Exports are produced nightly. Access to raw tool output is limited to staff. "
+)
+
+
+@tool
+def lookup_docs(query: str, size: int = 800) -> str:
+    """Search the product documentation; returns about ``size`` characters of text."""
+    size = max(1, min(int(size), 1_000_000))
+    header = f"Results for {query!r}:\n"
+    body = (_DOC_TEXT * (size // len(_DOC_TEXT) + 1))[: max(0, size - len(header))]
+    return header + body
+
+
+@tool
+def send_email(to: str, subject: str, body: str, runtime: ToolRuntime[AgentContext]) -> str:
+    """Send an email. Requires human approval; the email is recorded in the
+    thread workspace (``outbox/``) and nothing is actually sent."""
+    outbox = Path(runtime.context.workspace) / "outbox"
+    outbox.mkdir(parents=True, exist_ok=True)
+    name = f"{runtime.tool_call_id or uuid.uuid4()}.json"
+    (outbox / name).write_text(json.dumps({"to": to, "subject": subject, "body": body}))
+    return f"Email to {to} recorded as outbox/{name}."
+
+
+ASSISTANT_TOOLS = [get_weather, calculator, lookup_docs, send_email]

@@ -1,0 +1,61 @@
+"""Errors of run execution and the audit path (R-RUN-4, R-RUN-8, R-MA-3)."""
+
+from __future__ import annotations
+
+from yuxi_project.errors import ApplicationError, Conflict
+
+
+class LeaseError(Conflict):
+    """A write was refused because the caller does not own the run now.
+
+    The worker that gets one stops the run: no further model step starts.
+    """
+
+    code = "lease_error"
+
+
+class RunIdentityMismatch(LeaseError):
+    """The run id, request id or thread id in the lease does not match the row."""
+
+    code = "run_identity_mismatch"
+
+
+class LeaseLost(LeaseError):
+    """Another owner or a newer fencing token holds the run."""
+
+    code = "lease_lost"
+
+
+class LeaseExpired(LeaseLost):
+    """The caller's lease expired before this write (R-RUN-7)."""
+
+    code = "lease_expired"
+
+
+class RunTerminal(LeaseError):
+    """The run already ended; nothing may be written into it."""
+
+    code = "run_terminal"
+
+
+class RunNotStartable(LeaseError):
+    """Acquisition refused: the run is not pending (already started, leased
+    by a live owner, or ended) — e.g. a second Celery delivery (R-RUN-3)."""
+
+    code = "run_not_startable"
+
+
+class AuditConflict(Conflict):
+    """A lifecycle event contradicts what the audit already holds: the same
+    operation with another sequence, a key change inside one lifecycle, or a
+    different result for a closed row (R-MA-3, R-MA-5, R-TA-2)."""
+
+    code = "audit_conflict"
+
+
+class AuditWriteFailed(ApplicationError):
+    """A critical audit write kept failing (database unreachable); the run
+    fails with this error type (R-RUN-8)."""
+
+    code = "audit_write_failed"
+    http_status = 503

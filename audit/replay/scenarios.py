@@ -1,0 +1,201 @@
+"""Scenario files for the replay model server (SPEC §5, "Models and the
+replay model server").
+
+A scenario is a JSON file whose stem is the scenario name (the ``model`` a
+client asks for). It holds an ordered list of assistant turns::
+
+    {"description": "...",
+     "turns": [
+        {"text": "Let me check.",
+         "tool_calls": [{"id": "call_weather_paris", "name": "get_weather",
+                         "arguments": {"city": "Paris"}}],
+         "usage": {"prompt_tokens": 52, "completion_tokens": 14},
+         "chunk_delay_ms": 0, "chunk_chars": 8},
+        {"text": "It is 18°C and sunny in Paris.",
+         "usage": {"prompt_tokens": 90, "completion_tokens": 11}}]}
+
+Turn keys: ``text``, ``tool_calls``, ``usage``, ``chunk_delay_ms``,
+``chunk_chars``, ``http_status`` + ``error_message``, ``fail_after_chunks``.
+Validation is strict: unknown keys and wrongly typed values are rejected,
+and every problem is reported as :class:`ScenarioError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+BUNDLED_DIR = Path(__file__).resolve().parent / "scenarios"
+
+DEFAULT_CHUNK_CHARS = 4
+"""Characters per streamed text chunk when a turn gives no ``chunk_chars``:
+small, so that even a short answer streams as many chunks."""
+
+
+class ScenarioError(ValueError):
+    """A scenario file cannot be read or does not follow the format.
+
+    ``path`` is the offending file and ``problem`` a human-readable
+    description; ``str(error)`` is ``"<file name>: <problem>"``.
+    """
+
+    def __init__(self, path: Path, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path.name}: {problem}")
+
+
+class _Strict(BaseModel):
+    # strict=True: a JSON "5" is not a number and true is not 1, so a typo
+    # in a hand-written scenario fails loudly instead of replaying wrongly.
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class ToolCall(_Strict):
+    """One tool call the model declares: ``arguments`` is the decoded
+    arguments object; it is sent JSON-encoded, as OpenAI does."""
+
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+    def arguments_json(self) -> str:
+        """The arguments as the JSON string OpenAI puts in
+        ``function.arguments`` (non-ASCII kept as is)."""
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+class Usage(_Strict):
+    """Token counts reported for a turn; ``total_tokens`` is their sum."""
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Turn(_Strict):
+    """One assistant turn of a scenario.
+
+    - ``text``: the answer text (may accompany ``tool_calls``).
+    - ``tool_calls``: tool calls declared by the turn.
+    - ``usage``: token counts; absent means zeros are reported.
+    - ``chunk_delay_ms``: milliseconds slept before each streamed chunk (a
+      non-streaming answer sleeps as long as the whole stream would).
+    - ``chunk_chars``: characters per text chunk (and per piece of tool-call
+      arguments) when streaming.
+    - ``http_status`` / ``error_message``: answer with this HTTP error and an
+      OpenAI-style error body instead of a completion.
+    - ``fail_after_chunks``: when streaming, send this many chunks (the first,
+      role-only chunk included) then break the connection: no finish chunk,
+      no usage, no ``[DONE]``. A non-streaming request gets a 500 error.
+    """
+
+    text: str | None = None
+    # strict=False only so a JSON array becomes a tuple; items stay strict.
+    tool_calls: tuple[ToolCall, ...] = Field(default=(), strict=False)
+    usage: Usage | None = None
+    chunk_delay_ms: int = Field(default=0, ge=0)
+    chunk_chars: int = Field(default=DEFAULT_CHUNK_CHARS, ge=1)
+    http_status: int | None = Field(default=None, ge=400, le=599)
+    error_message: str | None = None
+    fail_after_chunks: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> Turn:
+        if self.http_status is not None:
+            extra = [
+                key
+                for key in ("text", "tool_calls", "usage", "fail_after_chunks")
+                if key in self.model_fields_set
+            ]
+            if extra:
+                raise ValueError(f"a turn with http_status cannot also give {', '.join(extra)}")
+        elif self.error_message is not None:
+            raise ValueError("error_message needs http_status")
+        elif self.text is None and not self.tool_calls:
+            raise ValueError("a turn needs text, tool_calls or http_status")
+        return self
+
+    @property
+    def finish_reason(self) -> str:
+        """``"tool_calls"`` when the turn declares tool calls, else ``"stop"``."""
+        return "tool_calls" if self.tool_calls else "stop"
+
+
+class Scenario(_Strict):
+    """A named, ordered list of assistant turns (at least one). Tool call
+    ids are unique across the whole scenario, so the audit can tell the
+    calls apart."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    turns: tuple[Turn, ...] = Field(min_length=1, strict=False)
+
+    @model_validator(mode="after")
+    def _check_tool_call_ids(self) -> Scenario:
+        seen: set[str] = set()
+        for turn in self.turns:
+            for call in turn.tool_calls:
+                if call.id in seen:
+                    raise ValueError(f"tool call id {call.id!r} is used twice")
+                seen.add(call.id)
+        return self
+
+
+def _describe(error: ValidationError) -> str:
+    problems = []
+    for item in error.errors():
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in item["loc"])
+        where = where.lstrip(".") or "scenario"
+        message = item["msg"].removeprefix("Value error, ")
+        problems.append(f"{where}: {message}")
+    return "; ".join(problems)
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read and validate one scenario file; its name is the file stem.
+
+    Raises :class:`ScenarioError` (naming the file) when the file cannot be
+    read, is not JSON, or does not follow the format.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ScenarioError(path, f"cannot read the file: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ScenarioError(path, f"not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ScenarioError(path, "the top level must be a JSON object")
+    if "name" in data:
+        # The name must be what clients ask for, so it has one source.
+        raise ScenarioError(path, "'name' is not allowed; the scenario name is the file stem")
+    try:
+        return Scenario.model_validate({"name": path.stem, **data})
+    except ValidationError as exc:
+        raise ScenarioError(path, _describe(exc)) from exc
+
+
+def load_scenarios(directory: Path | None = None) -> dict[str, Scenario]:
+    """Load every ``*.json`` file of ``directory`` (default: the bundled
+    ``audit/replay/scenarios/``) into ``{scenario name: Scenario}``, sorted
+    by name.
+
+    Raises :class:`ScenarioError` for the first malformed file and
+    :class:`NotADirectoryError` when ``directory`` is not a directory.
+    """
+    directory = BUNDLED_DIR if directory is None else Path(directory)
+    if not directory.is_dir():
+        raise NotADirectoryError(f"scenario directory not found: {directory}")
+    return {path.stem: load_scenario(path) for path in sorted(directory.glob("*.json"))}
+
+
+def bundled_scenario_names() -> list[str]:
+    """Names of the scenarios shipped in ``audit/replay/scenarios/``, sorted
+    (file stems; the files are not validated here)."""
+    return sorted(path.stem for path in BUNDLED_DIR.glob("*.json"))

@@ -1,0 +1,348 @@
+"""The replay model server: an OpenAI-compatible ``/v1/chat/completions``
+endpoint (streaming and non-streaming) that plays scenario files
+deterministically (SPEC §5, "Models and the replay model server").
+
+The request's ``model`` is the scenario name. Turn selection is stateless:
+the turn index is the number of ``assistant`` messages after the last
+``user`` message, so a client that re-sends the whole history (for example
+on resume after a human-approval interrupt) gets the right turn.
+
+Routes: ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /v1/models/{name}``, ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Send
+
+from .scenarios import Scenario, Turn, load_scenarios
+
+logger = logging.getLogger(__name__)
+
+CREATED = 1_700_000_000
+"""Fixed ``created`` timestamp (s) of every completion and chunk, so answers
+are byte-for-byte reproducible."""
+
+SYSTEM_FINGERPRINT = "replay"
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    409: "conflict_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+class _AbortStream:
+    """Yielded by a chunk generator to break the connection: the response
+    is left incomplete, so the client sees a protocol error mid-stream."""
+
+
+_ABORT = _AbortStream()
+
+
+class _ReplayStreamingResponse(StreamingResponse):
+    """A ``StreamingResponse`` that can end without completing the HTTP body.
+
+    Returning from the ASGI call without the final ``more_body=False``
+    message makes uvicorn close the connection, which the client reads as an
+    incomplete chunked body: a real mid-stream failure, not an error event.
+    """
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            if chunk is _ABORT:
+                return
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def error_response(status: int, message: str, *, code: str | None, error_type: str | None = None) -> JSONResponse:
+    """An OpenAI-style error: ``{"error": {"message", "type", "code", "param"}}``
+    with HTTP ``status``; ``error_type`` defaults from the status."""
+    if error_type is None:
+        error_type = "server_error" if status >= 500 else _ERROR_TYPES.get(status, "invalid_request_error")
+    body = {"error": {"message": message, "type": error_type, "code": code, "param": None}}
+    return JSONResponse(body, status_code=status)
+
+
+def turn_index(messages: list[dict[str, Any]]) -> int:
+    """Number of ``assistant`` messages after the last ``user`` message in
+    ``messages`` (OpenAI chat messages, dicts with a ``role``); with no user
+    message, all assistant messages count."""
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    return sum(1 for m in messages[last_user + 1 :] if m.get("role") == "assistant")
+
+
+def _completion_id(scenario: str, index: int, messages: list[dict[str, Any]]) -> str:
+    # Deterministic for a given request, yet distinct across conversations:
+    # the audit may key provider response ids, and two threads playing the
+    # same scenario must not collide.
+    digest = hashlib.sha256(
+        json.dumps([scenario, index, messages], sort_keys=True, default=str).encode()
+    ).hexdigest()
+    return f"chatcmpl-replay-{digest[:24]}"
+
+
+def _usage(turn: Turn) -> dict[str, int]:
+    prompt = turn.usage.prompt_tokens if turn.usage else 0
+    completion = turn.usage.completion_tokens if turn.usage else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _deltas(turn: Turn) -> list[dict[str, Any]]:
+    """The ``delta`` objects of a streamed turn, first (role) chunk included,
+    finish chunk excluded."""
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    deltas += [{"content": piece} for piece in _pieces(turn.text or "", turn.chunk_chars)]
+    for index, call in enumerate(turn.tool_calls):
+        head = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+        deltas.append({"tool_calls": [head]})
+        for piece in _pieces(call.arguments_json(), turn.chunk_chars):
+            deltas.append({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    return deltas
+
+
+def _message(turn: Turn) -> dict[str, Any]:
+    # content is null for a tool-call-only turn, as OpenAI sends it.
+    message: dict[str, Any] = {"role": "assistant", "content": turn.text, "refusal": None}
+    if turn.tool_calls:
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json()}}
+            for call in turn.tool_calls
+        ]
+    return message
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _stream(turn: Turn, base: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes | _AbortStream]:
+    delay = turn.chunk_delay_ms / 1000
+    # OpenAI sends "usage": null on every chunk when usage was requested.
+    extra = {"usage": None} if include_usage else {}
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], **extra}
+        for delta in _deltas(turn)
+    ]
+    if turn.fail_after_chunks is not None:
+        for chunk in chunks[: turn.fail_after_chunks]:
+            if delay:
+                await asyncio.sleep(delay)
+            yield _sse(chunk)
+        yield _ABORT
+        return
+    chunks.append(
+        {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": turn.finish_reason}], **extra}
+    )
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": _usage(turn)})
+    for chunk in chunks:
+        if delay:
+            await asyncio.sleep(delay)
+        yield _sse(chunk)
+    yield b"data: [DONE]\n\n"
+
+
+def build_app(scenarios: dict[str, Scenario]) -> Starlette:
+    """The replay server as an ASGI app.
+
+    ``scenarios`` maps scenario names (the ``model`` clients send) to
+    scenarios, as returned by :func:`audit.replay.scenarios.load_scenarios`.
+    Errors are answered OpenAI-style (``{"error": {"message", "type",
+    "code"}}``): 404 ``model_not_found`` for an unknown scenario, 400
+    ``scenario_exhausted`` when the turn index is past the last turn, 400
+    ``invalid_request`` for a malformed body, the turn's ``http_status`` for
+    an error turn, and 500 ``replay_stream_failed`` for a non-streaming
+    request to a ``fail_after_chunks`` turn.
+    """
+
+    async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return error_response(400, "the request body is not valid JSON", code="invalid_request")
+        if not isinstance(body, dict):
+            return error_response(400, "the request body must be a JSON object", code="invalid_request")
+        name, messages = body.get("model"), body.get("messages")
+        if not isinstance(name, str):
+            return error_response(400, "'model' must be a scenario name", code="invalid_request")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            return error_response(400, "'messages' must be a list of message objects", code="invalid_request")
+        scenario = scenarios.get(name)
+        if scenario is None:
+            logger.info("replay request: unknown scenario %r", name)
+            return error_response(
+                404, f"The model '{name}' does not exist: no replay scenario has that name.", code="model_not_found"
+            )
+        stream = body.get("stream") is True
+        index = turn_index(messages)
+        logger.info("replay request: scenario=%s turn=%d stream=%s", name, index, stream)
+        if index >= len(scenario.turns):
+            return error_response(
+                400,
+                f"Replay scenario '{name}' has {len(scenario.turns)} turn(s); "
+                f"the request asks for turn {index + 1}.",
+                code="scenario_exhausted",
+            )
+        turn = scenario.turns[index]
+        if stream and turn.fail_after_chunks is not None:
+            # uvicorn then logs "ASGI callable returned without completing
+            # response.": that is this deliberate break, not a bug.
+            logger.warning("replay: breaking the stream after %d chunk(s) as the scenario says", turn.fail_after_chunks)
+        if turn.http_status is not None:
+            return error_response(
+                turn.http_status, turn.error_message or f"replay: HTTP {turn.http_status}", code="replay_http_error"
+            )
+        base = {
+            "id": _completion_id(name, index, messages),
+            "object": "chat.completion.chunk",
+            "created": CREATED,
+            "model": name,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
+        if stream:
+            stream_options = body.get("stream_options") or {}
+            include_usage = isinstance(stream_options, dict) and stream_options.get("include_usage") is True
+            return _ReplayStreamingResponse(
+                _stream(turn, base, include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        # Take as long as the stream would have, so slow scenarios are slow
+        # for non-streaming clients too.
+        chunk_count = len(_deltas(turn)) + 1
+        if turn.fail_after_chunks is not None:
+            await asyncio.sleep(turn.chunk_delay_ms * min(turn.fail_after_chunks, chunk_count) / 1000)
+            return error_response(
+                500,
+                f"replay: the model failed after {turn.fail_after_chunks} chunk(s)",
+                code="replay_stream_failed",
+            )
+        if turn.chunk_delay_ms:
+            await asyncio.sleep(turn.chunk_delay_ms * chunk_count / 1000)
+        completion = {
+            **base,
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": _message(turn), "logprobs": None, "finish_reason": turn.finish_reason}],
+            "usage": _usage(turn),
+        }
+        return JSONResponse(completion)
+
+    def _model(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": CREATED, "owned_by": "replay"}
+
+    async def list_models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [_model(name) for name in sorted(scenarios)]})
+
+    async def retrieve_model(request: Request) -> JSONResponse:
+        name = request.path_params["name"]
+        if name not in scenarios:
+            return error_response(404, f"The model '{name}' does not exist.", code="model_not_found")
+        return JSONResponse(_model(name))
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "scenarios": len(scenarios)})
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/models/{name:path}", retrieve_model, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ]
+    )
+
+
+class ReplayServer(uvicorn.Server):
+    """A uvicorn server that calls ``on_listening(base_url)`` once its socket
+    accepts connections; ``base_url`` is ``http://HOST:PORT/v1`` with the
+    port actually bound (useful with port 0)."""
+
+    def __init__(self, config: uvicorn.Config, on_listening: Callable[[str], None] | None = None) -> None:
+        super().__init__(config)
+        self.on_listening = on_listening
+        self.base_url: str | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.started:
+            return
+        port = self.servers[0].sockets[0].getsockname()[1]
+        self.base_url = f"http://{self.config.host}:{port}/v1"
+        if self.on_listening is not None:
+            self.on_listening(self.base_url)
+
+
+def make_server(
+    scenarios: dict[str, Scenario],
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    *,
+    on_listening: Callable[[str], None] | None = None,
+) -> ReplayServer:
+    """A :class:`ReplayServer` for ``scenarios`` on ``host``:``port`` (0
+    picks a free port), logging one line per request and none per chunk.
+    Call ``.run()`` to serve (blocks)."""
+    config = uvicorn.Config(
+        build_app(scenarios),
+        host=host,
+        port=port,
+        access_log=False,  # build_app logs one line per request itself
+        log_config=None,
+        lifespan="off",
+        timeout_graceful_shutdown=1,
+    )
+    return ReplayServer(config, on_listening=on_listening)
+
+
+def _announce(base_url: str) -> None:
+    print(f"replay model server listening on {base_url}", flush=True)
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    scenario_dir: Path | None = None,
+    *,
+    on_listening: Callable[[str], None] = _announce,
+) -> None:
+    """Load the scenarios of ``scenario_dir`` (default: the bundled ones)
+    and serve them on ``host``:``port`` until interrupted.
+
+    Once the socket accepts connections, ``on_listening`` receives
+    ``http://HOST:PORT/v1``; by default one line ``replay model server
+    listening on http://HOST:PORT/v1`` is printed to stdout and flushed, so
+    scripts can wait for it. Raises :class:`~audit.replay.scenarios.ScenarioError`
+    for a malformed scenario file, :class:`NotADirectoryError` for a missing
+    directory; uvicorn exits (:class:`SystemExit`) when the port cannot be bound.
+    """
+    scenarios = load_scenarios(scenario_dir)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    server = make_server(scenarios, host, port, on_listening=on_listening)
+    server.run()

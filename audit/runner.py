@@ -1,0 +1,290 @@
+"""Executing one run in a worker: lease, agent stream, audit, terminal state.
+
+:func:`run_execute` is the one service the Celery task calls. It acquires
+the lease (R-RUN-3), drives the agent with ``astream_events(version="v3")``,
+feeds every event to the :class:`~audit.recorder.LifecycleRecorder` whose
+writes go through the lease-checking services in short transactions
+(R-RUN-4, R-RUN-5), renews the lease while it works, stops at the next
+event boundary when cancellation is requested (R-RUN-6), and ends the run
+in one terminal transaction (R-MA-6..8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from asgiref.sync import sync_to_async
+from django.db import IntegrityError, InterfaceError, OperationalError, connection
+from langchain_core.messages import HumanMessage
+from langgraph.types import Command
+
+from conversations.models import Message
+from yuxi_project.config import get_config
+from yuxi_project.errors import ApplicationError, NotFound
+
+from . import services
+from .agents.assistant import build_agent
+from .agents.tools import AgentContext
+from .checkpoint import open_checkpointer, postgres_conninfo
+from .errors import AuditWriteFailed, LeaseError, RunNotStartable
+from .events import RunEventPublisher
+from .lease import Lease
+from .models import AgentRun
+from .recorder import LifecycleRecorder
+
+log = logging.getLogger(__name__)
+
+Status = AgentRun.Status
+
+
+def worker_identity() -> str:
+    """A lease owner name unique to this process: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def release_connection() -> None:
+    """Give the database connection back (to the pool) after a short
+    transaction, unless the caller is inside an outer atomic block (R-RUN-5)."""
+    if not connection.in_atomic_block:
+        connection.close()
+
+
+def _call_then_release(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    try:
+        return fn(**kwargs)
+    finally:
+        release_connection()
+
+
+_RETRYABLE = (OperationalError, InterfaceError, IntegrityError)
+
+
+async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
+    """Run one audit service call in its own short transaction, awaited.
+
+    Database errors (unreachable, conflicting insert) are retried with
+    backoff up to ``AUDIT_WRITE_ATTEMPTS`` times; then
+    :class:`AuditWriteFailed` is raised and the run fails (R-RUN-8).
+    Lease and audit conflicts are not retried.
+    """
+    attempts = get_config().AUDIT_WRITE_ATTEMPTS
+    for attempt in range(1, attempts + 1):
+        try:
+            return await sync_to_async(_call_then_release)(fn, kwargs)
+        except _RETRYABLE as exc:
+            if attempt == attempts:
+                raise AuditWriteFailed(
+                    f"{fn.__name__} failed {attempts} times: {type(exc).__name__}: {exc}",
+                    extra={"cause": type(exc).__name__},
+                ) from exc
+            log.warning("audit write %s failed (attempt %s/%s): %s", fn.__name__, attempt, attempts, exc)
+            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+    raise AssertionError("unreachable")
+
+
+class LeasedAuditSink:
+    """The recorder's sink: every fact goes through a lease-checked service."""
+
+    def __init__(self, lease: Lease):
+        self._lease = lease
+
+    async def model_start(self, **kwargs: Any) -> None:
+        await write_with_retry(services.model_call_start, lease=self._lease, **kwargs)
+
+    async def model_finish(self, **kwargs: Any) -> None:
+        await write_with_retry(services.model_call_finish, lease=self._lease, **kwargs)
+
+    async def tool_start(self, **kwargs: Any) -> None:
+        await write_with_retry(services.tool_call_start, lease=self._lease, **kwargs)
+
+    async def tool_finish(self, **kwargs: Any) -> None:
+        await write_with_retry(services.tool_call_finish, lease=self._lease, **kwargs)
+
+    async def tool_error(self, **kwargs: Any) -> None:
+        await write_with_retry(services.tool_call_error, lease=self._lease, **kwargs)
+
+
+def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
+    """Execute a pending run to its end in this process.
+
+    Returns the final status, or ``"skipped"`` when the run could not be
+    acquired (not pending, already owned, or waiting behind an earlier run
+    of its thread — R-RUN-2, R-RUN-3), or ``"lease_lost"`` when another
+    owner took the run over mid-way.
+    """
+    config = get_config()
+    owner = owner or worker_identity()
+    try:
+        lease = services.run_acquire(run_id=uuid.UUID(str(run_id)), owner=owner, ttl_seconds=config.LEASE_TTL_SECONDS)
+        run = AgentRun.objects.select_related("thread").get(pk=lease.run_id)
+    except (RunNotStartable, NotFound) as exc:
+        log.info("run %s not started: %s", run_id, exc)
+        return "skipped"
+    finally:
+        release_connection()
+    return asyncio.run(RunExecutor(lease=lease, run=run, conninfo=postgres_conninfo()).execute())
+
+
+@dataclass
+class _Outcome:
+    status: str | None  # None: the lease is gone, nothing may be written
+    error_type: str = ""
+    error_message: str = ""
+
+
+class RunExecutor:
+    """Drives one run's agent stream while keeping its lease."""
+
+    def __init__(self, *, lease: Lease, run: AgentRun, conninfo: str | None):
+        self.lease = lease
+        self.run = run
+        self.conninfo = conninfo
+        self.config = get_config()
+        self.publisher = RunEventPublisher.for_run(run.id)
+        self.recorder = LifecycleRecorder(LeasedAuditSink(lease), publish=self.publisher.publish)
+        self.prior_message_ids: set[str] = set()
+        self._stop: _Outcome | None = None
+        self._drive_task: asyncio.Task | None = None
+
+    async def execute(self) -> str:
+        await self.publisher.publish("run.status", {"status": Status.RUNNING})
+        self._drive_task = asyncio.create_task(self._drive())
+        keeper = asyncio.create_task(self._keep_lease())
+        try:
+            outcome = await self._drive_task
+        except asyncio.CancelledError:
+            if self._stop is None:
+                raise
+            outcome = self._stop
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await keeper
+        result = await self._finish(outcome)
+        await self.publisher.close()
+        return result
+
+    async def _drive(self) -> _Outcome:
+        try:
+            async with open_checkpointer(self.conninfo) as saver:
+                graph = build_agent(self.run.agent_id, model=self.run.model, checkpointer=saver)
+                graph_config = {"configurable": {"thread_id": str(self.run.thread_id)}, "recursion_limit": 40}
+                snapshot = await graph.aget_state(graph_config)
+                self.prior_message_ids = {
+                    m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)
+                }
+                stream = await graph.astream_events(
+                    self._graph_input(), graph_config, version="v3", context=self._context()
+                )
+                try:
+                    async for event in stream:
+                        await self.recorder.handle(event)
+                except asyncio.CancelledError:
+                    # Async cancellation really stops the model call
+                    # (PROTOCOL.md §8); abort finalises the stream.
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(stream.abort())
+                    raise
+        except asyncio.CancelledError:
+            raise
+        except LeaseError as exc:
+            log.warning("run %s stopped: %s", self.run.id, exc)
+            return _Outcome(None, exc.code, str(exc))
+        except ApplicationError as exc:
+            return _Outcome(Status.FAILED, exc.code, exc.message)
+        except Exception as exc:  # the agent, the model or a tool failed
+            log.info("run %s failed: %r", self.run.id, exc)
+            return _Outcome(Status.FAILED, _error_type(exc), f"{type(exc).__name__}: {exc}"[:4000])
+        if self.recorder.interrupts:
+            return _Outcome(Status.INTERRUPTED)
+        return _Outcome(Status.COMPLETED)
+
+    def _graph_input(self) -> Any:
+        if self.run.resumed_from_id:
+            return Command(resume={"decisions": self.run.input.get("decisions", [])})
+        return {"messages": [HumanMessage(content=self.run.input.get("text", ""), id=f"human-{self.run.id}")]}
+
+    def _context(self) -> AgentContext:
+        workspace = Path(self.config.WORKSPACE_ROOT) / str(self.run.thread_id)
+        workspace.mkdir(parents=True, exist_ok=True)
+        return AgentContext(thread_id=str(self.run.thread_id), run_id=str(self.run.id), workspace=str(workspace))
+
+    async def _keep_lease(self) -> None:
+        """Renew the lease every third of its TTL and check for a cancel
+        request about once a second; stop the drive task when the run is to
+        be cancelled or the lease is gone."""
+        ttl = self.config.LEASE_TTL_SECONDS
+        poll = min(1.0, ttl / 3)
+        since_renewal = 0.0
+        while True:
+            await asyncio.sleep(poll)
+            since_renewal += poll
+            try:
+                if since_renewal >= ttl / 3:
+                    status = await write_with_retry(services.lease_renew, lease=self.lease, ttl_seconds=ttl)
+                    since_renewal = 0.0
+                else:
+                    status = await sync_to_async(_call_then_release)(_run_status, {"run_id": self.lease.run_id})
+            except LeaseError as exc:
+                self._stop = _Outcome(None, exc.code, str(exc))
+            except AuditWriteFailed as exc:
+                self._stop = _Outcome(Status.FAILED, exc.code, exc.message)
+            else:
+                if status == Status.CANCEL_REQUESTED:
+                    self._stop = _Outcome(Status.CANCELLED, "cancelled", "cancelled on request")
+            if self._stop is not None and self._drive_task is not None:
+                self._drive_task.cancel()
+                return
+
+    async def _finish(self, outcome: _Outcome) -> str:
+        if outcome.status is None:
+            return "lease_lost"
+        try:
+            run = await write_with_retry(
+                services.run_finish,
+                lease=self.lease,
+                status=outcome.status,
+                final_state=self.recorder.final_state(),
+                prior_message_ids=self.prior_message_ids,
+                interrupts=self.recorder.interrupt_payloads() or None,
+                error_type=outcome.error_type,
+                error_message=outcome.error_message,
+            )
+        except LeaseError as exc:
+            log.warning("run %s could not be finished: %s", self.run.id, exc)
+            return "lease_lost"
+        except AuditWriteFailed as exc:
+            log.error("run %s terminal write failed; the lease sweeper will end it: %s", self.run.id, exc)
+            return "lease_lost"
+        await self.publisher.publish(
+            "run.finished",
+            {"status": run.status, "error_type": run.error_type, "output_message_id": run.output_message_id},
+        )
+        return run.status
+
+
+def _run_status(*, run_id: uuid.UUID) -> str:
+    return AgentRun.objects.values_list("status", flat=True).get(pk=run_id)
+
+
+def _error_type(exc: BaseException) -> str:
+    """A stable error type naming the cause of a failed run."""
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        return "model_http_error"
+    if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError)):
+        return "model_unreachable"
+    name = type(exc).__name__
+    module = type(exc).__module__
+    if module.startswith(("httpx", "httpcore")):
+        return "model_stream_error"
+    return "agent_error" if name == "Exception" else f"agent_error:{name}"

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from ninja import Field, Schema
+
+
+class TurnInput(Schema):
+    text: str = Field(..., min_length=1, max_length=100_000)
+
+
+class RunIn(Schema):
+    request_id: str = Field(..., min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
+    input: TurnInput
+
+
+class UsageOut(Schema):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    # Model calls cut off before the provider reported usage: their tokens
+    # are unknown, not zero.
+    unknown_calls: int = 0
+
+
+class RunOut(Schema):
+    run_id: uuid.UUID
+    thread_id: uuid.UUID
+    turn_id: uuid.UUID
+    resumed_from: uuid.UUID | None
+    request_id: str
+    agent_id: str
+    model: str
+    status: Literal["pending", "running", "cancel_requested", "completed", "failed", "cancelled", "interrupted"]
+    error_type: str
+    error_message: str
+    output_message_id: int | None
+    pending_approval: list[dict[str, Any]] | None = Field(
+        None, description="The interrupt payloads (action requests and review configs) while interrupted."
+    )
+    usage: UsageOut | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @staticmethod
+    def from_run(run) -> "RunOut":
+        return RunOut(
+            run_id=run.id,
+            thread_id=run.thread_id,
+            turn_id=run.turn_id,
+            resumed_from=run.resumed_from_id,
+            request_id=run.request_id,
+            agent_id=run.agent_id,
+            model=run.model,
+            status=run.status,
+            error_type=run.error_type,
+            error_message=run.error_message,
+            output_message_id=run.output_message_id,
+            pending_approval=run.interrupts if run.status == "interrupted" else None,
+            usage=run.usage,
+            created_at=run.created_at,
+            started_at=run.started_at,
+            finished_at=run.finished_at,
+        )

@@ -1,0 +1,229 @@
+"""Threads, their messages (chat history and audit rows in one table) and
+feedback.
+
+One ``Message`` table holds ordinary chat messages *and* the audit rows of
+model calls and tool executions, told apart by ``message_type`` (SPEC §3).
+Every reader goes through the QuerySet predicates below, so that counts,
+history and timelines apply the same rules (R-READ-1..4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Conversation(models.Model):
+    """A chat between one user and one agent: the *thread* of LangGraph."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        ARCHIVED = "archived"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
+    agent_id = models.CharField(max_length=100)
+    model = models.CharField(max_length=200)
+    title = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.ACTIVE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # GET /api/threads: a user's threads, newest first.
+            models.Index(fields=["user", "-created_at"], name="conv_user_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or str(self.id)
+
+    @property
+    def thread_id(self) -> uuid.UUID:
+        return self.id
+
+
+class MessageQuerySet(models.QuerySet):
+    """Predicates every reader shares (R-READ-1..4)."""
+
+    def ordinary(self) -> "MessageQuerySet":
+        """Chat messages a user sees and counts see: never audit rows (R-READ-4)."""
+        return self.filter(message_type=Message.Type.TEXT)
+
+    def audit(self) -> "MessageQuerySet":
+        """Rows that record one operation (model call or tool execution),
+        including the model row that became a run's final answer."""
+        return self.filter(operation_id__isnull=False)
+
+    def model_calls(self) -> "MessageQuerySet":
+        return self.audit().filter(role=Message.Role.ASSISTANT)
+
+    def tool_executions(self) -> "MessageQuerySet":
+        """Tool rows that really started; a declaration or a rejected call
+        never counts as an execution (R-READ-4, R-TA-5)."""
+        return self.filter(message_type=Message.Type.TOOL_AUDIT, started_at__isnull=False)
+
+    def running(self) -> "MessageQuerySet":
+        return self.filter(execution_status=Message.ExecutionStatus.RUNNING)
+
+
+class Message(models.Model):
+    """One chat message or one audit row (R-MA-1, R-TA-1)."""
+
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+        TOOL = "tool"
+        SYSTEM = "system"
+
+    class Type(models.TextChoices):
+        TEXT = "text"
+        MODEL_AUDIT = "model_audit"
+        TOOL_AUDIT = "tool_audit"
+
+    class ExecutionStatus(models.TextChoices):
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        INTERRUPTED = "interrupted"
+        ABANDONED = "abandoned"
+        REJECTED = "rejected"
+
+    TERMINAL_EXECUTION_STATUSES = frozenset(
+        {
+            ExecutionStatus.COMPLETED,
+            ExecutionStatus.FAILED,
+            ExecutionStatus.INTERRUPTED,
+            ExecutionStatus.ABANDONED,
+            ExecutionStatus.REJECTED,
+        }
+    )
+
+    thread = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    run = models.ForeignKey("audit.AgentRun", on_delete=models.CASCADE, null=True, blank=True, related_name="messages")
+    role = models.CharField(max_length=20, choices=Role.choices)
+    message_type = models.CharField(max_length=20, choices=Type.choices, default=Type.TEXT)
+    content = models.TextField(blank=True, default="")
+    # Tool calls the model declared (model rows only): [{id, name, args}].
+    tool_calls = models.JSONField(null=True, blank=True)
+    # Audit metadata: namespace, model name, state_reconciled proof, the raw
+    # tool output envelope (staff only), awaiting_run_terminal, ...
+    metadata = models.JSONField(default=dict, blank=True)
+    # --- audit columns (R-MA-1); empty on rows that are not audit rows ---
+    operation_id = models.CharField(max_length=255, null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    sequence = models.PositiveIntegerField(null=True, blank=True)
+    execution_status = models.CharField(max_length=20, choices=ExecutionStatus.choices, null=True, blank=True)
+    usage = models.JSONField(null=True, blank=True)
+    # --- tool rows (R-TA-1) ---
+    tool_name = models.CharField(max_length=200, blank=True, default="")
+    tool_input = models.JSONField(null=True, blank=True)
+    declared_by = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="tool_executions"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = MessageQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            # One row per operation of a run; model and tool ids are separate
+            # namespaces because the role is part of the key (R-MA-1).
+            models.UniqueConstraint(
+                fields=["run", "role", "operation_id"],
+                condition=Q(operation_id__isnull=False),
+                name="message_run_role_operation_uniq",
+            ),
+        ]
+        indexes = [
+            # History: a thread's ordinary messages in order.
+            models.Index(fields=["thread", "id"], name="message_thread_id_idx"),
+            # Timeline: a run's audit rows by sequence.
+            models.Index(
+                fields=["run", "sequence", "id"],
+                name="message_run_sequence_idx",
+                condition=Q(operation_id__isnull=False),
+            ),
+            # Dashboard: tool executions by name and time.
+            models.Index(
+                fields=["tool_name", "started_at"],
+                name="message_tool_started_idx",
+                condition=Q(message_type="tool_audit"),
+            ),
+            # Terminal transaction and sweeper: a run's rows still running.
+            models.Index(
+                fields=["run"],
+                name="message_run_running_idx",
+                condition=Q(execution_status="running"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        label = self.operation_id or self.pk
+        return f"{self.get_message_type_display()} {self.role} {label}"
+
+    @property
+    def is_audit(self) -> bool:
+        return self.operation_id is not None
+
+
+class MessageFeedback(models.Model):
+    """A user's like or dislike of a final answer (one per user and message)."""
+
+    class Rating(models.TextChoices):
+        LIKE = "like"
+        DISLIKE = "dislike"
+
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="feedback")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="message_feedback")
+    rating = models.CharField(max_length=10, choices=Rating.choices)
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["message", "user"], name="feedback_message_user_uniq"),
+        ]
+        indexes = [
+            # Dashboard feedback list, newest first.
+            models.Index(fields=["-created_at"], name="feedback_created_idx"),
+        ]
+
+
+class ApiTokenManager(models.Manager):
+    def issue(self, *, user, name: str = "") -> tuple["ApiToken", str]:
+        """Create a token for ``user``; returns (row, plaintext). The
+        plaintext is shown once; only its SHA-256 digest is stored."""
+        plaintext = "yx_" + secrets.token_urlsafe(32)
+        token = self.create(user=user, name=name, key_digest=ApiToken.digest(plaintext), prefix=plaintext[:10])
+        return token, plaintext
+
+
+class ApiToken(models.Model):
+    """A per-user bearer token for the JSON APIs (``Authorization: Bearer``)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True, default="")
+    prefix = models.CharField(max_length=16, editable=False)
+    key_digest = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenManager()
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+    @staticmethod
+    def digest(plaintext: str) -> str:
+        return hashlib.sha256(plaintext.encode()).hexdigest()

@@ -1,0 +1,59 @@
+"""The JSON API: wires the apps' routers and maps errors to HTTP in one place.
+
+Every error body has the same shape: ``{"error": {"code", "message", ...}}``.
+"""
+
+from __future__ import annotations
+
+from django.http import Http404
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from .auth import api_auth
+from .errors import ApplicationError
+
+api = NinjaAPI(
+    title="Agent run audit API",
+    version="1",
+    auth=api_auth,
+    docs_url="/docs",
+    urls_namespace="api",
+)
+
+
+def error_body(code: str, message: str, **extra) -> dict:
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+@api.exception_handler(ApplicationError)
+def _application_error(request, exc: ApplicationError):
+    return api.create_response(request, error_body(exc.code, exc.message, **exc.extra), status=exc.http_status)
+
+
+@api.exception_handler(ValidationError)
+def _validation_error(request, exc: ValidationError):
+    return api.create_response(
+        request, error_body("invalid_input", "the request is malformed", details=exc.errors), status=422
+    )
+
+
+@api.exception_handler(AuthenticationError)
+def _authentication_error(request, exc):
+    return api.create_response(request, error_body("unauthenticated", "authentication required"), status=401)
+
+
+@api.exception_handler(Http404)
+def _not_found(request, exc):
+    return api.create_response(request, error_body("not_found", "not found"), status=404)
+
+
+@api.exception_handler(HttpError)
+def _http_error(request, exc: HttpError):
+    return api.create_response(request, error_body("http_error", str(exc)), status=exc.status_code)
+
+
+from conversations.api import router as conversations_router  # noqa: E402
+from audit.api import router as runs_router  # noqa: E402
+
+api.add_router("/", conversations_router)
+api.add_router("/", runs_router)
