@@ -5,7 +5,7 @@ defaults (a quick-start process only; it forgets on restart)."""
 from __future__ import annotations
 
 import contextlib
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from django.db import connections
 from langgraph.checkpoint.memory import InMemorySaver
@@ -20,8 +20,13 @@ def postgres_conninfo(alias: str = "default") -> str | None:
     if connection.vendor != "postgresql":
         return None
     s = connection.settings_dict
-    params = {"dbname": s["NAME"], "user": s.get("USER") or None, "password": s.get("PASSWORD") or None,
-              "host": s.get("HOST") or None, "port": str(s["PORT"]) if s.get("PORT") else None}
+    params = {
+        "dbname": s["NAME"],
+        "user": s.get("USER") or None,
+        "password": s.get("PASSWORD") or None,
+        "host": s.get("HOST") or None,
+        "port": str(s["PORT"]) if s.get("PORT") else None,
+    }
     return make_conninfo(**{k: v for k, v in params.items() if v})
 
 

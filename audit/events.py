@@ -35,7 +35,7 @@ class RunEventPublisher:
         self.sequence = 0
 
     @classmethod
-    def for_run(cls, run_id: uuid.UUID | str) -> "RunEventPublisher":
+    def for_run(cls, run_id: uuid.UUID | str) -> RunEventPublisher:
         return cls(run_id, get_config().REDIS_URL or None)
 
     async def publish(self, event_type: str, data: dict[str, Any]) -> None:

@@ -50,11 +50,7 @@ def lock_run(lease: Lease, *, now: datetime | None = None) -> AgentRun:
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("lock_run must be called inside transaction.atomic()")
-    run = (
-        AgentRun.objects.select_for_update(no_key=True, of=("self",))
-        .filter(pk=lease.run_id)
-        .first()
-    )
+    run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=lease.run_id).first()
     if run is None or run.request_id != lease.request_id or run.thread_id != lease.thread_id:
         raise RunIdentityMismatch(f"run {lease.run_id} does not match the lease identity")
     if run.lease_owner != lease.owner or run.fencing_token != lease.fencing_token:

@@ -11,14 +11,14 @@ from django.db.models import Q
 
 
 class AgentRunQuerySet(models.QuerySet):
-    def active(self) -> "AgentRunQuerySet":
+    def active(self) -> AgentRunQuerySet:
         """Runs not yet terminal."""
         return self.filter(status__in=AgentRun.ACTIVE_STATUSES)
 
-    def terminal(self) -> "AgentRunQuerySet":
+    def terminal(self) -> AgentRunQuerySet:
         return self.filter(status__in=AgentRun.TERMINAL_STATUSES)
 
-    def visible_to(self, user) -> "AgentRunQuerySet":
+    def visible_to(self, user) -> AgentRunQuerySet:
         """Runs a user may read over the API (R-READ-5)."""
         return self.filter(user=user)
 

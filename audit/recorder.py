@@ -12,21 +12,24 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 from langchain_core.messages import BaseMessage
 
 from .errors import AuditConflict
 from .jsonable import message_text, to_jsonable
-from .services import StateMessage
+from .services.terminal import StateMessage
 
 
 class AuditSink(Protocol):
     """Where the recorder's facts go. The worker's sink writes them through
     the lease-checking services (``audit.runner``)."""
 
-    async def model_start(self, *, operation_id: str, sequence: int, started_at: dt.datetime, metadata: dict) -> None: ...
+    async def model_start(
+        self, *, operation_id: str, sequence: int, started_at: dt.datetime, metadata: dict
+    ) -> None: ...
 
     async def model_finish(
         self,
@@ -146,7 +149,9 @@ class LifecycleRecorder:
             if delta.get("type") == "text-delta":
                 call.text_deltas.setdefault(payload.get("index", 0), []).append(delta.get("text") or "")
                 if self._publish and not namespace:
-                    await self._publish("model.delta", {"operation_id": call.operation_id, "text": delta.get("text") or ""})
+                    await self._publish(
+                        "model.delta", {"operation_id": call.operation_id, "text": delta.get("text") or ""}
+                    )
         elif kind == "content-block-finish":
             call.finished_blocks[payload.get("index", 0)] = payload.get("content") or {}
         elif kind == "message-finish":
@@ -200,7 +205,8 @@ class LifecycleRecorder:
         call.finished = True
         if self._publish and not call.namespace:
             await self._publish(
-                "model.finished", {"operation_id": call.operation_id, "tool_calls": tool_calls, "usage": payload.get("usage")}
+                "model.finished",
+                {"operation_id": call.operation_id, "tool_calls": tool_calls, "usage": payload.get("usage")},
             )
 
     async def _on_whole_message(self, event: dict, message: BaseMessage, meta: dict, namespace: list[str]) -> None:
@@ -216,9 +222,16 @@ class LifecycleRecorder:
         call = self._calls[model_run_id]
         call.finished_blocks = {0: {"type": "text", "text": message_text(message.content)}}
         for i, tc in enumerate(getattr(message, "tool_calls", None) or [], start=1):
-            call.finished_blocks[i] = {"type": "tool_call", "id": tc.get("id"), "name": tc.get("name"), "args": tc.get("args")}
+            call.finished_blocks[i] = {
+                "type": "tool_call",
+                "id": tc.get("id"),
+                "name": tc.get("name"),
+                "args": tc.get("args"),
+            }
         usage = getattr(message, "usage_metadata", None)
-        await self._finish(event, call, {"usage": dict(usage) if usage else None, "metadata": message.response_metadata})
+        await self._finish(
+            event, call, {"usage": dict(usage) if usage else None, "metadata": message.response_metadata}
+        )
 
     # -- tools ---------------------------------------------------------------
 

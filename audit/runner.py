@@ -17,16 +17,16 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
 from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
-from conversations.models import Message
 from yuxi_project.config import get_config
 from yuxi_project.errors import ApplicationError, NotFound
 

@@ -46,7 +46,7 @@ class RunOut(Schema):
     finished_at: datetime | None
 
     @staticmethod
-    def from_run(run) -> "RunOut":
+    def from_run(run) -> RunOut:
         return RunOut(
             run_id=run.id,
             thread_id=run.thread_id,

@@ -52,24 +52,24 @@ class Conversation(models.Model):
 class MessageQuerySet(models.QuerySet):
     """Predicates every reader shares (R-READ-1..4)."""
 
-    def ordinary(self) -> "MessageQuerySet":
+    def ordinary(self) -> MessageQuerySet:
         """Chat messages a user sees and counts see: never audit rows (R-READ-4)."""
         return self.filter(message_type=Message.Type.TEXT)
 
-    def audit(self) -> "MessageQuerySet":
+    def audit(self) -> MessageQuerySet:
         """Rows that record one operation (model call or tool execution),
         including the model row that became a run's final answer."""
         return self.filter(operation_id__isnull=False)
 
-    def model_calls(self) -> "MessageQuerySet":
+    def model_calls(self) -> MessageQuerySet:
         return self.audit().filter(role=Message.Role.ASSISTANT)
 
-    def tool_executions(self) -> "MessageQuerySet":
+    def tool_executions(self) -> MessageQuerySet:
         """Tool rows that really started; a declaration or a rejected call
         never counts as an execution (R-READ-4, R-TA-5)."""
         return self.filter(message_type=Message.Type.TOOL_AUDIT, started_at__isnull=False)
 
-    def running(self) -> "MessageQuerySet":
+    def running(self) -> MessageQuerySet:
         return self.filter(execution_status=Message.ExecutionStatus.RUNNING)
 
 
@@ -201,7 +201,7 @@ class MessageFeedback(models.Model):
 
 
 class ApiTokenManager(models.Manager):
-    def issue(self, *, user, name: str = "") -> tuple["ApiToken", str]:
+    def issue(self, *, user, name: str = "") -> tuple[ApiToken, str]:
         """Create a token for ``user``; returns (row, plaintext). The
         plaintext is shown once; only its SHA-256 digest is stored."""
         plaintext = "yx_" + secrets.token_urlsafe(32)

@@ -52,8 +52,8 @@ def _http_error(request, exc: HttpError):
     return api.create_response(request, error_body("http_error", str(exc)), status=exc.status_code)
 
 
-from conversations.api import router as conversations_router  # noqa: E402
 from audit.api import router as runs_router  # noqa: E402
+from conversations.api import router as conversations_router  # noqa: E402
 
 api.add_router("/", conversations_router)
 api.add_router("/", runs_router)

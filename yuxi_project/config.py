@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing import Annotated
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ class Config(BaseSettings):
     @field_validator("DATABASE_URL")
     @classmethod
     def _known_database(cls, value: str) -> str:
-        if value and not value.split("://", 1)[0] in {"postgres", "postgresql", "sqlite"}:
+        if value and value.split("://", 1)[0] not in {"postgres", "postgresql", "sqlite"}:
             raise ValueError("must start with postgres://, postgresql:// or sqlite://")
         return value
 
@@ -84,7 +84,5 @@ def get_config() -> Config:
     try:
         return Config()
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"invalid environment: {problems}") from None

@@ -110,9 +110,7 @@ class Turn(_Strict):
     def _check_shape(self) -> Turn:
         if self.http_status is not None:
             extra = [
-                key
-                for key in ("text", "tool_calls", "usage", "fail_after_chunks")
-                if key in self.model_fields_set
+                key for key in ("text", "tool_calls", "usage", "fail_after_chunks") if key in self.model_fields_set
             ]
             if extra:
                 raise ValueError(f"a turn with http_status cannot also give {', '.join(extra)}")

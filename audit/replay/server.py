@@ -97,9 +97,7 @@ def _completion_id(scenario: str, index: int, messages: list[dict[str, Any]]) ->
     # Deterministic for a given request, yet distinct across conversations:
     # the audit may key provider response ids, and two threads playing the
     # same scenario must not collide.
-    digest = hashlib.sha256(
-        json.dumps([scenario, index, messages], sort_keys=True, default=str).encode()
-    ).hexdigest()
+    digest = hashlib.sha256(json.dumps([scenario, index, messages], sort_keys=True, default=str).encode()).hexdigest()
     return f"chatcmpl-replay-{digest[:24]}"
 
 
@@ -205,8 +203,7 @@ def build_app(scenarios: dict[str, Scenario]) -> Starlette:
         if index >= len(scenario.turns):
             return error_response(
                 400,
-                f"Replay scenario '{name}' has {len(scenario.turns)} turn(s); "
-                f"the request asks for turn {index + 1}.",
+                f"Replay scenario '{name}' has {len(scenario.turns)} turn(s); the request asks for turn {index + 1}.",
                 code="scenario_exhausted",
             )
         turn = scenario.turns[index]
@@ -343,6 +340,8 @@ def serve(
     """
     scenarios = load_scenarios(scenario_dir)
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
+        )
     server = make_server(scenarios, host, port, on_listening=on_listening)
     server.run()

@@ -1,0 +1,25 @@
+"""Writes of run execution: submission, lease, audit rows, terminal state.
+
+Every write that a worker makes into a run goes through
+:func:`audit.lease.lock_run` inside its own short transaction (R-RUN-4,
+R-RUN-5). Functions take keyword-only arguments and own their transaction.
+"""
+
+from .model_audit import model_call_finish, model_call_start
+from .runs import lease_renew, run_acquire, run_request_cancel, run_submit
+from .terminal import StateMessage, run_finish
+from .tool_audit import tool_call_error, tool_call_finish, tool_call_start
+
+__all__ = [
+    "StateMessage",
+    "lease_renew",
+    "model_call_finish",
+    "model_call_start",
+    "run_acquire",
+    "run_finish",
+    "run_request_cancel",
+    "run_submit",
+    "tool_call_error",
+    "tool_call_finish",
+    "tool_call_start",
+]

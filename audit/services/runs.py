@@ -1,0 +1,211 @@
+"""Run submission, lease acquisition and renewal, cancellation (R-RUN-1..3, R-RUN-6)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from conversations.models import Conversation, Message
+from yuxi_project.errors import Conflict, InvalidInput, NotFound
+
+from ..errors import RunNotStartable
+from ..lease import Lease, lock_run
+from ..models import AgentRun
+
+log = logging.getLogger(__name__)
+
+Status = AgentRun.Status
+ExecStatus = Message.ExecutionStatus
+from .terminal import _terminate
+
+# --------------------------------------------------------------------------
+# Submission (R-RUN-1)
+# --------------------------------------------------------------------------
+
+
+def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tuple[AgentRun, bool]:
+    """Submit one user turn to a thread.
+
+    Args:
+        user: the thread's owner.
+        thread_id: the conversation; another user's thread is not found.
+        request_id: the client's idempotency key (1–200 characters).
+        text: the user's input (non-empty).
+
+    Returns ``(run, created)``. The same ``request_id`` again returns the
+    existing run with ``created=False`` and enqueues nothing.
+
+    Raises:
+        NotFound: no such thread for this user.
+        Conflict: ``request_id`` was used for another thread or user
+            (``request_id_reused``), or the thread waits for an approval
+            (``thread_interrupted``).
+
+    Implements R-RUN-1; the run is enqueued only after commit.
+    """
+    if not text.strip():
+        raise InvalidInput("input.text must not be empty")
+    existing = _existing_submission(user=user, thread_id=thread_id, request_id=request_id)
+    if existing is not None:
+        return existing, False
+    try:
+        with transaction.atomic():
+            # Serialises submissions of one thread, so the interrupt check
+            # and FIFO order see every earlier run.
+            thread = _lock_thread(user=user, thread_id=thread_id)
+            _refuse_if_interrupted(thread)
+            run = AgentRun.objects.create(
+                request_id=request_id,
+                thread=thread,
+                user=user,
+                agent_id=thread.agent_id,
+                model=thread.model,
+                input={"text": text},
+            )
+            Message.objects.create(thread=thread, run=run, role=Message.Role.USER, content=text)
+            _enqueue_on_commit(run.id)
+    except IntegrityError:
+        # A concurrent submission with the same request_id won the insert.
+        existing = _existing_submission(user=user, thread_id=thread_id, request_id=request_id)
+        if existing is None:
+            raise
+        return existing, False
+    return run, True
+
+
+def _existing_submission(*, user, thread_id: uuid.UUID, request_id: str) -> AgentRun | None:
+    run = AgentRun.objects.filter(request_id=request_id).first()
+    if run is None:
+        return None
+    if run.user_id != user.pk or run.thread_id != thread_id:
+        raise Conflict("request_id was already used for another submission", extra={"reason": "request_id_reused"})
+    return run
+
+
+def _lock_thread(*, user, thread_id: uuid.UUID) -> Conversation:
+    thread = Conversation.objects.select_for_update().filter(pk=thread_id, user=user).first()
+    if thread is None:
+        raise NotFound("thread not found")
+    return thread
+
+
+def _refuse_if_interrupted(thread: Conversation) -> None:
+    latest = AgentRun.objects.filter(thread=thread).order_by("-created_at").first()
+    if latest is not None and latest.status == Status.INTERRUPTED:
+        raise Conflict(
+            "the thread waits for an approval: resume or cancel run first",
+            extra={"reason": "thread_interrupted", "run_id": str(latest.id)},
+        )
+
+
+def _enqueue_on_commit(run_id: uuid.UUID) -> None:
+    from ..dispatch import enqueue_run
+
+    transaction.on_commit(lambda: enqueue_run(run_id))
+
+
+# --------------------------------------------------------------------------
+# Lease (R-RUN-2, R-RUN-3, R-RUN-7)
+# --------------------------------------------------------------------------
+
+
+def run_acquire(*, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datetime | None = None) -> Lease:
+    """Take the lease on a pending run.
+
+    Locks the run row (``SELECT … FOR UPDATE``), checks that the run is
+    ``pending`` and that no earlier run of its thread is still active (FIFO),
+    then moves it to ``running``, sets the owner, increments the fencing
+    token and sets the expiry ``now + ttl_seconds``.
+
+    Raises:
+        NotFound: no such run.
+        RunNotStartable: the run is not pending (a second delivery, or it
+            was cancelled) or an earlier run of its thread is active; the
+            caller does nothing — the earlier run's end enqueues this one.
+
+    Implements R-RUN-2 and R-RUN-3.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=run_id).first()
+        if run is None:
+            raise NotFound(f"run {run_id} not found")
+        if run.status != Status.PENDING:
+            raise RunNotStartable(f"run {run_id} is {run.status}, not pending")
+        earlier = (
+            AgentRun.objects.filter(thread_id=run.thread_id, created_at__lt=run.created_at)
+            .active()
+            .exclude(pk=run.pk)
+            .exists()
+        )
+        if earlier:
+            raise RunNotStartable(f"run {run_id} waits for an earlier run of its thread")
+        run.status = Status.RUNNING
+        run.lease_owner = owner
+        run.fencing_token += 1
+        run.lease_expires_at = now + timedelta(seconds=ttl_seconds)
+        run.started_at = run.started_at or now
+        run.save(
+            update_fields=["status", "lease_owner", "fencing_token", "lease_expires_at", "started_at", "updated_at"]
+        )
+    return Lease(
+        run_id=run.id,
+        request_id=run.request_id,
+        thread_id=run.thread_id,
+        owner=owner,
+        fencing_token=run.fencing_token,
+    )
+
+
+def lease_renew(*, lease: Lease, ttl_seconds: float, now: datetime | None = None) -> str:
+    """Extend the caller's lease to ``now + ttl_seconds``.
+
+    Returns the run's status, so the owner learns of ``cancel_requested``.
+    Raises what :func:`lock_run` raises. Implements R-RUN-7 (the owner
+    renews while it works).
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        run = lock_run(lease, now=now)
+        AgentRun.objects.filter(pk=run.pk).update(lease_expires_at=now + timedelta(seconds=ttl_seconds))
+        return run.status
+
+
+# --------------------------------------------------------------------------
+# Cancellation (R-RUN-6)
+# --------------------------------------------------------------------------
+
+
+def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
+    """Ask for a run to stop.
+
+    A pending run is cancelled at once (it never starts). A running run
+    becomes ``cancel_requested``; its worker stops at the next event
+    boundary and ends it ``cancelled``. A terminal run is returned unchanged.
+
+    Raises:
+        NotFound: no such run for this user (R-READ-5).
+    """
+    with transaction.atomic():
+        # Lock before the state change: the worker's lease checks take the
+        # same lock, so the status it reads next is this one.
+        run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=run_id, user=user).first()
+        if run is None:
+            raise NotFound("run not found")
+        if run.status == Status.PENDING:
+            _terminate(
+                run,
+                status=Status.CANCELLED,
+                now=timezone.now(),
+                error_type="cancelled",
+                error_message="cancelled before it started",
+            )
+        elif run.status == Status.RUNNING:
+            run.status = Status.CANCEL_REQUESTED
+            run.cancel_requested_at = timezone.now()
+            run.save(update_fields=["status", "cancel_requested_at", "updated_at"])
+        return run

@@ -1,0 +1,142 @@
+"""Tool audit rows: one persistent fact per tool execution (R-TA-1..3)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from conversations.models import Message
+from yuxi_project.errors import InvalidInput
+
+from ..errors import AuditConflict
+from ..lease import Lease, lock_run
+from ..models import AgentRun
+
+log = logging.getLogger(__name__)
+
+Status = AgentRun.Status
+ExecStatus = Message.ExecutionStatus
+from .model_audit import _operation_row
+
+# --------------------------------------------------------------------------
+# Tool audit (R-TA-1, R-TA-2)
+# --------------------------------------------------------------------------
+
+
+def tool_call_start(
+    *,
+    lease: Lease,
+    tool_call_id: str,
+    tool_name: str,
+    tool_input: Any,
+    sequence: int | None,
+    started_at: datetime,
+    declared_by_operation_id: str | None,
+    metadata: dict[str, Any] | None = None,
+) -> Message:
+    """Open the ``tool_audit`` row of one tool execution at tool-started.
+
+    Args:
+        tool_call_id: the model's tool call id (the operation key).
+        tool_input: the arguments the tool was called with (JSON).
+        declared_by_operation_id: the model call that declared the call.
+
+    A repeated start returns the row unchanged; a closed row is never
+    reopened (R-TA-2). Raises what :func:`lock_run` raises.
+    """
+    with transaction.atomic():
+        run = lock_run(lease)
+        row = _operation_row(run, Message.Role.TOOL, tool_call_id)
+        if row is not None:
+            return row
+        declared_by = (
+            _operation_row(run, Message.Role.ASSISTANT, declared_by_operation_id) if declared_by_operation_id else None
+        )
+        return Message.objects.create(
+            thread_id=run.thread_id,
+            run=run,
+            role=Message.Role.TOOL,
+            message_type=Message.Type.TOOL_AUDIT,
+            operation_id=tool_call_id,
+            tool_name=tool_name,
+            tool_input=tool_input,
+            sequence=sequence,
+            started_at=started_at,
+            execution_status=ExecStatus.RUNNING,
+            declared_by=declared_by,
+            metadata=metadata or {},
+        )
+
+
+def tool_call_finish(
+    *,
+    lease: Lease,
+    tool_call_id: str,
+    status: str,
+    content: str,
+    raw_output: dict[str, Any] | None,
+    finished_at: datetime,
+    duration_ms: int,
+) -> Message:
+    """Close the tool row: ``completed`` or ``failed`` (a handled tool
+    error), the projected user ``content``, the raw output envelope (kept in
+    ``metadata["raw_output"]``, staff only), ``finished_at`` and
+    ``duration_ms`` (monotonic, ms).
+
+    The same result again is a no-op; a different one is refused.
+
+    Raises:
+        AuditConflict: unknown tool call, or a different result (R-TA-2).
+        InvalidInput: ``status`` is not completed/failed.
+        LeaseError: see :func:`lock_run`.
+    """
+    if status not in (ExecStatus.COMPLETED, ExecStatus.FAILED):
+        raise InvalidInput(f"a tool closes completed or failed, not {status}")
+    with transaction.atomic():
+        run = lock_run(lease)
+        row = _operation_row(run, Message.Role.TOOL, tool_call_id)
+        if row is None:
+            raise AuditConflict(f"finish for unknown tool call {tool_call_id}", extra={"reason": "unknown_operation"})
+        if row.execution_status != ExecStatus.RUNNING:
+            if (
+                row.execution_status == status
+                and row.content == content
+                and row.metadata.get("raw_output") == raw_output
+            ):
+                return row
+            raise AuditConflict(
+                f"tool call {tool_call_id} is already {row.execution_status} with another result",
+                extra={"reason": "closed_operation"},
+            )
+        row.execution_status = status
+        row.content = content
+        row.metadata = {**row.metadata, "raw_output": raw_output}
+        row.metadata.pop("awaiting_run_terminal", None)
+        row.finished_at = finished_at
+        row.duration_ms = max(0, int(duration_ms))
+        row.save(update_fields=["execution_status", "content", "metadata", "finished_at", "duration_ms", "updated_at"])
+        return row
+
+
+def tool_call_error(*, lease: Lease, tool_call_id: str, error: str) -> Message:
+    """Record a bare tool-error: the row stays ``running`` with the mark
+    ``awaiting_run_terminal``, to be closed by the run's terminal transaction
+    from the last error ToolMessage with the same id, or failed (R-TA-3).
+
+    Raises:
+        AuditConflict: unknown tool call.
+        LeaseError: see :func:`lock_run`.
+    """
+    with transaction.atomic():
+        run = lock_run(lease)
+        row = _operation_row(run, Message.Role.TOOL, tool_call_id)
+        if row is None:
+            raise AuditConflict(f"error for unknown tool call {tool_call_id}", extra={"reason": "unknown_operation"})
+        if row.execution_status != ExecStatus.RUNNING:
+            return row
+        row.metadata = {**row.metadata, "awaiting_run_terminal": True, "tool_error": error}
+        row.save(update_fields=["metadata", "updated_at"])
+        return row

@@ -1,0 +1,33 @@
+# Shared by bin/*: find Python >= 3.12 and keep .venv installed from pyproject.toml.
+find_python() {
+  for candidate in "${PYTHON:-}" python3.13 python3.12 python3 \
+      /root/.pyenv/versions/3.13*/bin/python3 /root/.pyenv/versions/3.12*/bin/python3; do
+    [ -n "$candidate" ] || continue
+    for exe in $(command -v "$candidate" 2>/dev/null || ls $candidate 2>/dev/null); do
+      if "$exe" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+        echo "$exe"; return 0
+      fi
+    done
+  done
+  echo "Python >= 3.12 is required (Django 6); set PYTHON=/path/to/python3.12" >&2
+  return 1
+}
+
+ensure_venv() {
+  local extras="${1:-}"
+  local stamp=".venv/.installed-${extras:-main}"
+  if [ ! -x .venv/bin/python ]; then
+    local py
+    py="$(find_python)"
+    "$py" -m venv .venv
+  fi
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    if [ -n "$extras" ]; then
+      .venv/bin/python -m pip install --quiet -e ".[$extras]"
+    else
+      .venv/bin/python -m pip install --quiet -e .
+    fi
+    touch "$stamp"
+  fi
+}

@@ -1,0 +1,71 @@
+"""Shared fixtures. Tests run against real PostgreSQL and Redis (see
+``bin/test``); nothing the project owns is mocked."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from audit import services
+from audit.lease import Lease
+from conversations.models import ApiToken, Conversation
+
+
+def pytest_configure(config):
+    engine = settings.DATABASES["default"]["ENGINE"]
+    if "postgresql" not in engine:
+        raise pytest.UsageError(
+            "the tests need PostgreSQL: set DATABASE_URL=postgres://... (bin/test does this); "
+            f"the configured engine is {engine}"
+        )
+    if not settings.CONFIG.REDIS_URL:
+        raise pytest.UsageError("the tests need Redis: set REDIS_URL=redis://... (bin/test does this)")
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user(username=f"user-{uuid.uuid4().hex[:8]}", password="pw-12345678")
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create_user(username=f"other-{uuid.uuid4().hex[:8]}", password="pw-12345678")
+
+
+@pytest.fixture
+def staff_user(django_user_model):
+    return django_user_model.objects.create_user(
+        username=f"staff-{uuid.uuid4().hex[:8]}", password="pw-12345678", is_staff=True, is_superuser=True
+    )
+
+
+def bearer(user) -> dict[str, str]:
+    """Headers with a fresh API token of ``user``."""
+    _, plaintext = ApiToken.objects.issue(user=user, name="test")
+    return {"Authorization": f"Bearer {plaintext}"}
+
+
+@pytest.fixture
+def thread(user):
+    return Conversation.objects.create(user=user, agent_id="assistant", model="replay:tool_then_answer")
+
+
+def make_run(thread, *, text: str = "weather in Paris?", request_id: str | None = None):
+    """Submit a turn through the service. In a test wrapped in a transaction
+    nothing is enqueued (enqueueing happens on commit); the test drives the
+    worker side itself."""
+    return services.run_submit(
+        user=thread.user, thread_id=thread.id, request_id=request_id or uuid.uuid4().hex, text=text
+    )[0]
+
+
+def acquire(run, *, owner: str = "worker-a", ttl: float = 60.0) -> Lease:
+    return services.run_acquire(run_id=run.id, owner=owner, ttl_seconds=ttl)
+
+
+@pytest.fixture
+def db_name():
+    return connection.settings_dict["NAME"]

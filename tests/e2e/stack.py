@@ -1,0 +1,193 @@
+"""Real processes for end-to-end tests: the replay model server, a Celery
+worker and the ASGI web server (uvicorn), all on the test database and a
+Redis queue of their own. Logs go to ``test-artifacts/``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    _lines: list[str] = field(default_factory=list)
+
+    def output(self) -> str:
+        return "".join(self._lines)
+
+    def wait_for_line(self, needle: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(needle in line for line in self._lines):
+                return
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.popen.returncode}):\n{self.output()[-4000:]}")
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} did not print {needle!r} in {timeout}s:\n{self.output()[-4000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout=5)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (a crashed worker)."""
+        self.stop(signal.SIGKILL)
+
+
+def start(name: str, args: list[str], env: dict[str, str]) -> Process:
+    ARTIFACTS.mkdir(exist_ok=True)
+    log_path = ARTIFACTS / f"{name}.log"
+    popen = subprocess.Popen(
+        args,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
+    process = Process(name, popen, log_path)
+
+    def pump() -> None:
+        with open(log_path, "a") as log:
+            for line in popen.stdout:
+                process._lines.append(line)
+                log.write(line)
+                log.flush()
+
+    threading.Thread(target=pump, daemon=True, name=f"log-{name}").start()
+    return process
+
+
+@dataclass
+class Stack:
+    """The running processes and how to reach them."""
+
+    env: dict[str, str]
+    base_url: str
+    replay: Process
+    web: Process
+    workers: list[Process]
+
+    def client(self, headers: dict[str, str] | None = None) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers=headers or {}, timeout=30)
+
+    def start_worker(self, name: str | None = None, concurrency: int = 2) -> Process:
+        name = name or f"worker-{len(self.workers) + 1}"
+        worker = start(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "yuxi_project",
+                "worker",
+                "-Q",
+                self.env["CELERY_QUEUE"],
+                "-n",
+                f"{name}-{uuid.uuid4().hex[:6]}@%h",
+                "--pool=prefork",
+                f"--concurrency={concurrency}",
+                "-l",
+                "info",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            self.env,
+        )
+        worker.wait_for_line(" ready.", timeout=60)
+        self.workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for process in [*self.workers, self.web, self.replay]:
+            process.stop()
+
+
+def start_stack(*, database_url: str, redis_url: str, lease_ttl: float = 6.0, workers: int = 1) -> Stack:
+    """Start replay server, web server and ``workers`` Celery workers."""
+    replay_port, web_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "CELERY_QUEUE": f"e2e-{uuid.uuid4().hex[:8]}",
+        "REPLAY_MODEL_URL": f"http://127.0.0.1:{replay_port}/v1",
+        "LEASE_TTL_SECONDS": str(lease_ttl),
+        "WORKSPACE_ROOT": str(ARTIFACTS / "workspaces"),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    replay = start("replay", [sys.executable, "manage.py", "replay_model_server", "--port", str(replay_port)], env)
+    replay.wait_for_line("replay model server listening", timeout=60)
+    web = start(
+        "web",
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "yuxi_project.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(web_port),
+            "--no-access-log",
+        ],
+        env,
+    )
+    web.wait_for_line("Uvicorn running", timeout=60)
+    stack = Stack(env=env, base_url=f"http://127.0.0.1:{web_port}", replay=replay, web=web, workers=[])
+    try:
+        for _ in range(workers):
+            stack.start_worker()
+    except Exception:
+        stack.stop()
+        raise
+    return stack
+
+
+def wait_for_status(client: httpx.Client, run_id: str, statuses: set[str], timeout: float = 60.0) -> dict:
+    """Poll ``GET /api/runs/{id}`` until its status is one of ``statuses``."""
+    deadline = time.monotonic() + timeout
+    body: dict = {}
+    while time.monotonic() < deadline:
+        response = client.get(f"/api/runs/{run_id}")
+        response.raise_for_status()
+        body = response.json()
+        if body["status"] in statuses:
+            return body
+        time.sleep(0.1)
+    raise TimeoutError(f"run {run_id} still {body.get('status')} after {timeout}s: {body}")
