@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
+from dataclasses import dataclass
+from typing import Any
 
-from yuxi_project.errors import NotFound
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
+
+from conversations.models import Message
+from yuxi_project.cursors import before_key, decode_cursor, encode_cursor
+from yuxi_project.errors import InvalidInput, NotFound
 
 from .models import AgentRun
 
@@ -15,3 +23,124 @@ def run_of(user, run_id: uuid.UUID) -> AgentRun:
     if run is None:
         raise NotFound("run not found")
     return run
+
+
+# --------------------------------------------------------------------------
+# Audit timeline (R-READ-3), shared by the API, the admin and the dashboard
+# --------------------------------------------------------------------------
+
+TIMELINE_MAX_ROWS = 500
+# Rows without a sequence (a model call only the final State proved) sort
+# after the stream's rows of their run.
+_NO_SEQUENCE = 2**31 - 1
+_TIMELINE_KEY = ["run_created", "run_id", "sequence_key", "id"]
+
+
+@dataclass(frozen=True)
+class TimelinePage:
+    """One page of a timeline.
+
+    ``items`` are audit rows (:class:`Message`) in display order: runs by
+    creation time, then ``sequence`` (rows without one last), then id.
+    ``truncated`` is true when older rows exist; ``next_before`` is then the
+    opaque cursor that pages back to them (else ``None``).
+    """
+
+    items: list[Message]
+    truncated: bool
+    next_before: str | None
+
+
+def run_timeline(*, run_id: uuid.UUID | str, limit: int = TIMELINE_MAX_ROWS, before: str | None = None) -> TimelinePage:
+    """The newest ``limit`` (1–500) model and tool rows of one run, in
+    display order. Works while the run is still running. Model and tool rows
+    that share an operation id are separate items.
+
+    Access control is the caller's: this selector is for staff readers.
+
+    Raises:
+        InvalidInput: ``limit`` out of range or a malformed ``before``.
+
+    Implements R-READ-3.
+    """
+    return _timeline_page(Message.objects.audit().filter(run_id=run_id), limit=limit, before=before)
+
+
+def thread_timeline(
+    *, thread_id: uuid.UUID | str, limit: int = TIMELINE_MAX_ROWS, before: str | None = None
+) -> TimelinePage:
+    """The newest ``limit`` (1–500) model and tool rows of every run of one
+    thread: runs in creation order, each run's rows by ``sequence``.
+
+    Raises:
+        InvalidInput: ``limit`` out of range or a malformed ``before``.
+
+    Implements R-READ-3.
+    """
+    return _timeline_page(Message.objects.audit().filter(thread_id=thread_id), limit=limit, before=before)
+
+
+def _timeline_page(rows, *, limit: int, before: str | None) -> TimelinePage:
+    if not 1 <= limit <= TIMELINE_MAX_ROWS:
+        raise InvalidInput(f"limit must be between 1 and {TIMELINE_MAX_ROWS}", extra={"reason": "bad_limit"})
+    rows = rows.annotate(
+        run_created=F("run__created_at"), sequence_key=Coalesce("sequence", Value(_NO_SEQUENCE))
+    )
+    if before is not None:
+        rows = rows.filter(before_key(_TIMELINE_KEY, _timeline_cursor_key(before)))
+    newest_first = list(rows.order_by(*(f"-{name}" for name in _TIMELINE_KEY))[: limit + 1])
+    truncated = len(newest_first) > limit
+    items = newest_first[:limit][::-1]
+    next_before = encode_cursor(_timeline_key_of(items[0])) if truncated else None
+    return TimelinePage(items=items, truncated=truncated, next_before=next_before)
+
+
+def _timeline_key_of(row: Message) -> list:
+    return [row.run_created.isoformat(), str(row.run_id), row.sequence_key, row.id]
+
+
+def _timeline_cursor_key(cursor: str) -> list:
+    created, run_id, sequence_key, row_id = decode_cursor(cursor, length=len(_TIMELINE_KEY))
+    try:
+        if not (isinstance(sequence_key, int) and isinstance(row_id, int) and isinstance(created, str)):
+            raise ValueError("wrong types")
+        return [dt.datetime.fromisoformat(created), uuid.UUID(str(run_id)), sequence_key, row_id]
+    except ValueError as exc:
+        raise InvalidInput("the cursor is malformed", extra={"reason": "bad_cursor"}) from exc
+
+
+# Metadata keys that the timeline shows in their own fields, or never.
+_TIMELINE_HIDDEN_METADATA = {"raw_output"}
+
+
+def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
+    """A display dict of one timeline row, for the API and the admin.
+
+    ``kind`` is ``model`` or ``tool``; times are datetimes; ``duration_ms``
+    in ms; ``usage`` in tokens as the provider reported it. ``raw_output``
+    (the tool's raw output envelope) is present only when
+    ``include_raw_output`` is true: pass it for staff only (R-READ-5).
+    """
+    is_tool = row.role == Message.Role.TOOL
+    item: dict[str, Any] = {
+        "id": row.id,
+        "kind": "tool" if is_tool else "model",
+        "run_id": row.run_id,
+        "operation_id": row.operation_id,
+        "sequence": row.sequence,
+        "status": row.execution_status,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+        "duration_ms": row.duration_ms,
+        "usage": row.usage,
+        "content": row.content,
+        "tool_calls": row.tool_calls,
+        "tool_name": row.tool_name or None,
+        "tool_input": row.tool_input,
+        "declared_by_id": row.declared_by_id,
+        "is_final_answer": row.message_type == Message.Type.TEXT,
+        "metadata": {k: v for k, v in (row.metadata or {}).items() if k not in _TIMELINE_HIDDEN_METADATA},
+    }
+    if include_raw_output:
+        item["raw_output"] = (row.metadata or {}).get("raw_output") if is_tool else None
+    return item
