@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
 from langchain_core.messages import HumanMessage
@@ -174,8 +175,10 @@ class RunExecutor:
 
     async def _drive(self) -> _Outcome:
         try:
-            async with open_checkpointer(self.conninfo) as saver:
-                graph = build_agent(self.run.agent_id, model=self.run.model, checkpointer=saver)
+            async with open_checkpointer(self.conninfo) as saver, httpx.AsyncClient(timeout=120) as http_client:
+                graph = build_agent(
+                    self.run.agent_id, model=self.run.model, checkpointer=saver, http_async_client=http_client
+                )
                 graph_config = {"configurable": {"thread_id": str(self.run.thread_id)}, "recursion_limit": 40}
                 snapshot = await graph.aget_state(graph_config)
                 self.prior_message_ids = {

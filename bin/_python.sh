@@ -22,11 +22,14 @@ ensure_venv() {
     "$py" -m venv .venv
   fi
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    .venv/bin/python -m pip install --quiet --upgrade pip
-    if [ -n "$extras" ]; then
-      .venv/bin/python -m pip install --quiet -e ".[$extras]"
-    else
-      .venv/bin/python -m pip install --quiet -e .
+    local target="."
+    [ -n "$extras" ] && target=".[$extras]"
+    mkdir -p var/log
+    if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e "$target"; } \
+        >var/log/pip-install.log 2>&1; then
+      tail -n 40 var/log/pip-install.log >&2
+      echo "installing the project into .venv failed; full log: var/log/pip-install.log" >&2
+      return 1
     fi
     touch "$stamp"
   fi

@@ -69,3 +69,34 @@ def acquire(run, *, owner: str = "worker-a", ttl: float = 60.0) -> Lease:
 @pytest.fixture
 def db_name():
     return connection.settings_dict["NAME"]
+
+
+@pytest.fixture(scope="session")
+def replay_server_url():
+    """A replay model server for the whole session, in a thread of the test
+    process (in-process runner tests); e2e tests start their own process."""
+    import threading
+    import time
+
+    from audit.replay.scenarios import load_scenarios
+    from audit.replay.server import make_server
+
+    server = make_server(load_scenarios(), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, name="replay-model-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while server.base_url is None:
+        assert thread.is_alive() and time.monotonic() < deadline, "replay server did not start"
+        time.sleep(0.01)
+    yield server.base_url
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+@pytest.fixture
+def replay_models(replay_server_url, monkeypatch):
+    """Point ``replay:<scenario>`` models of this process at the replay server."""
+    from yuxi_project.config import get_config
+
+    monkeypatch.setattr(get_config(), "REPLAY_MODEL_URL", replay_server_url)
+    return replay_server_url

@@ -32,14 +32,14 @@ def validate_agent_id(agent_id: str) -> str:
     return agent_id
 
 
-def build_agent(agent_id: str, *, model: str, checkpointer: Any) -> Any:
+def build_agent(agent_id: str, *, model: str, checkpointer: Any, http_async_client: Any = None) -> Any:
     """Compile the agent ``agent_id`` with the chat model ``model``.
 
     Raises :class:`UnknownAgent` / ``UnknownModel``.
     """
     validate_agent_id(agent_id)
     return create_agent(
-        chat_model(model),
+        chat_model(model, http_async_client=http_async_client),
         tools=ASSISTANT_TOOLS,
         system_prompt=SYSTEM_PROMPT,
         middleware=[HumanInTheLoopMiddleware(interrupt_on={"send_email": True})],

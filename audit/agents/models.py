@@ -8,6 +8,7 @@ the provider's usage (PROTOCOL.md §11).
 
 from __future__ import annotations
 
+import httpx
 from langchain_openai import ChatOpenAI
 
 from yuxi_project.config import get_config
@@ -35,8 +36,12 @@ def validate_model_name(name: str) -> str:
     return name
 
 
-def chat_model(name: str) -> ChatOpenAI:
+def chat_model(name: str, *, http_async_client: httpx.AsyncClient | None = None) -> ChatOpenAI:
     """Build the chat model for ``provider:name``.
+
+    ``http_async_client`` should be a client owned by the caller's event
+    loop: langchain-openai otherwise caches one process-wide, bound to the
+    first loop, and a worker runs each run on a fresh loop.
 
     Raises :class:`UnknownModel` for an unknown provider.
     """
@@ -51,6 +56,7 @@ def chat_model(name: str) -> ChatOpenAI:
             streaming=True,
             max_retries=0,
             timeout=60,
+            http_async_client=http_async_client,
         )
     if provider == "openai" and model:
         return ChatOpenAI(
@@ -61,5 +67,6 @@ def chat_model(name: str) -> ChatOpenAI:
             streaming=True,
             max_retries=1,
             timeout=120,
+            http_async_client=http_async_client,
         )
     raise UnknownModel(f"unknown model provider in {name!r}: use replay:<scenario> or openai:<model>")

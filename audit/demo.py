@@ -1,0 +1,96 @@
+"""The quick start's demo client: submits a few turns over the real HTTP API
+(the same endpoint, task and service code a frontend uses), waits for them to
+end and prints what the audit recorded."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import httpx
+from django.contrib.auth import get_user_model
+
+from conversations.models import ApiToken, Message
+
+from .models import AgentRun
+
+DEMO_TURNS = (
+    ("replay:plain_answer", "Hello! What can you do?"),
+    ("replay:tool_then_answer", "What is the weather in Paris?"),
+    ("replay:two_tools_then_answer", "Weather in Paris, in Fahrenheit please."),
+    ("replay:approval_send_email", "Email the ops team that all is good."),
+)
+
+
+@dataclass
+class DemoRun:
+    model: str
+    run_id: str
+    thread_id: str
+    status: str
+    model_calls: int
+    tool_calls: int
+    total_tokens: int | None
+
+
+def ensure_demo_user(*, username: str, password: str) -> str:
+    """Create (or reset) a staff superuser and return a fresh API token."""
+    users = get_user_model()
+    user = users.objects.filter(username=username).first()
+    if user is None:
+        user = users.objects.create_superuser(username=username, password=password, email="")
+    else:
+        user.set_password(password)
+        user.is_staff = user.is_superuser = True
+        user.save()
+    _, plaintext = ApiToken.objects.issue(user=user, name="quickstart")
+    return plaintext
+
+
+def run_demo(*, base_url: str, token: str, timeout: float = 60.0, say: Callable[[str], None] = print) -> list[DemoRun]:
+    """Submit :data:`DEMO_TURNS` over HTTP and wait until each run ends.
+
+    Raises ``httpx.HTTPError`` when the API is unreachable or answers an
+    error, ``TimeoutError`` when a run does not end within ``timeout`` s.
+    """
+    results = []
+    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+        for model, text in DEMO_TURNS:
+            thread = client.post("/api/threads", json={"agent_id": "assistant", "model": model, "title": text[:60]})
+            thread.raise_for_status()
+            thread_id = thread.json()["thread_id"]
+            submitted = client.post(
+                f"/api/threads/{thread_id}/runs", json={"request_id": f"demo-{uuid.uuid4()}", "input": {"text": text}}
+            )
+            submitted.raise_for_status()
+            run_id = submitted.json()["run_id"]
+            body = _wait(client, run_id, timeout)
+            run = AgentRun.objects.get(pk=run_id)
+            result = DemoRun(
+                model=model,
+                run_id=run_id,
+                thread_id=thread_id,
+                status=body["status"],
+                model_calls=Message.objects.model_calls().filter(run=run).count(),
+                tool_calls=Message.objects.tool_executions().filter(run=run).count(),
+                total_tokens=(run.usage or {}).get("total_tokens"),
+            )
+            say(
+                f"  {model:<32} run {run_id}  {result.status:<12} model calls {result.model_calls}"
+                f"  tool calls {result.tool_calls}  tokens {result.total_tokens}"
+            )
+            results.append(result)
+    return results
+
+
+def _wait(client: httpx.Client, run_id: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        body = client.get(f"/api/runs/{run_id}").raise_for_status().json()
+        if body["status"] in AgentRun.TERMINAL_STATUSES:
+            return body
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"run {run_id} still {body['status']} after {timeout:.0f}s")
+        time.sleep(0.2)

@@ -1,0 +1,33 @@
+"""``python manage.py demo --base-url URL``: the quick start's demo turns."""
+
+import httpx
+from django.core.management.base import BaseCommand, CommandError
+
+from audit.demo import ensure_demo_user, run_demo
+
+
+class Command(BaseCommand):
+    help = "Create the demo admin user, submit a few turns over the HTTP API and print their audit."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+        parser.add_argument("--username", default="admin")
+        parser.add_argument("--password", default="admin")
+        parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each run")
+
+    def handle(self, *args, base_url, username, password, timeout, **options):
+        token = ensure_demo_user(username=username, password=password)
+        self.stdout.write(f"Submitting demo turns to {base_url} ...")
+        try:
+            runs = run_demo(base_url=base_url, token=token, timeout=timeout, say=self.stdout.write)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise CommandError(f"demo failed: {exc}") from exc
+        first = runs[1] if len(runs) > 1 else runs[0]
+        self.stdout.write(
+            "\nWhere to look:\n"
+            f"  admin (user {username}, password {password}):  {base_url}/admin/\n"
+            f"  API docs:                                      {base_url}/api/docs\n"
+            f"  a run:       curl -H 'Authorization: Bearer {token}' {base_url}/api/runs/{first.run_id}\n"
+            f"  its history: curl -H 'Authorization: Bearer {token}' {base_url}/api/threads/{first.thread_id}/history\n"
+            f"  its audit:   curl -H 'Authorization: Bearer {token}' {base_url}/api/audit/runs/{first.run_id}/timeline\n"
+        )
