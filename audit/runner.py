@@ -40,6 +40,8 @@ from .events import RunEventPublisher
 from .lease import Lease
 from .models import AgentRun
 from .recorder import LifecycleRecorder
+from .services.trace import run_set_trace
+from .tracing import start_run_trace
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +182,10 @@ class RunExecutor:
                     self.run.agent_id, model=self.run.model, checkpointer=saver, http_async_client=http_client
                 )
                 graph_config = {"configurable": {"thread_id": str(self.run.thread_id)}, "recursion_limit": 40}
+                trace = start_run_trace(self.run.id)
+                if trace.trace_id:
+                    await write_with_retry(run_set_trace, lease=self.lease, trace_id=trace.trace_id)
+                    graph_config["callbacks"] = trace.callbacks
                 snapshot = await graph.aget_state(graph_config)
                 self.prior_message_ids = {
                     m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)
