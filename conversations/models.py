@@ -176,6 +176,13 @@ class Message(models.Model):
         return self.operation_id is not None
 
 
+class MessageFeedbackQuerySet(models.QuerySet):
+    def ordinary(self) -> MessageFeedbackQuerySet:
+        """Feedback on ordinary chat messages only: feedback attached to an
+        audit row never enters statistics or the feedback list (R-READ-4)."""
+        return self.filter(message__message_type=Message.Type.TEXT)
+
+
 class MessageFeedback(models.Model):
     """A user's like or dislike of a final answer (one per user and message)."""
 
@@ -189,6 +196,8 @@ class MessageFeedback(models.Model):
     reason = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = MessageFeedbackQuerySet.as_manager()
 
     class Meta:
         constraints = [
