@@ -139,7 +139,12 @@ class LifecycleRecorder:
         if kind == "message-start":
             if payload.get("role", "ai") != "ai":
                 return
-            await self._start(event, payload.get("id") or model_run_id, model_run_id, namespace, meta)
+            operation_id = payload.get("id") or model_run_id
+            if not operation_id:
+                raise AuditConflict(
+                    "message-start carries neither an id nor a model run id", extra={"reason": "no_operation_key"}
+                )
+            await self._start(event, operation_id, model_run_id, namespace, meta)
             return
         call = self._calls.get(model_run_id)
         if call is None or call.finished:
@@ -159,7 +164,11 @@ class LifecycleRecorder:
 
     async def _start(self, event: dict, operation_id: str, model_run_id: str, namespace: list[str], meta: dict) -> None:
         sequence = event["seq"]
-        known = self._calls.get(model_run_id)
+        # One lifecycle is one LangChain model run; a payload without a run
+        # id (a whole message from a model that does not stream) is its own
+        # lifecycle under its operation id.
+        lifecycle = model_run_id or operation_id
+        known = self._calls.get(lifecycle)
         if known is not None:
             if known.operation_id != operation_id:
                 raise AuditConflict(
@@ -174,7 +183,7 @@ class LifecycleRecorder:
             # A replayed start: keep what this process aggregated and the
             # original monotonic start; the database write is idempotent.
         else:
-            self._calls[model_run_id] = _ModelCall(operation_id, sequence, self._clock(), namespace)
+            self._calls[lifecycle] = _ModelCall(operation_id, sequence, self._clock(), namespace)
             self.model_calls += 1
         metadata = {"namespace": namespace, "model_run_id": model_run_id}
         if meta.get("langgraph_node"):
@@ -216,10 +225,16 @@ class LifecycleRecorder:
             return
         model_run_id = str(meta.get("run_id") or "")
         operation_id = message.id or model_run_id
-        if model_run_id in self._calls and self._calls[model_run_id].finished:
+        if not operation_id:
+            raise AuditConflict(
+                "a whole model message carries neither a message id nor a model run id",
+                extra={"reason": "no_operation_key"},
+            )
+        lifecycle = model_run_id or operation_id
+        if lifecycle in self._calls and self._calls[lifecycle].finished:
             return
         await self._start(event, operation_id, model_run_id, namespace, meta)
-        call = self._calls[model_run_id]
+        call = self._calls[lifecycle]
         call.finished_blocks = {0: {"type": "text", "text": message_text(message.content)}}
         for i, tc in enumerate(getattr(message, "tool_calls", None) or [], start=1):
             call.finished_blocks[i] = {

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from yuxi_project.config import get_config
 from yuxi_project.errors import ApplicationError, NotFound
 
 from . import services
+from .cancellation import CancelSignalListener
 from .agents.assistant import build_agent
 from .agents.tools import AgentContext
 from .checkpoint import open_checkpointer, postgres_conninfo
@@ -156,6 +158,8 @@ class RunExecutor:
         self.prior_message_ids: set[str] = set()
         self._stop: _Outcome | None = None
         self._drive_task: asyncio.Task | None = None
+        # Monotonic time until which the lease is known to hold.
+        self.lease_deadline = time.monotonic() + self.config.LEASE_TTL_SECONDS
 
     async def execute(self) -> str:
         await self.publisher.publish("run.status", {"status": Status.RUNNING})
@@ -227,52 +231,68 @@ class RunExecutor:
         return AgentContext(thread_id=str(self.run.thread_id), run_id=str(self.run.id), workspace=str(workspace))
 
     async def _keep_lease(self) -> None:
-        """Renew the lease every third of its TTL and check for a cancel
-        request about once a second; stop the drive task when the run is to
-        be cancelled or the lease is gone."""
+        """Renew the lease every third of its TTL and check the run's status
+        in the database about once a second, or at once when the Redis
+        cancel signal arrives (R-RUN-6; the database is the source of
+        truth, the signal only wakes this loop). Stops the drive task —
+        which aborts the model stream — when the run is to be cancelled,
+        the lease is gone (R-RUN-4) or the database keeps failing (R-RUN-8)."""
         ttl = self.config.LEASE_TTL_SECONDS
         poll = min(1.0, ttl / 3)
-        since_renewal = 0.0
-        while True:
-            await asyncio.sleep(poll)
-            since_renewal += poll
-            try:
-                if since_renewal >= ttl / 3:
-                    status = await write_with_retry(services.lease_renew, lease=self.lease, ttl_seconds=ttl)
-                    since_renewal = 0.0
+        renewed_at = time.monotonic()
+        listener = CancelSignalListener(self.lease.run_id)
+        try:
+            while self._stop is None:
+                signalled = await listener.wait(poll)
+                try:
+                    if time.monotonic() - renewed_at >= ttl / 3:
+                        status = await write_with_retry(services.lease_renew, lease=self.lease, ttl_seconds=ttl)
+                        renewed_at = time.monotonic()
+                        self.lease_deadline = renewed_at + ttl
+                    else:
+                        status = await write_with_retry(_run_status, run_id=self.lease.run_id)
+                except LeaseError as exc:
+                    self._stop = _Outcome(None, exc.code, str(exc))
+                except AuditWriteFailed as exc:
+                    self._stop = _Outcome(Status.FAILED, exc.code, exc.message)
                 else:
-                    status = await sync_to_async(_call_then_release)(_run_status, {"run_id": self.lease.run_id})
-            except LeaseError as exc:
-                self._stop = _Outcome(None, exc.code, str(exc))
-            except AuditWriteFailed as exc:
-                self._stop = _Outcome(Status.FAILED, exc.code, exc.message)
-            else:
-                if status == Status.CANCEL_REQUESTED:
-                    self._stop = _Outcome(Status.CANCELLED, "cancelled", "cancelled on request")
-            if self._stop is not None and self._drive_task is not None:
+                    if status == Status.CANCEL_REQUESTED:
+                        self._stop = _Outcome(Status.CANCELLED, "cancelled", "cancelled on request")
+                    elif signalled:
+                        log.info("run %s: cancel signal without cancel_requested in the database", self.run.id)
+            if self._drive_task is not None:
                 self._drive_task.cancel()
-                return
+        finally:
+            await listener.close()
 
     async def _finish(self, outcome: _Outcome) -> str:
         if outcome.status is None:
             return "lease_lost"
-        try:
-            run = await write_with_retry(
-                services.run_finish,
-                lease=self.lease,
-                status=outcome.status,
-                final_state=self.recorder.final_state(),
-                prior_message_ids=self.prior_message_ids,
-                interrupts=self.recorder.interrupt_payloads() or None,
-                error_type=outcome.error_type,
-                error_message=outcome.error_message,
-            )
-        except LeaseError as exc:
-            log.warning("run %s could not be finished: %s", self.run.id, exc)
-            return "lease_lost"
-        except AuditWriteFailed as exc:
-            log.error("run %s terminal write failed; the lease sweeper will end it: %s", self.run.id, exc)
-            return "lease_lost"
+        terminal = {
+            "lease": self.lease,
+            "status": outcome.status,
+            "final_state": self.recorder.final_state(),
+            "prior_message_ids": self.prior_message_ids,
+            "interrupts": self.recorder.interrupt_payloads() or None,
+            "error_type": outcome.error_type,
+            "error_message": outcome.error_message,
+        }
+        while True:
+            try:
+                run = await write_with_retry(services.run_finish, **terminal)
+                break
+            except LeaseError as exc:
+                log.warning("run %s could not be finished: %s", self.run.id, exc)
+                return "lease_lost"
+            except AuditWriteFailed as exc:
+                # The terminal write is the one that must not be lost: keep
+                # trying while the lease lasts (bounded), then leave the run
+                # to the lease sweeper (R-RUN-7, R-RUN-8).
+                if time.monotonic() + 1.0 >= self.lease_deadline:
+                    log.error("run %s terminal write failed; the lease sweeper will end it: %s", self.run.id, exc)
+                    return "lease_lost"
+                log.warning("run %s terminal write failed, retrying while the lease lasts: %s", self.run.id, exc)
+                await asyncio.sleep(0.5)
         await self.publisher.publish(
             "run.finished",
             {"status": run.status, "error_type": run.error_type, "output_message_id": run.output_message_id},

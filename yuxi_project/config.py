@@ -45,6 +45,9 @@ class Config(BaseSettings):
     OPENAI_API_KEY: str = ""
     # Seconds a worker's lease on a run lasts without renewal (R-RUN-7).
     LEASE_TTL_SECONDS: float = Field(default=30.0, gt=0)
+    # Seconds between two runs of the lease sweeper, which fails runs whose
+    # lease expired (R-RUN-7). Celery beat schedules it.
+    LEASE_SWEEP_INTERVAL_SECONDS: float = Field(default=10.0, gt=0)
     # Attempts for one critical audit write before the run fails (R-RUN-8).
     AUDIT_WRITE_ATTEMPTS: int = Field(default=3, ge=1, le=20)
     # Tool results longer than this many characters go to the thread

@@ -112,6 +112,16 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# The lease sweeper (R-RUN-7). Run beat once per deployment (`celery -A
+# yuxi_project beat`, or `worker -B` on one worker); several beats are
+# harmless: the sweep claims runs with SKIP LOCKED.
+CELERY_BEAT_SCHEDULE = {
+    "sweep-expired-leases": {
+        "task": "audit.sweep_expired_leases",
+        "schedule": CONFIG.LEASE_SWEEP_INTERVAL_SECONDS,
+        "options": {"expires": CONFIG.LEASE_SWEEP_INTERVAL_SECONDS},
+    },
+}
 
 LOGGING = {
     "version": 1,

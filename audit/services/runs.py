@@ -7,11 +7,13 @@ import uuid
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
+from django.db.models import Min, Q
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
 from yuxi_project.errors import Conflict, InvalidInput, NotFound
 
+from ..cancellation import cancel_signal_send
 from ..errors import RunNotStartable
 from ..lease import Lease, lock_run
 from ..models import AgentRun
@@ -117,7 +119,8 @@ def run_acquire(*, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datet
     """Take the lease on a pending run.
 
     Locks the run row (``SELECT … FOR UPDATE``), checks that the run is
-    ``pending`` and that no earlier run of its thread is still active (FIFO),
+    ``pending`` and that no run of an earlier turn of its thread holds the
+    thread (FIFO, see :func:`_earlier_blocking_run`),
     then moves it to ``running``, sets the owner, increments the fencing
     token and sets the expiry ``now + ttl_seconds``.
 
@@ -136,14 +139,9 @@ def run_acquire(*, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datet
             raise NotFound(f"run {run_id} not found")
         if run.status != Status.PENDING:
             raise RunNotStartable(f"run {run_id} is {run.status}, not pending")
-        earlier = (
-            AgentRun.objects.filter(thread_id=run.thread_id, created_at__lt=run.created_at)
-            .active()
-            .exclude(pk=run.pk)
-            .exists()
-        )
-        if earlier:
-            raise RunNotStartable(f"run {run_id} waits for an earlier run of its thread")
+        blocking = _earlier_blocking_run(run)
+        if blocking is not None:
+            raise RunNotStartable(f"run {run_id} waits for run {blocking.id} ({blocking.status}) of its thread")
         run.status = Status.RUNNING
         run.lease_owner = owner
         run.fencing_token += 1
@@ -159,6 +157,33 @@ def run_acquire(*, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datet
         owner=owner,
         fencing_token=run.fencing_token,
     )
+
+
+def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
+    """The run of an earlier turn of the same thread that ``run`` must wait
+    for, or None (R-RUN-2).
+
+    Turns are ordered by the submission time of their first run, so a resume
+    run keeps its turn's place in the queue. A run blocks later turns while
+    it is not terminal, and also while it is ``interrupted`` and not yet
+    resumed: the thread waits for the approval.
+    """
+    holding = list(
+        AgentRun.objects.filter(thread_id=run.thread_id)
+        .exclude(turn_id=run.turn_id)
+        .filter(Q(status__in=AgentRun.ACTIVE_STATUSES) | Q(status=Status.INTERRUPTED, resumed_by__isnull=True))
+    )
+    if not holding:
+        return None
+    turn_starts = dict(
+        AgentRun.objects.filter(thread_id=run.thread_id)
+        .values("turn_id")
+        .annotate(first=Min("created_at"))
+        .values_list("turn_id", "first")
+    )
+    own_start = turn_starts[run.turn_id]
+    earlier = [other for other in holding if (turn_starts[other.turn_id], other.turn_id) < (own_start, run.turn_id)]
+    return min(earlier, key=lambda other: turn_starts[other.turn_id]) if earlier else None
 
 
 def lease_renew(*, lease: Lease, ttl_seconds: float, now: datetime | None = None) -> str:
@@ -208,4 +233,48 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
             run.status = Status.CANCEL_REQUESTED
             run.cancel_requested_at = timezone.now()
             run.save(update_fields=["status", "cancel_requested_at", "updated_at"])
+            # Wake the worker now rather than at its next database poll; the
+            # status just committed stays the source of truth.
+            transaction.on_commit(lambda: cancel_signal_send(run_id=run.id))
         return run
+
+
+# --------------------------------------------------------------------------
+# Lease expiry (R-RUN-7)
+# --------------------------------------------------------------------------
+
+
+def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -> list[uuid.UUID]:
+    """Fail the runs whose owner stopped renewing its lease (a crashed or
+    cut-off worker).
+
+    Each run with status ``running``/``cancel_requested`` and
+    ``lease_expires_at <= now`` becomes ``failed`` with error type
+    ``lease_expired`` in the same transaction that closes its running audit
+    rows (``failed``, usage unknown) and releases the lease. Rows are
+    claimed with ``SELECT … FOR UPDATE SKIP LOCKED``: a run whose owner is
+    writing right now (holding the row lock) is skipped and looked at by a
+    later sweep, and concurrent sweepers never wait on each other.
+
+    Afterwards the old owner's writes fail :func:`~audit.lease.lock_run`
+    with ``RunTerminal``. Returns the ids of the runs it failed (at most
+    ``limit``). Implements R-RUN-7.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        # Index run_lease_expiry_idx serves this query.
+        expired = list(
+            AgentRun.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(status__in=(Status.RUNNING, Status.CANCEL_REQUESTED), lease_expires_at__lte=now)
+            .order_by("lease_expires_at")[:limit]
+        )
+        for run in expired:
+            _terminate(
+                run,
+                status=Status.FAILED,
+                now=now,
+                error_type="lease_expired",
+                error_message=f"lease of {run.lease_owner} expired at {run.lease_expires_at.isoformat()}",
+            )
+            log.warning("run %s failed: lease of %s expired", run.id, run.lease_owner)
+    return [run.id for run in expired]

@@ -82,7 +82,7 @@ def run_finish(
         own_ai: dict[str, StateMessage] = {}
         if final_state:
             prior = set(prior_message_ids)
-            own_ai = _own_ai_messages(final_state, prior)
+            own_ai = _own_ai_messages(run, final_state, prior)
             _reconcile_model_rows(run, own_ai, now=now)
             _reconcile_tool_rows(run, final_state, prior)
         if status in (Status.COMPLETED, Status.INTERRUPTED) and final_state:
@@ -93,13 +93,25 @@ def run_finish(
         return run
 
 
-def _own_ai_messages(final_state: list[StateMessage], prior: set[str]) -> dict[str, StateMessage]:
-    """This run's root AIMessages by id; for one id only the last counts."""
+def _own_ai_messages(run: AgentRun, final_state: list[StateMessage], prior: set[str]) -> dict[str, StateMessage]:
+    """This run's root AIMessages by id; for one id only the last counts.
+
+    An id that was in the State before the run started, or that is already
+    an operation of another run of the thread, belongs to that earlier run
+    and never binds to or duplicates into this one (R-MA-9)."""
     own: dict[str, StateMessage] = {}
     for message in final_state:
         if message.kind == "ai" and message.id and message.id not in prior and not message.namespace:
             own.pop(message.id, None)
             own[message.id] = message
+    if own:
+        elsewhere = set(
+            Message.objects.filter(thread_id=run.thread_id, role=Message.Role.ASSISTANT, operation_id__in=list(own))
+            .exclude(run=run)
+            .values_list("operation_id", flat=True)
+        )
+        for op_id in elsewhere:
+            own.pop(op_id, None)
     return own
 
 
@@ -187,7 +199,8 @@ def _bind_output(run: AgentRun, final_state: list[StateMessage], own_ai: dict[st
     if last_ai is None or last_ai.id not in own_ai:
         return
     row = Message.objects.filter(run=run, role=Message.Role.ASSISTANT, operation_id=last_ai.id).first()
-    if row is None:
+    if row is None or row.metadata.get("namespace"):
+        # A subgraph's or subagent's call is never the run's answer.
         return
     row.message_type = Message.Type.TEXT
     row.save(update_fields=["message_type", "updated_at"])
@@ -251,6 +264,10 @@ def _enqueue_next_in_thread(thread_id: uuid.UUID) -> None:
     """FIFO (R-RUN-2): start the thread's oldest pending run, if any."""
     from ..dispatch import enqueue_run
 
-    next_run = AgentRun.objects.filter(thread_id=thread_id, status=Status.PENDING).order_by("created_at").first()
-    if next_run is not None:
-        enqueue_run(next_run.id)
+    # Every pending run is offered, oldest first: the acquisition check
+    # decides which one may start (a resume run keeps its turn's place), the
+    # others are skipped and offered again when the next run ends.
+    for run_id in AgentRun.objects.filter(thread_id=thread_id, status=Status.PENDING).order_by("created_at").values_list(
+        "id", flat=True
+    ):
+        enqueue_run(run_id)

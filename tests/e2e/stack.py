@@ -103,8 +103,12 @@ class Stack:
     def client(self, headers: dict[str, str] | None = None) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, headers=headers or {}, timeout=30)
 
-    def start_worker(self, name: str | None = None, concurrency: int = 2) -> Process:
+    def start_worker(self, name: str | None = None, concurrency: int = 2, beat: bool = True) -> Process:
+        """Start a Celery worker on the stack's queue. With ``beat`` it also
+        runs the beat scheduler in-process (``-B``), which schedules the
+        lease sweeper (R-RUN-7); several beats are harmless."""
         name = name or f"worker-{len(self.workers) + 1}"
+        beat_args = ["-B", "-s", str(ARTIFACTS / f"beat-{uuid.uuid4().hex[:8]}")] if beat else []
         worker = start(
             name,
             [
@@ -125,6 +129,7 @@ class Stack:
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",
+                *beat_args,
             ],
             self.env,
         )
@@ -147,6 +152,7 @@ def start_stack(*, database_url: str, redis_url: str, lease_ttl: float = 6.0, wo
         "CELERY_QUEUE": f"e2e-{uuid.uuid4().hex[:8]}",
         "REPLAY_MODEL_URL": f"http://127.0.0.1:{replay_port}/v1",
         "LEASE_TTL_SECONDS": str(lease_ttl),
+        "LEASE_SWEEP_INTERVAL_SECONDS": "1",
         "WORKSPACE_ROOT": str(ARTIFACTS / "workspaces"),
         "PYTHONUNBUFFERED": "1",
         "PYTHONWARNINGS": "ignore",

@@ -1,0 +1,110 @@
+"""The Redis cancel signal: how a worker learns within a moment that its
+run is to be cancelled (R-RUN-6).
+
+The database stays the source of truth (``AgentRun.status ==
+cancel_requested``); the signal only wakes the worker so that it checks the
+database now instead of at its next periodic poll. A lost signal therefore
+delays a cancel by at most one poll interval, and a spurious one costs one
+status read. Under the embedded defaults (no Redis) nothing is signalled.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from yuxi_project.config import get_config
+
+log = logging.getLogger(__name__)
+
+# The key survives a worker that subscribes after the publish; the TTL only
+# bounds garbage, the worker never needs it longer than a run lasts.
+SIGNAL_TTL_SECONDS = 24 * 3600
+
+
+def cancel_key(run_id: uuid.UUID | str) -> str:
+    return f"yuxi:run:{run_id}:cancel"
+
+
+def cancel_channel(run_id: uuid.UUID | str) -> str:
+    return f"yuxi:run:{run_id}:cancel-channel"
+
+
+def cancel_signal_send(*, run_id: uuid.UUID | str) -> None:
+    """Set the run's cancel key and publish on its channel (web side, after
+    the ``cancel_requested`` commit). Redis being down is logged, not
+    raised: the worker's database poll still sees the request."""
+    redis_url = get_config().REDIS_URL
+    if not redis_url:
+        return
+    import redis
+
+    try:
+        client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            client.set(cancel_key(run_id), "1", ex=SIGNAL_TTL_SECONDS)
+            client.publish(cancel_channel(run_id), "cancel")
+        finally:
+            client.close()
+    except redis.RedisError as exc:
+        log.warning("cancel signal for run %s not sent (the worker's database poll will see it): %s", run_id, exc)
+
+
+class CancelSignalListener:
+    """Worker side: ``await listener.wait(timeout)`` returns True as soon as
+    a cancel signal for the run arrives (or is already set), False when
+    ``timeout`` seconds pass without one. Never raises on Redis errors: it
+    then just sleeps, and the caller's database check decides."""
+
+    def __init__(self, run_id: uuid.UUID | str, redis_url: str | None = None):
+        self.run_id = str(run_id)
+        self._redis_url = redis_url if redis_url is not None else (get_config().REDIS_URL or None)
+        self._client = None
+        self._pubsub = None
+        self._key_reported = False
+
+    async def _ensure(self) -> None:
+        if self._pubsub is not None or not self._redis_url:
+            return
+        from redis import asyncio as aioredis
+
+        self._client = aioredis.from_url(self._redis_url, socket_connect_timeout=2)
+        self._pubsub = self._client.pubsub()
+        await self._pubsub.subscribe(cancel_channel(self.run_id))
+
+    async def wait(self, timeout: float) -> bool:
+        import asyncio
+
+        if not self._redis_url:
+            await asyncio.sleep(timeout)
+            return False
+        try:
+            await self._ensure()
+            # Subscribe first, then read the key: a signal sent in between
+            # is seen by one of the two.
+            # The key is reported once; after that only new publishes count,
+            # so a stale key cannot make the caller poll in a loop.
+            if not self._key_reported and await self._client.exists(cancel_key(self.run_id)):
+                self._key_reported = True
+                return True
+            message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
+            return message is not None
+        except Exception as exc:  # Redis is a hint only; the database decides
+            log.warning("cancel listener for run %s: %s", self.run_id, exc)
+            await self.close()
+            await asyncio.sleep(timeout)
+            return False
+
+    async def close(self) -> None:
+        pubsub, client = self._pubsub, self._client
+        self._pubsub = self._client = None
+        if pubsub is not None:
+            try:
+                await pubsub.aclose()
+            except Exception:  # closing a broken connection
+                pass
+        if client is not None:
+            try:
+                await client.aclose()
+            except Exception:
+                pass
