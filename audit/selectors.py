@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +10,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 
 from conversations.models import Message
-from yuxi_project.cursors import before_key, decode_cursor, encode_cursor
+from yuxi_project.cursors import keyset_page
 from yuxi_project.errors import InvalidInput, NotFound
 
 from .models import AgentRun
@@ -33,7 +32,7 @@ TIMELINE_MAX_ROWS = 500
 # Rows without a sequence (a model call only the final State proved) sort
 # after the stream's rows of their run.
 _NO_SEQUENCE = 2**31 - 1
-_TIMELINE_KEY = ["run_created", "run_id", "sequence_key", "id"]
+_TIMELINE_KEY = [("run_created", "datetime"), ("run_id", "uuid"), ("sequence_key", "int"), ("id", "int")]
 
 
 @dataclass(frozen=True)
@@ -83,30 +82,9 @@ def thread_timeline(
 def _timeline_page(rows, *, limit: int, before: str | None) -> TimelinePage:
     if not 1 <= limit <= TIMELINE_MAX_ROWS:
         raise InvalidInput(f"limit must be between 1 and {TIMELINE_MAX_ROWS}", extra={"reason": "bad_limit"})
-    rows = rows.annotate(
-        run_created=F("run__created_at"), sequence_key=Coalesce("sequence", Value(_NO_SEQUENCE))
-    )
-    if before is not None:
-        rows = rows.filter(before_key(_TIMELINE_KEY, _timeline_cursor_key(before)))
-    newest_first = list(rows.order_by(*(f"-{name}" for name in _TIMELINE_KEY))[: limit + 1])
-    truncated = len(newest_first) > limit
-    items = newest_first[:limit][::-1]
-    next_before = encode_cursor(_timeline_key_of(items[0])) if truncated else None
+    rows = rows.annotate(run_created=F("run__created_at"), sequence_key=Coalesce("sequence", Value(_NO_SEQUENCE)))
+    items, truncated, next_before = keyset_page(rows, key=_TIMELINE_KEY, limit=limit, before=before)
     return TimelinePage(items=items, truncated=truncated, next_before=next_before)
-
-
-def _timeline_key_of(row: Message) -> list:
-    return [row.run_created.isoformat(), str(row.run_id), row.sequence_key, row.id]
-
-
-def _timeline_cursor_key(cursor: str) -> list:
-    created, run_id, sequence_key, row_id = decode_cursor(cursor, length=len(_TIMELINE_KEY))
-    try:
-        if not (isinstance(sequence_key, int) and isinstance(row_id, int) and isinstance(created, str)):
-            raise ValueError("wrong types")
-        return [dt.datetime.fromisoformat(created), uuid.UUID(str(run_id)), sequence_key, row_id]
-    except ValueError as exc:
-        raise InvalidInput("the cursor is malformed", extra={"reason": "bad_cursor"}) from exc
 
 
 # Metadata keys that the timeline shows in their own fields, or never.

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from ninja import Router
+import uuid
+
+from ninja import Query, Router
 from ninja.pagination import LimitOffsetPagination, paginate
 
 from . import selectors, services
-from .schemas import ErrorOut, ThreadIn, ThreadOut
+from .schemas import (
+    ErrorOut,
+    FeedbackIn,
+    FeedbackOut,
+    HistoryItemOut,
+    HistoryPageOut,
+    HistoryQuery,
+    MemoryOut,
+    MemoryQuery,
+    ThreadIn,
+    ThreadOut,
+)
 
 router = Router(tags=["threads"])
 
@@ -27,3 +40,43 @@ def create_thread(request, payload: ThreadIn):
 def list_threads(request):
     """The caller's threads, newest first."""
     return selectors.threads_of(request.auth)
+
+
+@router.get("/threads/{thread_id}/history", response={200: HistoryPageOut, **ERRORS})
+def thread_history(request, thread_id: uuid.UUID, query: Query[HistoryQuery]):
+    """The chat history (R-READ-1): user messages, final answers and, for
+    finished runs, the model calls that carried tool calls with their tool
+    executions. Newest page first; ``next_before`` pages back."""
+    thread = selectors.thread_of(request.auth, thread_id)
+    page = selectors.thread_history(thread=thread, limit=query.limit, before=query.before)
+    return HistoryPageOut(
+        items=[HistoryItemOut.from_entry(e) for e in page.items], has_more=page.has_more, next_before=page.next_before
+    )
+
+
+@router.get("/threads/{thread_id}/memory", response={200: MemoryOut, **ERRORS})
+def thread_memory(request, thread_id: uuid.UUID, query: Query[MemoryQuery]):
+    """The history as LangChain-style messages (R-READ-2); tool carriers and
+    tool messages only with ``include_tools=true``."""
+    thread = selectors.thread_of(request.auth, thread_id)
+    return MemoryOut(
+        thread_id=thread.id,
+        messages=selectors.thread_memory(thread_id=thread.id, include_tools=query.include_tools),
+    )
+
+
+@router.post("/messages/{message_id}/feedback", response={200: FeedbackOut, 201: FeedbackOut, **ERRORS})
+def message_feedback(request, message_id: int, payload: FeedbackIn):
+    """Like or dislike a final answer of one's own thread: 201 the first
+    time, 200 when it updates the earlier feedback. Audit rows and user
+    messages answer 422; another user's message 404."""
+    feedback, created = services.message_feedback_submit(
+        user=request.auth, message_id=message_id, rating=payload.rating, reason=payload.reason
+    )
+    return (201 if created else 200), FeedbackOut(
+        message_id=feedback.message_id,
+        rating=feedback.rating,
+        reason=feedback.reason,
+        created_at=feedback.created_at,
+        updated_at=feedback.updated_at,
+    )

@@ -72,6 +72,24 @@ class MessageQuerySet(models.QuerySet):
     def running(self) -> MessageQuerySet:
         return self.filter(execution_status=Message.ExecutionStatus.RUNNING)
 
+    def visible_in_history(self) -> MessageQuerySet:
+        """What the chat history and the agent's memory show (R-READ-1,
+        R-READ-2): user messages, final answers, and model rows as
+        tool-display carriers only when their run is terminal, the terminal
+        reconcile proved them (``state_reconciled``) and they declared tool
+        calls. Running and unproven rows never match."""
+        from audit.models import AgentRun
+
+        carrier = (
+            Q(message_type=Message.Type.MODEL_AUDIT, role=Message.Role.ASSISTANT)
+            & Q(run__status__in=AgentRun.TERMINAL_STATUSES)
+            & Q(metadata__state_reconciled=True)
+            & Q(tool_calls__isnull=False)
+            & ~Q(tool_calls=[])
+        )
+        ordinary = Q(message_type=Message.Type.TEXT, role__in=[Message.Role.USER, Message.Role.ASSISTANT])
+        return self.filter(ordinary | carrier)
+
 
 class Message(models.Model):
     """One chat message or one audit row (R-MA-1, R-TA-1)."""

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any, Literal
 
 from ninja import Field, Schema
 
@@ -31,3 +32,96 @@ class ErrorOut(Schema):
     """Every error answer: ``{"error": {"code", "message", ...}}``."""
 
     error: ErrorDetail
+
+
+class ToolCallOut(Schema):
+    """A tool call the model declared."""
+
+    id: str | None
+    name: str | None
+    args: dict[str, Any] | None = None
+
+
+class ToolExecutionOut(Schema):
+    """One tool execution as the chat shows it: the projected content, never
+    the raw output envelope."""
+
+    id: str = Field(..., description="The tool call id.")
+    name: str
+    status: Literal["completed", "failed", "interrupted", "abandoned", "rejected"]
+    content: str
+
+
+class HistoryItemOut(Schema):
+    id: int
+    run_id: uuid.UUID | None
+    turn_id: uuid.UUID | None
+    role: Literal["user", "assistant"]
+    kind: Literal["user", "answer", "tool_carrier"]
+    content: str
+    tool_calls: list[ToolCallOut] | None
+    tool_executions: list[ToolExecutionOut]
+    metadata: dict[str, Any] = Field(..., description="Public operation metadata only (model name, finish reason).")
+    created_at: datetime
+
+    @staticmethod
+    def from_entry(entry) -> HistoryItemOut:
+        row = entry.message
+        return HistoryItemOut(
+            id=row.id,
+            run_id=row.run_id,
+            turn_id=row.turn,
+            role=row.role,
+            kind=entry.kind,
+            content=row.content,
+            tool_calls=row.tool_calls or None,
+            tool_executions=[
+                ToolExecutionOut(id=t.operation_id, name=t.tool_name, status=t.execution_status, content=t.content)
+                for t in entry.tool_executions
+            ],
+            metadata=entry.public_metadata(),
+            created_at=row.created_at,
+        )
+
+
+class HistoryPageOut(Schema):
+    items: list[HistoryItemOut] = Field(..., description="The newest items of the page, oldest first.")
+    has_more: bool
+    next_before: str | None = Field(None, description="Pass as `before` to read older items.")
+
+
+class HistoryQuery(Schema):
+    limit: int = Field(50, ge=1, le=200)
+    before: str | None = Field(None, max_length=500)
+
+
+class MemoryQuery(Schema):
+    include_tools: bool = False
+
+
+class MemoryMessageOut(Schema):
+    type: Literal["human", "ai", "tool"]
+    id: str
+    content: str
+    tool_calls: list[ToolCallOut] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    status: Literal["success", "error"] | None = None
+
+
+class MemoryOut(Schema):
+    thread_id: uuid.UUID
+    messages: list[MemoryMessageOut]
+
+
+class FeedbackIn(Schema):
+    rating: Literal["like", "dislike"]
+    reason: str = Field("", max_length=2000)
+
+
+class FeedbackOut(Schema):
+    message_id: int
+    rating: str
+    reason: str
+    created_at: datetime
+    updated_at: datetime

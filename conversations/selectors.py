@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass, field
+from typing import Any
 
-from yuxi_project.errors import NotFound
+from django.db.models import Case, F, Value, When
+from django.db.models.functions import Coalesce
 
-from .models import Conversation
+from yuxi_project.cursors import keyset_page
+from yuxi_project.errors import InvalidInput, NotFound
+
+from .models import Conversation, Message
 
 
 def threads_of(user):
@@ -20,3 +26,208 @@ def thread_of(user, thread_id: uuid.UUID) -> Conversation:
     if thread is None:
         raise NotFound("thread not found")
     return thread
+
+
+# --------------------------------------------------------------------------
+# History and memory (R-READ-1, R-READ-2)
+# --------------------------------------------------------------------------
+
+HISTORY_PAGE_MAX = 200
+# Operation metadata a user may see; lifecycle metadata (namespace, model
+# run id, reconcile proofs, closing marks, raw tool output) never leaves.
+PUBLIC_METADATA_FIELDS = frozenset({"model_name", "model_provider", "finish_reason"})
+_NO_SEQUENCE = 2**31 - 1
+# Runs in creation order; in a run the user's message first, then the
+# run's rows by sequence (rows without one last), then id.
+_HISTORY_KEY = [
+    ("run_created", "datetime"),
+    ("run_id", "uuid"),
+    ("position", "int"),
+    ("sequence_key", "int"),
+    ("id", "int"),
+]
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One history item. ``kind`` is ``user``, ``answer`` (a final answer)
+    or ``tool_carrier`` (an intermediate model call shown for its tool
+    calls); ``tool_executions`` are the tool rows of its declared calls."""
+
+    message: Message
+    kind: str
+    tool_executions: list[Message] = field(default_factory=list)
+
+    def public_metadata(self) -> dict[str, Any]:
+        return {k: v for k, v in (self.message.metadata or {}).items() if k in PUBLIC_METADATA_FIELDS}
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    """The newest items (chronological order) and the cursor to older ones."""
+
+    items: list[HistoryEntry]
+    has_more: bool
+    next_before: str | None
+
+
+def _history_rows(thread_id: uuid.UUID):
+    return (
+        Message.objects.filter(thread_id=thread_id, run__isnull=False)
+        .visible_in_history()
+        .annotate(
+            run_created=F("run__created_at"),
+            turn=F("run__turn_id"),
+            position=Case(When(role=Message.Role.USER, then=Value(0)), default=Value(1)),
+            sequence_key=Coalesce("sequence", Value(_NO_SEQUENCE)),
+        )
+    )
+
+
+def thread_history(*, thread: Conversation, limit: int = 50, before: str | None = None) -> HistoryPage:
+    """The chat history of ``thread`` for the chat UI, newest ``limit``
+    (1–200) items in chronological order; ``before`` (an opaque cursor from
+    ``next_before``) pages back.
+
+    Applies :meth:`MessageQuerySet.visible_in_history`; each item that
+    declared tool calls carries its tool executions (finished ones of the
+    same turn, in order), so tool displays survive a page refresh. Two
+    queries whatever the page size.
+
+    Raises:
+        InvalidInput: ``limit`` out of range or a malformed cursor (422).
+
+    Implements R-READ-1.
+    """
+    if not 1 <= limit <= HISTORY_PAGE_MAX:
+        raise InvalidInput(f"limit must be between 1 and {HISTORY_PAGE_MAX}", extra={"reason": "bad_limit"})
+    page, has_more, next_before = keyset_page(_history_rows(thread.id), key=_HISTORY_KEY, limit=limit, before=before)
+    return HistoryPage(items=_with_tool_executions(thread.id, page), has_more=has_more, next_before=next_before)
+
+
+def _with_tool_executions(thread_id: uuid.UUID, rows: list[Message]) -> list[HistoryEntry]:
+    """Attach to each row that declared tool calls the finished tool rows
+    of those call ids in the same turn (an approved call runs in the resume
+    run of the turn). Tool rows of runs still running stay hidden."""
+    from audit.models import AgentRun
+
+    wanted = {(row.turn, call["id"]) for row in rows for call in row.tool_calls or [] if call.get("id")}
+    by_call: dict[tuple, list[Message]] = {}
+    if wanted:
+        tool_rows = (
+            Message.objects.filter(
+                thread_id=thread_id,
+                message_type=Message.Type.TOOL_AUDIT,
+                operation_id__in={call_id for _, call_id in wanted},
+                run__turn_id__in={turn for turn, _ in wanted},
+                run__status__in=AgentRun.TERMINAL_STATUSES,
+            )
+            .exclude(execution_status=Message.ExecutionStatus.RUNNING)
+            .annotate(turn=F("run__turn_id"), run_created=F("run__created_at"))
+            .order_by("run_created", "sequence", "id")
+        )
+        for tool_row in tool_rows:
+            by_call.setdefault((tool_row.turn, tool_row.operation_id), []).append(tool_row)
+    entries = []
+    for row in rows:
+        if row.role == Message.Role.USER:
+            kind = "user"
+        elif row.message_type == Message.Type.TEXT:
+            kind = "answer"
+        else:
+            kind = "tool_carrier"
+        executions = [
+            tool_row
+            for call in row.tool_calls or []
+            if call.get("id")
+            for tool_row in by_call.get((row.turn, call["id"]), [])
+        ]
+        entries.append(HistoryEntry(message=row, kind=kind, tool_executions=executions))
+    return entries
+
+
+def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False) -> list[dict[str, Any]]:
+    """The thread's history as LangChain-style message dicts, oldest first,
+    under the same rules as :func:`thread_history` (R-READ-2):
+
+    - ``{"type": "human", "id", "content"}`` for user messages;
+    - ``{"type": "ai", "id", "content", "tool_calls": [{id, name, args}]}``;
+    - with ``include_tools`` only: tool carriers, and after each AI message
+      one ``{"type": "tool", "id", "tool_call_id", "name", "content",
+      "status": "success"|"error"}`` per finished execution. A declared call
+      without an execution is left out of ``tool_calls``, so the sequence is
+      one a model accepts.
+
+    Without ``include_tools`` answers keep their text and no tool calls.
+    """
+    rows = list(_history_rows(thread_id).order_by(*(name for name, _ in _HISTORY_KEY)))
+    messages: list[dict[str, Any]] = []
+    for entry in _with_tool_executions(thread_id, rows):
+        row = entry.message
+        if entry.kind == "user":
+            messages.append({"type": "human", "id": f"msg-{row.id}", "content": row.content})
+            continue
+        if entry.kind == "tool_carrier" and not include_tools:
+            continue
+        executed = {tool_row.operation_id: tool_row for tool_row in entry.tool_executions}
+        tool_calls = [call for call in row.tool_calls or [] if include_tools and call.get("id") in executed]
+        if not row.content and not tool_calls:
+            continue
+        messages.append(
+            {"type": "ai", "id": row.operation_id or f"msg-{row.id}", "content": row.content, "tool_calls": tool_calls}
+        )
+        for call in tool_calls:
+            tool_row = executed[call["id"]]
+            messages.append(
+                {
+                    "type": "tool",
+                    "id": f"msg-{tool_row.id}",
+                    "tool_call_id": tool_row.operation_id,
+                    "name": tool_row.tool_name,
+                    "content": tool_row.content,
+                    "status": "success" if tool_row.execution_status == Message.ExecutionStatus.COMPLETED else "error",
+                }
+            )
+    return messages
+
+
+def thread_memory_messages(*, thread_id: uuid.UUID, include_tools: bool = False) -> list:
+    """:func:`thread_memory` as LangChain message objects, for the agent
+    runtime when the checkpointer no longer has the history (R-READ-2)."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    result = []
+    for item in thread_memory(thread_id=thread_id, include_tools=include_tools):
+        if item["type"] == "human":
+            result.append(HumanMessage(content=item["content"], id=item["id"]))
+        elif item["type"] == "ai":
+            result.append(
+                AIMessage(
+                    content=item["content"],
+                    id=item["id"],
+                    tool_calls=[
+                        {"id": c["id"], "name": c["name"], "args": c.get("args") or {}, "type": "tool_call"}
+                        for c in item["tool_calls"]
+                    ],
+                )
+            )
+        else:
+            result.append(
+                ToolMessage(
+                    content=item["content"],
+                    id=item["id"],
+                    tool_call_id=item["tool_call_id"],
+                    name=item["name"],
+                    status=item["status"],
+                )
+            )
+    return result
+
+
+def message_feedback_of(user, message_id: int) -> Message:
+    """The user's message for feedback; another user's message, or none, is
+    :class:`NotFound` (R-READ-5)."""
+    message = Message.objects.filter(pk=message_id, thread__user=user).first()
+    if message is None:
+        raise NotFound("message not found")
+    return message

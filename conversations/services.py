@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from django.db import IntegrityError, transaction
+
 from audit.agents.assistant import validate_agent_id
 from audit.agents.models import validate_model_name
+from audit.models import AgentRun
 from yuxi_project.config import get_config
+from yuxi_project.errors import InvalidInput
 
-from .models import Conversation
+from .models import Conversation, Message, MessageFeedback
+from .selectors import message_feedback_of
 
 
 def thread_create(*, user, agent_id: str, model: str | None = None, title: str = "") -> Conversation:
@@ -20,3 +25,35 @@ def thread_create(*, user, agent_id: str, model: str | None = None, title: str =
     validate_agent_id(agent_id)
     model = validate_model_name(model or get_config().DEFAULT_MODEL)
     return Conversation.objects.create(user=user, agent_id=agent_id, model=model, title=title[:200])
+
+
+def message_feedback_submit(*, user, message_id: int, rating: str, reason: str = "") -> tuple[MessageFeedback, bool]:
+    """Record ``user``'s ``rating`` (``like`` or ``dislike``) of a final
+    answer, with an optional ``reason`` (at most 2000 characters). One
+    feedback per user and message: a second one updates the first.
+
+    Returns ``(feedback, created)``.
+
+    Raises:
+        NotFound: no such message in the user's threads (R-READ-5).
+        InvalidInput: the message is not a final answer (a user message or
+            an audit row, ``reason: not_a_final_answer``), or a bad rating.
+    """
+    if rating not in MessageFeedback.Rating.values:
+        raise InvalidInput("rating must be like or dislike", extra={"reason": "bad_rating"})
+    message = message_feedback_of(user, message_id)
+    is_final_answer = (
+        message.message_type == Message.Type.TEXT
+        and message.role == Message.Role.ASSISTANT
+        and AgentRun.objects.filter(output_message=message).exists()
+    )
+    if not is_final_answer:
+        raise InvalidInput("feedback is only for a final answer", extra={"reason": "not_a_final_answer"})
+    values = {"rating": rating, "reason": reason[:2000]}
+    try:
+        with transaction.atomic():
+            return MessageFeedback.objects.update_or_create(message=message, user=user, defaults=values)
+    except IntegrityError:
+        # A concurrent first feedback won the insert: this one updates it.
+        with transaction.atomic():
+            return MessageFeedback.objects.update_or_create(message=message, user=user, defaults=values)

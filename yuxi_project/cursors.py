@@ -9,7 +9,9 @@ appended at the end).
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
+import uuid
 from typing import Any
 
 from django.db.models import Q
@@ -48,3 +50,49 @@ def before_key(fields: list[str], values: list[Any]) -> Q:
             step &= Q(**{prior_name: prior_value})
         condition |= step
     return condition
+
+
+_PARSERS = {
+    "datetime": lambda v: dt.datetime.fromisoformat(v) if isinstance(v, str) else _bad(),
+    "uuid": lambda v: uuid.UUID(v) if isinstance(v, str) else _bad(),
+    "int": lambda v: v if isinstance(v, int) and not isinstance(v, bool) else _bad(),
+}
+
+
+def _bad():
+    raise ValueError("wrong type")
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value
+
+
+def keyset_page(rows, *, key: list[tuple[str, str]], limit: int, before: str | None) -> tuple[list, bool, str | None]:
+    """The newest ``limit`` rows of ``rows`` in ascending ``key`` order,
+    optionally only those before the cursor ``before``.
+
+    ``key`` is ``[(field, kind)]`` with kind ``datetime``, ``uuid`` or
+    ``int``; the fields (annotations allowed) must make a total order.
+    Returns ``(items, more, next_before)``: ``more`` is true when older rows
+    exist and ``next_before`` is then the cursor to them.
+
+    Raises :class:`InvalidInput` (``reason: bad_cursor``) for a cursor that
+    does not decode to such a key. Two fetches at most: no OFFSET.
+    """
+    names = [name for name, _ in key]
+    if before is not None:
+        raw = decode_cursor(before, length=len(key))
+        try:
+            values = [_PARSERS[kind](value) for (_, kind), value in zip(key, raw, strict=True)]
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput("the cursor is malformed", extra={"reason": "bad_cursor"}) from exc
+        rows = rows.filter(before_key(names, values))
+    newest_first = list(rows.order_by(*(f"-{name}" for name in names))[: limit + 1])
+    more = len(newest_first) > limit
+    items = newest_first[:limit][::-1]
+    next_before = encode_cursor([_dump(getattr(items[0], name)) for name in names]) if more else None
+    return items, more, next_before

@@ -26,40 +26,85 @@ class RunDriver:
         self.seq += 1
         return self.seq
 
-    def model(self, op: str, *, content: str = "", tool_calls: list[dict] | None = None, finish: bool = True,
-              in_state: bool = True, usage: dict | None = None):
+    def model(
+        self,
+        op: str,
+        *,
+        content: str = "",
+        tool_calls: list[dict] | None = None,
+        finish: bool = True,
+        in_state: bool = True,
+        usage: dict | None = None,
+    ):
         now = dt.datetime.now(dt.UTC)
-        services.model_call_start(lease=self.lease, operation_id=op, sequence=self._next_seq(), started_at=now,
-                                  metadata={"namespace": [], "model_run_id": op})
+        services.model_call_start(
+            lease=self.lease,
+            operation_id=op,
+            sequence=self._next_seq(),
+            started_at=now,
+            metadata={"namespace": [], "model_run_id": op},
+        )
         if finish:
             services.model_call_finish(
-                lease=self.lease, operation_id=op, content=content, tool_calls=tool_calls or [],
+                lease=self.lease,
+                operation_id=op,
+                content=content,
+                tool_calls=tool_calls or [],
                 usage=usage or {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
-                finished_at=now, duration_ms=12, metadata={"model_name": "replay", "finish_reason": "stop"},
+                finished_at=now,
+                duration_ms=12,
+                metadata={"model_name": "replay", "finish_reason": "stop"},
             )
         if in_state:
             self.state.append(StateMessage(kind="ai", id=op, content=content, tool_calls=tool_calls or []))
         return self
 
-    def tool(self, call_id: str, name: str = "get_weather", *, declared_by: str | None = None,
-             content: str = '{"conditions": "sunny"}', status: str = "completed", finish: bool = True):
+    def tool(
+        self,
+        call_id: str,
+        name: str = "get_weather",
+        *,
+        declared_by: str | None = None,
+        content: str = '{"conditions": "sunny"}',
+        status: str = "completed",
+        finish: bool = True,
+    ):
         now = dt.datetime.now(dt.UTC)
-        services.tool_call_start(lease=self.lease, tool_call_id=call_id, tool_name=name, tool_input={"city": "Paris"},
-                                 sequence=self._next_seq(), started_at=now, declared_by_operation_id=declared_by,
-                                 metadata={"namespace": []})
+        services.tool_call_start(
+            lease=self.lease,
+            tool_call_id=call_id,
+            tool_name=name,
+            tool_input={"city": "Paris"},
+            sequence=self._next_seq(),
+            started_at=now,
+            declared_by_operation_id=declared_by,
+            metadata={"namespace": []},
+        )
         if finish:
             services.tool_call_finish(
-                lease=self.lease, tool_call_id=call_id, status=status, content=content,
+                lease=self.lease,
+                tool_call_id=call_id,
+                status=status,
+                content=content,
                 raw_output={"type": "tool", "tool_call_id": call_id, "content": content, "secret": "raw-envelope"},
-                finished_at=now, duration_ms=3,
+                finished_at=now,
+                duration_ms=3,
             )
-            self.state.append(StateMessage(kind="tool", id=f"tm-{call_id}", content=content, tool_call_id=call_id,
-                                           status="error" if status == "failed" else "success"))
+            self.state.append(
+                StateMessage(
+                    kind="tool",
+                    id=f"tm-{call_id}",
+                    content=content,
+                    tool_call_id=call_id,
+                    status="error" if status == "failed" else "success",
+                )
+            )
         return self
 
     def finish(self, status: str = "completed", *, interrupts: list[dict] | None = None, error_type: str = ""):
-        run = services.run_finish(lease=self.lease, status=status, final_state=self.state, interrupts=interrupts,
-                                  error_type=error_type)
+        run = services.run_finish(
+            lease=self.lease, status=status, final_state=self.state, interrupts=interrupts, error_type=error_type
+        )
         self.run = run
         return run
 
@@ -78,6 +123,12 @@ def resume_run_of(run: AgentRun, *, decisions: list[dict]) -> AgentRun:
     """A pending resume run of an interrupted run (same turn), as the resume
     endpoint makes it."""
     return AgentRun.objects.create(
-        request_id=f"resume-{uuid.uuid4().hex}", thread=run.thread, turn_id=run.turn_id, resumed_from=run,
-        user=run.user, agent_id=run.agent_id, model=run.model, input={"decisions": decisions},
+        request_id=f"resume-{uuid.uuid4().hex}",
+        thread=run.thread,
+        turn_id=run.turn_id,
+        resumed_from=run,
+        user=run.user,
+        agent_id=run.agent_id,
+        model=run.model,
+        input={"decisions": decisions},
     )

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from audit.selectors import run_timeline, thread_timeline, timeline_item
 from conversations.models import Message
-from tests.conftest import bearer
 from yuxi_project.errors import InvalidInput
 
 from .builders import RunDriver, tool_turn
@@ -25,7 +22,9 @@ def test_timeline_orders_model_and_tool_rows_with_shared_id_separate_R_READ_3(th
     run = d.finish()
     page = run_timeline(run_id=run.id)
     assert [(i.role, i.operation_id) for i in page.items] == [
-        ("assistant", "same"), ("tool", "same"), ("assistant", "lc_run--answer")
+        ("assistant", "same"),
+        ("tool", "same"),
+        ("assistant", "lc_run--answer"),
     ]
     assert page.truncated is False and page.next_before is None
     kinds = [timeline_item(i, include_raw_output=True)["kind"] for i in page.items]
