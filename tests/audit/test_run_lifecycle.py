@@ -1,0 +1,379 @@
+"""Runs under concurrency, expiry, cancellation and FIFO, on real
+PostgreSQL with separate connections (one per thread) and real Redis
+(R-RUN-2, R-RUN-3, R-RUN-4, R-RUN-6, R-RUN-7, R-MA-6..9)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from audit import services
+from audit.cancellation import CancelSignalListener, cancel_key, cancel_signal_send
+from audit.errors import LeaseLost, RunNotStartable, RunTerminal
+from audit.lease import Lease
+from audit.models import AgentRun
+from conversations.models import Message
+from tests.conftest import acquire, make_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+USAGE = {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}
+
+
+def _in_thread(fn, *args, **kwargs):
+    """Run ``fn`` in its own thread, hence its own database connection."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed back to the test
+            result["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, result
+
+
+# --------------------------------------------------------------------------
+# R-RUN-3 / R-RUN-4: two workers race for one run
+# --------------------------------------------------------------------------
+
+
+def test_two_workers_racing_for_one_run_exactly_one_owns_it_and_the_loser_writes_nothing_R_RUN_3_R_RUN_4(thread):
+    run = make_run(thread)
+    barrier = threading.Barrier(8)
+
+    def contender(i):
+        barrier.wait()
+        return services.run_acquire(run_id=run.id, owner=f"worker-{i}", ttl_seconds=60)
+
+    started = [_in_thread(contender, i) for i in range(8)]
+    for t, _ in started:
+        t.join(10)
+    leases = [r["value"] for _, r in started if "value" in r]
+    refusals = [r["error"] for _, r in started if "error" in r]
+    assert len(leases) == 1 and len(refusals) == 7
+    assert all(isinstance(e, RunNotStartable) for e in refusals)
+    winner = leases[0]
+    run.refresh_from_db()
+    assert run.lease_owner == winner.owner and run.fencing_token == winner.fencing_token == 1
+
+    # A loser that writes anyway, with its own name and the current token
+    # (or the winner's name with a stale token), is refused and leaves no row.
+    loser = "worker-7" if winner.owner != "worker-7" else "worker-6"
+    for forged in (
+        Lease(run.id, run.request_id, run.thread_id, loser, winner.fencing_token),
+        Lease(run.id, run.request_id, run.thread_id, winner.owner, winner.fencing_token - 1),
+    ):
+        with pytest.raises(LeaseLost):
+            services.model_call_start(lease=forged, operation_id="lc_run--loser", sequence=2, started_at=T0)
+    assert not Message.objects.filter(run=run, role="assistant").exists()
+
+
+# --------------------------------------------------------------------------
+# R-RUN-7: lease expiry and the sweeper
+# --------------------------------------------------------------------------
+
+
+def test_sweeper_fails_expired_runs_and_closes_their_rows_in_one_transaction_R_RUN_7(thread):
+    run = make_run(thread)
+    lease = acquire(run, ttl=60)
+    services.model_call_start(lease=lease, operation_id="lc_run--done", sequence=2, started_at=T0)
+    services.model_call_finish(
+        lease=lease, operation_id="lc_run--done", content="ok", tool_calls=[], usage=USAGE,
+        finished_at=T0, duration_ms=5,
+    )
+    services.model_call_start(lease=lease, operation_id="lc_run--cut", sequence=9, started_at=T0)
+    live = make_run(thread.__class__.objects.create(user=thread.user, agent_id="assistant", model="replay:x"))
+    live_lease = acquire(live, ttl=600)
+
+    assert services.run_sweep_expired_leases() == [], "a live lease is not swept"
+    swept = services.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(seconds=61))
+    assert swept == [run.id]
+
+    run.refresh_from_db()
+    assert (run.status, run.error_type) == ("failed", "lease_expired")
+    assert run.lease_expires_at is None and run.finished_at is not None
+    rows = {m.operation_id: m for m in Message.objects.filter(run=run, role="assistant")}
+    assert rows["lc_run--done"].execution_status == "completed" and rows["lc_run--done"].usage == USAGE
+    assert rows["lc_run--cut"].execution_status == "failed"
+    assert rows["lc_run--cut"].usage is None and rows["lc_run--cut"].metadata["usage_unknown"] is True
+    assert run.usage == {**USAGE, "unknown_calls": 1}
+
+    # The crashed worker comes back: it can write nothing.
+    with pytest.raises(RunTerminal):
+        services.model_call_finish(
+            lease=lease, operation_id="lc_run--cut", content="late", tool_calls=[], usage=USAGE,
+            finished_at=T0, duration_ms=5,
+        )
+    with pytest.raises(RunTerminal):
+        services.lease_renew(lease=lease, ttl_seconds=60)
+    rows["lc_run--cut"].refresh_from_db()
+    assert rows["lc_run--cut"].execution_status == "failed" and rows["lc_run--cut"].content == ""
+    live.refresh_from_db()
+    assert live.status == "running" and live_lease.fencing_token == live.fencing_token
+
+
+def test_sweeper_skips_a_run_whose_row_is_locked_and_takes_it_later_R_RUN_7(thread):
+    """SKIP LOCKED: a sweep never waits behind an owner's write in progress."""
+    run = make_run(thread)
+    acquire(run, ttl=60)
+    later = timezone.now() + dt.timedelta(seconds=120)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_lock():
+        with transaction.atomic():
+            AgentRun.objects.select_for_update().get(pk=run.id)
+            locked.set()
+            release.wait(10)
+
+    holder, _ = _in_thread(hold_lock)
+    assert locked.wait(10)
+    try:
+        assert services.run_sweep_expired_leases(now=later) == []
+    finally:
+        release.set()
+        holder.join(10)
+    assert services.run_sweep_expired_leases(now=later) == [run.id]
+
+
+# --------------------------------------------------------------------------
+# R-RUN-2: FIFO per thread
+# --------------------------------------------------------------------------
+
+
+def test_runs_of_one_thread_start_in_submission_order_R_RUN_2(thread):
+    first, second, third = make_run(thread), make_run(thread), make_run(thread)
+    with pytest.raises(RunNotStartable):
+        acquire(second)
+    with pytest.raises(RunNotStartable):
+        acquire(third)
+    lease = acquire(first)
+    with pytest.raises(RunNotStartable):
+        acquire(third)
+    services.run_finish(lease=lease, status="completed")
+    with pytest.raises(RunNotStartable):
+        acquire(third)  # second was submitted earlier
+    services.run_finish(lease=acquire(second), status="failed", error_type="agent_error")
+    assert acquire(third).fencing_token == 1
+
+
+def test_runs_of_different_threads_proceed_in_parallel_R_RUN_2(thread):
+    other = thread.__class__.objects.create(user=thread.user, agent_id="assistant", model="replay:x")
+    a, b = make_run(thread), make_run(other)
+    assert acquire(a) and acquire(b, owner="worker-b")
+
+
+def test_an_interrupted_run_holds_the_thread_until_its_resume_ends_R_RUN_2(thread):
+    first = make_run(thread)
+    lease = acquire(first)
+    waiting = make_run(thread)  # submitted while the first still runs
+    services.run_finish(lease=lease, status="interrupted", interrupts=[{"id": "i1", "value": {}}])
+    with pytest.raises(RunNotStartable):
+        acquire(waiting)
+    # The resume of the first turn was created after ``waiting`` but keeps
+    # its turn's place: it starts, ``waiting`` still waits until it ends.
+    resume = AgentRun.objects.create(
+        request_id=uuid.uuid4().hex, thread=thread, user=thread.user, agent_id="assistant", model=thread.model,
+        input={"decisions": [{"type": "approve"}]}, resumed_from=first, turn_id=first.turn_id,
+    )
+    resume_lease = acquire(resume)
+    with pytest.raises(RunNotStartable):
+        acquire(waiting)
+    services.run_finish(lease=resume_lease, status="completed")
+    assert acquire(waiting)
+
+
+def test_cancelling_a_waiting_run_cancels_it_without_it_ever_starting_R_RUN_2_R_RUN_6(thread):
+    first = make_run(thread)
+    lease = acquire(first)
+    waiting = make_run(thread)
+    cancelled = services.run_request_cancel(user=thread.user, run_id=waiting.id)
+    assert cancelled.status == "cancelled" and cancelled.started_at is None
+    services.run_finish(lease=lease, status="completed")
+    with pytest.raises(RunNotStartable):
+        acquire(waiting)
+    waiting.refresh_from_db()
+    assert waiting.status == "cancelled" and waiting.started_at is None and waiting.fencing_token == 0
+
+
+# --------------------------------------------------------------------------
+# R-RUN-6: cancellation requests and the Redis signal
+# --------------------------------------------------------------------------
+
+
+def test_cancel_of_a_running_run_requests_it_and_signals_the_worker_R_RUN_6(thread):
+    run = make_run(thread)
+    lease = acquire(run)
+    client = redis.Redis.from_url(settings.CONFIG.REDIS_URL)
+    client.delete(cancel_key(run.id))
+
+    async def listen_then_cancel():
+        listener = CancelSignalListener(run.id)
+        assert await listener.wait(0.05) is False  # nothing yet
+        waiter = asyncio.create_task(listener.wait(20))
+        await asyncio.sleep(0.2)
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(services.run_request_cancel)(user=thread.user, run_id=run.id)
+        began = time.monotonic()
+        signalled = await waiter
+        await listener.close()
+        return signalled, time.monotonic() - began
+
+    signalled, waited = asyncio.run(listen_then_cancel())
+    assert signalled is True
+    print(f"cancel signal reached the listener after {waited * 1000:.0f} ms")
+    run.refresh_from_db()
+    assert run.status == "cancel_requested" and run.cancel_requested_at is not None
+    assert client.exists(cancel_key(run.id))
+    # The worker ends it: cancelled, running rows interrupted.
+    services.model_call_start(lease=lease, operation_id="lc_run--c", sequence=2, started_at=T0)
+    ended = services.run_finish(lease=lease, status="cancelled", error_type="cancelled")
+    row = Message.objects.get(run=run, operation_id="lc_run--c")
+    assert ended.status == "cancelled" and row.execution_status == "interrupted"
+    assert row.metadata["usage_unknown"] is True
+
+
+def test_a_signal_sent_before_the_listener_subscribes_is_not_lost_R_RUN_6(thread):
+    run = make_run(thread)
+    cancel_signal_send(run_id=run.id)
+
+    async def listen():
+        listener = CancelSignalListener(run.id)
+        try:
+            first = await listener.wait(5)
+            second = await listener.wait(0.05)  # a stale key is reported once only
+            return first, second
+        finally:
+            await listener.close()
+
+    assert asyncio.run(listen()) == (True, False)
+
+
+def test_cancel_on_a_terminal_run_changes_nothing_R_RUN_6(thread):
+    run = make_run(thread)
+    services.run_finish(lease=acquire(run), status="completed")
+    run.refresh_from_db()
+    before = (run.status, run.updated_at, run.error_type)
+    after = services.run_request_cancel(user=thread.user, run_id=run.id)
+    after.refresh_from_db()
+    assert (after.status, after.updated_at, after.error_type) == before
+
+
+# --------------------------------------------------------------------------
+# R-MA-6..9: terminal reconcile
+# --------------------------------------------------------------------------
+
+
+def _call(lease, op, seq, *, content="", usage=USAGE, finish=True, tool_calls=()):
+    services.model_call_start(lease=lease, operation_id=op, sequence=seq, started_at=T0 + dt.timedelta(seconds=seq))
+    if finish:
+        services.model_call_finish(
+            lease=lease, operation_id=op, content=content, tool_calls=list(tool_calls), usage=usage,
+            finished_at=T0 + dt.timedelta(seconds=seq + 1), duration_ms=1000,
+        )
+
+
+def _ai(op, content="", tool_calls=()):
+    return services.StateMessage(kind="ai", id=op, content=content, tool_calls=list(tool_calls))
+
+
+def test_second_run_of_a_thread_neither_duplicates_nor_binds_the_first_runs_operations_R_MA_9(thread):
+    first = make_run(thread)
+    lease = acquire(first)
+    _call(lease, "lc_run--one", 2, content="first answer")
+    first = services.run_finish(lease=lease, status="completed", final_state=[_ai("lc_run--one", "first answer")])
+    assert first.output_message.operation_id == "lc_run--one"
+
+    second = make_run(thread)
+    lease = acquire(second)
+    # The checkpoint still holds the first run's answer. Even when the
+    # caller cannot tell which ids were there before (no prior ids), the
+    # first run's operation neither binds nor is copied into this run.
+    state = [
+        services.StateMessage(kind="human", id="h1"),
+        _ai("lc_run--one", "first answer"),
+        services.StateMessage(kind="human", id="h2"),
+    ]
+    second = services.run_finish(lease=lease, status="completed", final_state=state)
+    assert second.output_message_id is None
+    assert not Message.objects.filter(run=second, role="assistant").exists()
+    assert Message.objects.filter(thread=thread, operation_id="lc_run--one").count() == 1
+
+
+def test_reconcile_completes_rows_inserts_missed_calls_and_keeps_stream_timing_R_MA_6(thread):
+    run = make_run(thread)
+    lease = acquire(run)
+    _call(lease, "lc_run--tool", 2, content="", tool_calls=[{"id": "c1", "name": "get_weather", "args": {}}])
+    _call(lease, "lc_run--cut", 8, finish=False)  # the stream lost its finish
+    row_before = Message.objects.get(run=run, operation_id="lc_run--tool")
+    state = [
+        services.StateMessage(kind="human", id="h"),
+        _ai("lc_run--tool", "older text"),
+        _ai("lc_run--cut", "the State has it"),
+        _ai("lc_run--tool", "let me check", [{"id": "c1", "name": "get_weather", "args": {}}]),  # last one counts
+        _ai("lc_run--missed", "final answer"),
+    ]
+    run = services.run_finish(lease=lease, status="completed", final_state=state)
+    rows = {m.operation_id: m for m in Message.objects.filter(run=run, role="assistant")}
+    assert set(rows) == {"lc_run--tool", "lc_run--cut", "lc_run--missed"}
+    tool = rows["lc_run--tool"]
+    assert tool.metadata["state_reconciled"] is True and tool.content == "let me check"
+    assert (tool.sequence, tool.started_at, tool.duration_ms) == (
+        row_before.sequence, row_before.started_at, row_before.duration_ms
+    )
+    assert rows["lc_run--cut"].execution_status == "completed" and rows["lc_run--cut"].sequence == 8
+    assert rows["lc_run--cut"].content == "the State has it"
+    missed = rows["lc_run--missed"]
+    assert missed.execution_status == "completed" and missed.metadata["state_reconciled"] is True
+    assert missed.sequence is None and missed.started_at is None
+    assert run.output_message_id == missed.id and missed.message_type == "text"
+    # Run again (a replayed terminal is refused, nothing inserted twice).
+    with pytest.raises(RunTerminal):
+        services.run_finish(lease=lease, status="completed", final_state=state)
+    assert Message.objects.filter(run=run, role="assistant").count() == 3
+
+
+def test_an_interrupted_run_never_falls_back_to_an_earlier_row_R_MA_8(thread):
+    run = make_run(thread)
+    lease = acquire(run)
+    _call(lease, "lc_run--early", 2, content="early")
+    state = [_ai("lc_run--early", "early"), _ai("lc_run--unproven", "")]
+    # The last AIMessage of the State is not proven by this run's audit (its
+    # id is unstable / from elsewhere): the earlier row is not bound instead.
+    Message.objects.create(
+        thread=thread, role="assistant", message_type="model_audit", operation_id="lc_run--unproven",
+        run=make_run(thread.__class__.objects.create(user=thread.user, agent_id="assistant", model="x")),
+        execution_status="completed",
+    )
+    run = services.run_finish(lease=lease, status="interrupted", final_state=state, interrupts=[{"id": "i"}])
+    assert run.output_message_id is None
+    assert Message.objects.get(run=run, operation_id="lc_run--early").message_type == "model_audit"
+
+
+@pytest.mark.parametrize(
+    ("status", "closed_as"),
+    [("failed", "failed"), ("cancelled", "interrupted"), ("interrupted", "interrupted"), ("completed", "abandoned")],
+)
+def test_terminal_closes_running_rows_by_run_status_R_MA_7(thread, status, closed_as):
+    run = make_run(thread)
+    lease = acquire(run)
+    _call(lease, "lc_run--open", 2, finish=False)
+    services.run_finish(lease=lease, status=status)
+    row = Message.objects.get(run=run, operation_id="lc_run--open")
+    assert row.execution_status == closed_as
+    assert row.usage is None and row.metadata["usage_unknown"] is True
