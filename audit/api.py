@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import uuid
 
-from ninja import Router
+from asgiref.sync import sync_to_async
+from django.db import connection
+from django.http import StreamingHttpResponse
+from ninja import Query, Router
 
+from conversations.models import Conversation
 from conversations.schemas import ErrorOut
+from yuxi_project.config import get_config
+from yuxi_project.errors import InvalidInput, NotFound, PermissionDenied
 
 from . import selectors, services
-from .schemas import RunIn, RunOut
+from .events import run_event_stream
+from .models import AgentRun
+from .schemas import RunIn, RunOut, TimelineOut, TimelineQuery
 
 router = Router(tags=["runs"])
 
@@ -36,3 +44,91 @@ def get_run(request, run_id: uuid.UUID):
 def cancel_run(request, run_id: uuid.UUID):
     """Request cancellation (R-RUN-6). A terminal run is returned unchanged."""
     return 202, RunOut.from_run(services.run_request_cancel(user=request.auth, run_id=run_id))
+
+
+# --------------------------------------------------------------------------
+# Audit timeline (staff) and live events
+# --------------------------------------------------------------------------
+
+STAFF_ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+
+
+def _require_staff(request) -> None:
+    if not getattr(request.auth, "is_staff", False):
+        raise PermissionDenied("the audit timeline is for staff")
+
+
+def _timeline_out(page: selectors.TimelinePage) -> TimelineOut:
+    return TimelineOut(
+        items=[selectors.timeline_item(row, include_raw_output=True) for row in page.items],
+        truncated=page.truncated,
+        next_before=page.next_before,
+    )
+
+
+@router.get("/audit/runs/{run_id}/timeline", response={200: TimelineOut, **STAFF_ERRORS}, tags=["audit"])
+def run_timeline(request, run_id: uuid.UUID, query: Query[TimelineQuery]):
+    """Staff only (R-READ-3): the run's model and tool rows by sequence, with
+    raw tool output; the newest ``limit`` (≤ 500), ``truncated`` when older
+    rows exist. Readable while the run is running."""
+    _require_staff(request)
+    if not AgentRun.objects.filter(pk=run_id).exists():
+        raise NotFound("run not found")
+    return _timeline_out(selectors.run_timeline(run_id=run_id, limit=query.limit, before=query.before))
+
+
+@router.get("/audit/threads/{thread_id}/timeline", response={200: TimelineOut, **STAFF_ERRORS}, tags=["audit"])
+def thread_timeline(request, thread_id: uuid.UUID, query: Query[TimelineQuery]):
+    """Staff only (R-READ-3): every run of the thread in creation order,
+    each run's rows by sequence; the newest ``limit`` (≤ 500) rows."""
+    _require_staff(request)
+    if not Conversation.objects.filter(pk=thread_id).exists():
+        raise NotFound("thread not found")
+    return _timeline_out(selectors.thread_timeline(thread_id=thread_id, limit=query.limit, before=query.before))
+
+
+def _owned_run_id(user, run_id: uuid.UUID) -> uuid.UUID:
+    try:
+        return selectors.run_of(user, run_id).id
+    finally:
+        # The event stream holds no database connection while it waits.
+        if not connection.in_atomic_block:
+            connection.close()
+
+
+_SSE_DOC = {
+    "responses": {
+        200: {
+            "description": "Server-Sent Events (`id:` = the run's event sequence), ending with `run.finished`.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+    },
+    "parameters": [
+        {
+            "in": "header",
+            "name": "Last-Event-ID",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "The last event id the client received: the stream resumes after it.",
+        }
+    ],
+}
+
+
+@router.get("/runs/{run_id}/events", response=ERRORS, openapi_extra=_SSE_DOC)
+async def run_events(request, run_id: uuid.UUID):
+    """Follow a run live (R-EVT-1): status changes, model start/text
+    deltas/finish, tool start/finish, and a final ``run.finished`` with the
+    terminal status and, when interrupted, the action requests. Reconnect
+    with ``Last-Event-ID`` to resume without gap or repeat."""
+    raw = request.headers.get("Last-Event-ID", "").strip() or "0"
+    if not raw.isdigit() or len(raw) > 18:
+        raise InvalidInput("Last-Event-ID must be a non-negative integer", extra={"reason": "bad_last_event_id"})
+    run_id = await sync_to_async(_owned_run_id)(request.auth, run_id)
+    response = StreamingHttpResponse(
+        run_event_stream(run_id, last_event_id=int(raw), redis_url=get_config().REDIS_URL or None),
+        content_type="text/event-stream",
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response

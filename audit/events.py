@@ -1,37 +1,74 @@
-"""Live run events published by the worker (R-EVT-1).
+"""Live run events: published by the worker, served as Server-Sent Events by
+the ASGI process (R-EVT-1).
 
-Events go to a Redis stream per run; the ASGI process serves them as
-Server-Sent Events. Under the embedded defaults (no Redis) nothing is
-published and clients read the run's state from the database.
+Transport: one Redis stream per run, ``yuxi:run:<run_id>:events``. The
+publisher numbers a run's events 1, 2, 3, ... and uses the number as the
+stream entry id (``<sequence>-0``), so the SSE ``id:`` of an event, the
+client's ``Last-Event-ID`` and the position to read from are one number:
+a reconnecting client resumes with ``XREAD`` after ``<Last-Event-ID>-0``,
+with no gap and no repeat. The stream expires ``STREAM_TTL_SECONDS`` after
+its last event.
+
+Text deltas travel only here, never to PostgreSQL (R-MA-4). Live delivery is
+best effort: the audit in PostgreSQL is the record, so when Redis lost a
+run's stream (expired, flushed) the terminal event is rebuilt from the run
+row. Under the embedded defaults (no Redis) nothing is published and the
+stream serves the terminal status from the database.
+
+Event types: ``run.status`` {status}, ``model.started`` {operation_id},
+``model.delta`` {operation_id, text}, ``model.finished`` {operation_id,
+tool_calls, usage}, ``tool.started`` {tool_call_id, tool_name},
+``tool.finished`` {tool_call_id, status}, ``tool.error`` {tool_call_id},
+and last ``run.finished`` {status, error_type, output_message_id,
+interrupts} where ``interrupts`` are the pending approval's action
+requests when the run stopped at an interrupt.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connection
 
 from yuxi_project.config import get_config
 
+log = logging.getLogger(__name__)
+
 STREAM_TTL_SECONDS = 24 * 3600
 STREAM_MAXLEN = 50_000
+TERMINAL_EVENT = "run.finished"
 
 
 def stream_key(run_id: uuid.UUID | str) -> str:
     return f"yuxi:run:{run_id}:events"
 
 
+def _redis(url: str):
+    from redis import asyncio as aioredis
+
+    return aioredis.from_url(url)
+
+
 class RunEventPublisher:
     """Publishes one run's events in order, numbering them 1, 2, 3, ...
 
-    Live delivery is best effort (the audit in PostgreSQL is the record), but
-    each publish is awaited, never queued in memory.
+    Each publish is awaited (one round trip: ``XADD`` with the explicit id
+    ``<sequence>-0`` plus ``EXPIRE``), never queued in memory. The first
+    publish continues after the stream's last entry, so a second publisher
+    for the same run never reuses a number. A Redis failure is logged and
+    does not fail the run: the database is the record.
     """
 
     def __init__(self, run_id: uuid.UUID | str, redis_url: str | None):
         self.run_id = str(run_id)
         self._redis_url = redis_url
         self._client = None
+        self._synced = False
         self.sequence = 0
 
     @classmethod
@@ -39,24 +76,137 @@ class RunEventPublisher:
         return cls(run_id, get_config().REDIS_URL or None)
 
     async def publish(self, event_type: str, data: dict[str, Any]) -> None:
-        self.sequence += 1
+        """Append one event ``{type, data}`` (``data`` JSON-able)."""
         if not self._redis_url:
+            self.sequence += 1
             return
-        if self._client is None:
-            from redis import asyncio as aioredis
+        from redis.exceptions import RedisError
 
-            self._client = aioredis.from_url(self._redis_url)
         key = stream_key(self.run_id)
-        await self._client.xadd(
-            key,
-            {"seq": self.sequence, "type": event_type, "data": json.dumps(data, default=str)},
-            maxlen=STREAM_MAXLEN,
-            approximate=True,
-        )
-        if self.sequence == 1 or event_type == "run.finished":
-            await self._client.expire(key, STREAM_TTL_SECONDS)
+        try:
+            if self._client is None:
+                self._client = _redis(self._redis_url)
+            if not self._synced:
+                last = await self._client.xrevrange(key, count=1)
+                self.sequence = max(self.sequence, _sequence_of(last[0][0]) if last else 0)
+                self._synced = True
+            sequence = self.sequence + 1
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.xadd(
+                    key,
+                    {"type": event_type, "data": json.dumps(data, default=str)},
+                    id=f"{sequence}-0",
+                    maxlen=STREAM_MAXLEN,
+                    approximate=True,
+                )
+                pipe.expire(key, STREAM_TTL_SECONDS)
+                await pipe.execute()
+            self.sequence = sequence
+        except RedisError as exc:
+            # Resynchronise from the stream's tail next time: the XADD may
+            # have landed before the error.
+            self._synced = False
+            log.warning("run %s: event %s not published: %s", self.run_id, event_type, exc)
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def _sequence_of(entry_id: bytes | str) -> int:
+    if isinstance(entry_id, bytes):
+        entry_id = entry_id.decode()
+    return int(entry_id.split("-", 1)[0])
+
+
+def sse_frame(sequence: int, event_type: str, data: dict[str, Any] | str) -> str:
+    """One Server-Sent Event: ``id:`` the run's event sequence, ``event:``
+    the type, ``data:`` one line of JSON."""
+    payload = data if isinstance(data, str) else json.dumps(data, default=str)
+    return f"id: {sequence}\nevent: {event_type}\ndata: {payload}\n\n"
+
+
+def _terminal_event_data(run_id: uuid.UUID) -> dict[str, Any] | None:
+    """The run's terminal event rebuilt from its row, or ``None`` while the
+    run is not terminal. Gives the connection back at once: the stream must
+    not hold one while it waits (R-EVT-1)."""
+    from .models import AgentRun
+
+    try:
+        row = (
+            AgentRun.objects.filter(pk=run_id).values("status", "error_type", "output_message_id", "interrupts").first()
+        )
+    finally:
+        if not connection.in_atomic_block:
+            connection.close()
+    if row is None or row["status"] not in AgentRun.TERMINAL_STATUSES:
+        return None
+    return {
+        "status": row["status"],
+        "error_type": row["error_type"],
+        "output_message_id": row["output_message_id"],
+        "interrupts": row["interrupts"] if row["status"] == AgentRun.Status.INTERRUPTED else None,
+        "rebuilt": True,
+    }
+
+
+async def run_event_stream(
+    run_id: uuid.UUID,
+    *,
+    last_event_id: int = 0,
+    redis_url: str | None = None,
+    block_ms: int = 1500,
+) -> AsyncIterator[str]:
+    """Yield SSE frames of one run after ``last_event_id`` until (and
+    including) its ``run.finished`` event.
+
+    Waits on Redis with ``XREAD BLOCK`` (``block_ms``, ms) and holds no
+    database connection while it waits; when a wait ends empty it looks at
+    the run row (one short query). A run that is terminal in the database
+    but whose stream has no terminal event (Redis lost the tail, or the
+    worker died) gets one rebuilt from the row, numbered after the last
+    event, after one more empty wait so a terminal event still in flight
+    wins. Comments (``: keep-alive``) keep idle connections open.
+    """
+    last = max(0, last_event_id)
+    key = stream_key(run_id)
+    client = _redis(redis_url) if redis_url else None
+    terminal_seen = 0
+    try:
+        yield "retry: 1000\n\n"
+        while True:
+            entries = []
+            if client is not None:
+                answer = await client.xread({key: f"{last}-0"}, count=500, block=block_ms)
+                entries = answer[0][1] if answer else []
+            for entry_id, fields in entries:
+                sequence = _sequence_of(entry_id)
+                if sequence <= last:
+                    continue
+                last = sequence
+                event_type = fields[b"type"].decode()
+                yield sse_frame(sequence, event_type, fields[b"data"].decode())
+                if event_type == TERMINAL_EVENT:
+                    return
+            if entries:
+                terminal_seen = 0
+                continue
+            rebuilt = await sync_to_async(_terminal_event_data)(run_id)
+            if rebuilt is None:
+                yield ": keep-alive\n\n"
+                if client is None:
+                    import asyncio
+
+                    await asyncio.sleep(block_ms / 1000)
+                continue
+            terminal_seen += 1
+            tail = await client.xrevrange(key, count=1) if client is not None else []
+            if tail and tail[0][1].get(b"type") == TERMINAL_EVENT.encode() and _sequence_of(tail[0][0]) <= last:
+                return  # the client already has the terminal event
+            if not tail or terminal_seen >= 2:
+                yield sse_frame(last + 1, TERMINAL_EVENT, rebuilt)
+                return
+    finally:
+        if client is not None:
+            await client.aclose()

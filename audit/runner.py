@@ -295,7 +295,13 @@ class RunExecutor:
                 await asyncio.sleep(0.5)
         await self.publisher.publish(
             "run.finished",
-            {"status": run.status, "error_type": run.error_type, "output_message_id": run.output_message_id},
+            {
+                "status": run.status,
+                "error_type": run.error_type,
+                "output_message_id": run.output_message_id,
+                # The pending approval's action requests (R-TA-5, R-EVT-1).
+                "interrupts": run.interrupts if run.status == Status.INTERRUPTED else None,
+            },
         )
         return run.status
 

@@ -65,3 +65,37 @@ class RunOut(Schema):
             started_at=run.started_at,
             finished_at=run.finished_at,
         )
+
+
+class TimelineQuery(Schema):
+    limit: int = Field(500, ge=1, le=500, description="At most 500 rows per page.")
+    before: str | None = Field(None, max_length=500, description="`next_before` of the newer page.")
+
+
+class TimelineItemOut(Schema):
+    """One model call or tool execution of the audit (staff only)."""
+
+    id: int
+    kind: Literal["model", "tool"]
+    run_id: uuid.UUID
+    operation_id: str
+    sequence: int | None
+    status: Literal["running", "completed", "failed", "interrupted", "abandoned", "rejected"] | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_ms: int | None = Field(None, description="Monotonic duration in ms.")
+    usage: dict[str, Any] | None = Field(None, description="Tokens as the provider reported them.")
+    content: str
+    tool_calls: list[dict[str, Any]] | None = Field(None, description="Tool calls the model declared.")
+    tool_name: str | None
+    tool_input: Any = None
+    declared_by_id: int | None
+    is_final_answer: bool
+    metadata: dict[str, Any]
+    raw_output: Any = Field(None, description="The tool's raw output envelope.")
+
+
+class TimelineOut(Schema):
+    items: list[TimelineItemOut] = Field(..., description="Runs in creation order, then sequence.")
+    truncated: bool = Field(..., description="Older rows exist; page back with `next_before`.")
+    next_before: str | None

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from audit.selectors import run_timeline, thread_timeline, timeline_item
 from conversations.models import Message
+from tests.conftest import bearer
 from yuxi_project.errors import InvalidInput
 
 from .builders import RunDriver, tool_turn
@@ -86,3 +89,40 @@ def test_timeline_limit_out_of_range_is_invalid_input_R_READ_6(thread, limit):
 def test_timeline_malformed_cursor_is_invalid_input_R_READ_6(thread, cursor):
     with pytest.raises(InvalidInput):
         thread_timeline(thread_id=thread.id, before=cursor)
+
+
+def test_timeline_api_staff_sees_raw_output_and_cap_flag_R_READ_3(thread, staff_user):
+    from django.test import Client
+
+    run = tool_turn(thread)
+    response = Client().get(f"/api/audit/runs/{run.id}/timeline?limit=2", headers=bearer(staff_user))
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert [i["kind"] for i in body["items"]] == ["tool", "model"]
+    assert body["truncated"] is True and body["next_before"]
+    assert body["items"][0]["raw_output"]["secret"] == "raw-envelope"
+    assert body["items"][1]["is_final_answer"] is True
+    older = (
+        Client()
+        .get(f"/api/audit/runs/{run.id}/timeline", {"before": body["next_before"]}, headers=bearer(staff_user))
+        .json()
+    )
+    assert [i["operation_id"] for i in older["items"]] == ["lc_run--a1"] and older["truncated"] is False
+    bad = Client().get(f"/api/audit/threads/{thread.id}/timeline?before=zzz", headers=bearer(staff_user))
+    assert bad.status_code == 422 and bad.json()["error"]["reason"] == "bad_cursor"
+
+
+def test_timeline_query_count_does_not_grow_with_rows_R_READ_3(thread, staff_user):
+    from django.test import Client
+
+    headers = bearer(staff_user)
+    tool_turn(thread, prefix="a")
+    Client().get(f"/api/audit/threads/{thread.id}/timeline", headers=headers)  # token first use
+    with CaptureQueriesContext(connection) as few:
+        Client().get(f"/api/audit/threads/{thread.id}/timeline", headers=headers)
+    for prefix in "bcdefg":
+        tool_turn(thread, prefix=prefix)
+    with CaptureQueriesContext(connection) as many:
+        body = Client().get(f"/api/audit/threads/{thread.id}/timeline", headers=headers).json()
+    assert len(body["items"]) == 21
+    assert len(many) == len(few) <= 4, [q["sql"] for q in many]
