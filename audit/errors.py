@@ -59,3 +59,17 @@ class AuditWriteFailed(ApplicationError):
 
     code = "audit_write_failed"
     http_status = 503
+
+
+class ToolResultConflict(AuditConflict):
+    """A tool lifecycle tried to close an already closed tool row with a
+    different result (R-TA-2). The same result again is a no-op instead."""
+
+    code = "tool_result_conflict"
+
+
+class RunNotResumable(Conflict):
+    """Resume refused: the run is not ``interrupted``, or it was already
+    resumed by another request (R-TA-5)."""
+
+    code = "run_not_resumable"

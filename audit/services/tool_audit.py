@@ -11,7 +11,7 @@ from django.db import transaction
 from conversations.models import Message
 from yuxi_project.errors import InvalidInput
 
-from ..errors import AuditConflict
+from ..errors import AuditConflict, ToolResultConflict
 from ..lease import Lease, lock_run
 from ..models import AgentRun
 
@@ -44,6 +44,10 @@ def tool_call_start(
         tool_input: the arguments the tool was called with (JSON).
         declared_by_operation_id: the model call that declared the call.
 
+    When this run's stream did not declare the call (a resume run executes
+    the call its interrupted ancestor declared), the declaring model row is
+    looked up in the same turn (:func:`declaring_model_row`).
+
     A repeated start returns the row unchanged; a closed row is never
     reopened (R-TA-2). Raises what :func:`lock_run` raises.
     """
@@ -53,7 +57,9 @@ def tool_call_start(
         if row is not None:
             return row
         declared_by = (
-            _operation_row(run, Message.Role.ASSISTANT, declared_by_operation_id) if declared_by_operation_id else None
+            _operation_row(run, Message.Role.ASSISTANT, declared_by_operation_id)
+            if declared_by_operation_id
+            else declaring_model_row(run, tool_call_id)
         )
         return Message.objects.create(
             thread_id=run.thread_id,
@@ -89,7 +95,9 @@ def tool_call_finish(
     The same result again is a no-op; a different one is refused.
 
     Raises:
-        AuditConflict: unknown tool call, or a different result (R-TA-2).
+        AuditConflict: unknown tool call (``reason: unknown_operation``).
+        ToolResultConflict: the row is closed with a different result
+            (R-TA-2); nothing is written.
         InvalidInput: ``status`` is not completed/failed.
         LeaseError: see :func:`lock_run`.
     """
@@ -107,7 +115,7 @@ def tool_call_finish(
                 and row.metadata.get("raw_output") == raw_output
             ):
                 return row
-            raise AuditConflict(
+            raise ToolResultConflict(
                 f"tool call {tool_call_id} is already {row.execution_status} with another result",
                 extra={"reason": "closed_operation"},
             )
@@ -140,3 +148,23 @@ def tool_call_error(*, lease: Lease, tool_call_id: str, error: str) -> Message:
         row.metadata = {**row.metadata, "awaiting_run_terminal": True, "tool_error": error}
         row.save(update_fields=["metadata", "updated_at"])
         return row
+
+
+def declaring_model_row(run: AgentRun, tool_call_id: str) -> Message | None:
+    """The newest model row of ``run``'s turn (the run itself and its resume
+    ancestry) whose declarations contain ``tool_call_id``, or None.
+
+    Only the same turn counts: a tool call id reused in another turn of the
+    thread never links to this one (R-TA-1, R-MA-9).
+    """
+    return (
+        Message.objects.filter(
+            thread_id=run.thread_id,
+            run__turn_id=run.turn_id,
+            role=Message.Role.ASSISTANT,
+            operation_id__isnull=False,
+            tool_calls__contains=[{"id": tool_call_id}],
+        )
+        .order_by("-id")
+        .first()
+    )
