@@ -1,4 +1,4 @@
-"""Runs API (SPEC §5): submit a turn, read a run, cancel it."""
+"""Runs API (SPEC §5): submit a turn, read a run, cancel it, resume it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from yuxi_project.errors import InvalidInput, NotFound, PermissionDenied
 from . import selectors, services
 from .events import run_event_stream
 from .models import AgentRun
-from .schemas import RunIn, RunOut, TimelineOut, TimelineQuery
+from .schemas import RunIn, RunOut, RunResumeIn, TimelineOut, TimelineQuery
 
 router = Router(tags=["runs"])
 
@@ -44,6 +44,20 @@ def get_run(request, run_id: uuid.UUID):
 def cancel_run(request, run_id: uuid.UUID):
     """Request cancellation (R-RUN-6). A terminal run is returned unchanged."""
     return 202, RunOut.from_run(services.run_request_cancel(user=request.auth, run_id=run_id))
+
+
+@router.post("/runs/{run_id}/resume", response={200: RunOut, 202: RunOut, **ERRORS})
+def resume_run(request, run_id: uuid.UUID, payload: RunResumeIn):
+    """Answer a pending approval (R-TA-5): 202 with the new resume run of the
+    same turn; the same ``request_id`` again answers 200 with the same run.
+    409 when the run is not interrupted or was already resumed."""
+    run, created = services.run_resume(
+        user=request.auth,
+        run_id=run_id,
+        request_id=payload.request_id,
+        decisions=[d.model_dump(exclude_none=True) for d in payload.decisions],
+    )
+    return (202 if created else 200), RunOut.from_run(run)
 
 
 # --------------------------------------------------------------------------

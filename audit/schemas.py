@@ -16,6 +16,19 @@ class RunIn(Schema):
     input: TurnInput
 
 
+class DecisionIn(Schema):
+    """One reviewer decision for one pending action request (R-TA-5)."""
+
+    type: Literal["approve", "edit", "reject"]
+    args: dict[str, Any] | None = Field(None, description="edit: the arguments the tool runs with instead.")
+    message: str | None = Field(None, max_length=10_000, description="reject: the reason given to the model.")
+
+
+class RunResumeIn(Schema):
+    request_id: str = Field(..., min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
+    decisions: list[DecisionIn] = Field(..., min_length=1, max_length=100)
+
+
 class UsageOut(Schema):
     input_tokens: int = 0
     output_tokens: int = 0

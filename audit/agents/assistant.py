@@ -6,15 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from deepagents.middleware.patch_tool_calls import PatchToolCallsMiddleware
 from langchain.agents import create_agent
 from langchain.agents.middleware import HumanInTheLoopMiddleware
 
+from yuxi_project.config import get_config
 from yuxi_project.errors import InvalidInput
 
+from .large_results import LargeToolResultMiddleware
 from .models import chat_model
 from .tools import ASSISTANT_TOOLS, AgentContext
 
 AGENTS = ("assistant",)
+
+# Tools that stop the run for a human decision (R-TA-5).
+APPROVAL_REQUIRED = {"send_email": {"allowed_decisions": ["approve", "edit", "reject"]}}
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant. Use the tools when they help: get_weather for weather, "
@@ -42,7 +48,16 @@ def build_agent(agent_id: str, *, model: str, checkpointer: Any, http_async_clie
         chat_model(model, http_async_client=http_async_client),
         tools=ASSISTANT_TOOLS,
         system_prompt=SYSTEM_PROMPT,
-        middleware=[HumanInTheLoopMiddleware(interrupt_on={"send_email": True})],
+        middleware=[
+            # A new turn after a cancelled approval or a cancelled tool finds
+            # tool calls without results in the checkpoint; answer them in the
+            # State (no tool ran, so no audit row) so providers accept the
+            # history.
+            PatchToolCallsMiddleware(),
+            # Approval first: a rejected call never reaches the tool (R-TA-5).
+            HumanInTheLoopMiddleware(interrupt_on=APPROVAL_REQUIRED),
+            LargeToolResultMiddleware(threshold_chars=get_config().LARGE_TOOL_RESULT_CHARS),
+        ],
         context_schema=AgentContext,
         checkpointer=checkpointer,
         name=agent_id,

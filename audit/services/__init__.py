@@ -6,7 +6,7 @@ R-RUN-5). Functions take keyword-only arguments and own their transaction.
 """
 
 from .model_audit import model_call_finish, model_call_start
-from .runs import lease_renew, run_acquire, run_request_cancel, run_submit, run_sweep_expired_leases
+from .runs import lease_renew, run_acquire, run_request_cancel, run_resume, run_submit, run_sweep_expired_leases
 from .terminal import StateMessage, run_finish
 from .tool_audit import tool_call_error, tool_call_finish, tool_call_start
 
@@ -18,6 +18,7 @@ __all__ = [
     "run_acquire",
     "run_finish",
     "run_request_cancel",
+    "run_resume",
     "run_submit",
     "run_sweep_expired_leases",
     "tool_call_error",

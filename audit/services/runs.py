@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Min, Q
@@ -14,7 +15,7 @@ from conversations.models import Conversation, Message
 from yuxi_project.errors import Conflict, InvalidInput, NotFound
 
 from ..cancellation import cancel_signal_send
-from ..errors import RunNotStartable
+from ..errors import RunNotResumable, RunNotStartable
 from ..lease import Lease, lock_run
 from ..models import AgentRun
 
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 Status = AgentRun.Status
 ExecStatus = Message.ExecutionStatus
-from .terminal import _terminate
+from .terminal import _terminate, pending_action_requests
 
 # --------------------------------------------------------------------------
 # Submission (R-RUN-1)
@@ -210,7 +211,9 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
 
     A pending run is cancelled at once (it never starts). A running run
     becomes ``cancel_requested``; its worker stops at the next event
-    boundary and ends it ``cancelled``. A terminal run is returned unchanged.
+    boundary and ends it ``cancelled``. An ``interrupted`` run that was not
+    resumed is cancelled at once, which lets the thread take new turns
+    again. Any other terminal run is returned unchanged.
 
     Raises:
         NotFound: no such run for this user (R-READ-5).
@@ -221,13 +224,19 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
         run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=run_id, user=user).first()
         if run is None:
             raise NotFound("run not found")
-        if run.status == Status.PENDING:
+        # Giving up on a pending approval releases the thread for new turns
+        # (R-TA-5); the interrupted run has no running rows left, but the
+        # same terminal path would close any.
+        awaits_approval = run.status == Status.INTERRUPTED and not AgentRun.objects.filter(resumed_from=run).exists()
+        if run.status == Status.PENDING or awaits_approval:
             _terminate(
                 run,
                 status=Status.CANCELLED,
                 now=timezone.now(),
                 error_type="cancelled",
-                error_message="cancelled before it started",
+                error_message="cancelled while waiting for approval"
+                if awaits_approval
+                else "cancelled before it started",
             )
         elif run.status == Status.RUNNING:
             run.status = Status.CANCEL_REQUESTED
@@ -278,3 +287,127 @@ def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -
             )
             log.warning("run %s failed: lease of %s expired", run.id, run.lease_owner)
     return [run.id for run in expired]
+
+
+# --------------------------------------------------------------------------
+# Resume after an approval interrupt (R-TA-5)
+# --------------------------------------------------------------------------
+
+DECISION_TYPES = ("approve", "edit", "reject")
+
+
+def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict[str, Any]]) -> tuple[AgentRun, bool]:
+    """Answer the pending approval of an interrupted run with a resume run.
+
+    Args:
+        user: the run's owner.
+        run_id: the ``interrupted`` run.
+        request_id: the client's idempotency key for the resume (1–200
+            characters, unique across all runs).
+        decisions: one per pending action request, in the order of
+            ``pending_approval``: ``{"type": "approve"}``,
+            ``{"type": "edit", "args": {...}}`` (run the tool with these
+            arguments) or ``{"type": "reject", "message"?: str}``.
+
+    Creates a ``pending`` run in the same turn with ``resumed_from`` set and
+    ``input = {"decisions": [...]}`` in the approval middleware's shape, and
+    enqueues it after commit; the worker resumes the thread's checkpoint
+    with ``Command(resume={"decisions": ...})``. Returns ``(run, created)``;
+    the same ``request_id`` again returns the same resume run with
+    ``created=False``.
+
+    Raises:
+        NotFound: no such run for this user (R-READ-5).
+        RunNotResumable: the run is not ``interrupted``
+            (``reason: not_interrupted``) or was already resumed by another
+            request (``reason: already_resumed``); 409.
+        InvalidInput: the decisions do not answer the pending action
+            requests one to one, or use a type the review does not allow.
+        Conflict: ``request_id`` was used for another submission.
+
+    Implements R-TA-5.
+    """
+    existing = AgentRun.objects.filter(request_id=request_id).first()
+    if existing is not None:
+        if existing.user_id != user.pk or existing.resumed_from_id != run_id:
+            raise Conflict("request_id was already used for another submission", extra={"reason": "request_id_reused"})
+        return existing, False
+    try:
+        with transaction.atomic():
+            # Lock order as in run_submit (thread, then run): a new turn and
+            # a resume of the same thread are serialised.
+            interrupted = AgentRun.objects.filter(pk=run_id, user=user).only("thread_id").first()
+            if interrupted is None:
+                raise NotFound("run not found")
+            Conversation.objects.select_for_update().filter(pk=interrupted.thread_id).first()
+            interrupted = AgentRun.objects.select_for_update(no_key=True, of=("self",)).get(pk=run_id)
+            if interrupted.status != Status.INTERRUPTED:
+                raise RunNotResumable(
+                    f"run {run_id} is {interrupted.status}, not interrupted", extra={"reason": "not_interrupted"}
+                )
+            if AgentRun.objects.filter(resumed_from=interrupted).exists():
+                raise RunNotResumable(f"run {run_id} was already resumed", extra={"reason": "already_resumed"})
+            resume = AgentRun.objects.create(
+                request_id=request_id,
+                thread_id=interrupted.thread_id,
+                turn_id=interrupted.turn_id,
+                resumed_from=interrupted,
+                user=user,
+                agent_id=interrupted.agent_id,
+                model=interrupted.model,
+                input={"decisions": _graph_decisions(interrupted, decisions)},
+            )
+            _enqueue_on_commit(resume.id)
+    except IntegrityError:
+        # A concurrent resume won: the same request_id is idempotent, any
+        # other request lost the one-to-one resume of this run.
+        existing = AgentRun.objects.filter(request_id=request_id, resumed_from_id=run_id, user=user).first()
+        if existing is not None:
+            return existing, False
+        raise RunNotResumable(f"run {run_id} was already resumed", extra={"reason": "already_resumed"}) from None
+    return resume, True
+
+
+def _graph_decisions(interrupted: AgentRun, decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Check the API decisions against the pending action requests and turn
+    them into the approval middleware's decisions. Raises InvalidInput."""
+    actions = pending_action_requests(interrupted.interrupts)
+    allowed = _allowed_decisions(interrupted.interrupts)
+    if len(decisions) != len(actions):
+        raise InvalidInput(
+            f"{len(actions)} action request(s) wait for a decision, got {len(decisions)}",
+            extra={"field": "decisions", "expected": len(actions)},
+        )
+    result = []
+    for index, (action, decision) in enumerate(zip(actions, decisions, strict=True)):
+        kind = decision.get("type")
+        if kind not in DECISION_TYPES or kind not in allowed.get(index, DECISION_TYPES):
+            raise InvalidInput(
+                f"decision {index} ({kind!r}) is not allowed for {action.get('name')}",
+                extra={"field": f"decisions.{index}.type", "allowed": list(allowed.get(index, DECISION_TYPES))},
+            )
+        if kind == "approve":
+            result.append({"type": "approve"})
+        elif kind == "edit":
+            if not isinstance(decision.get("args"), dict):
+                raise InvalidInput(
+                    f"decision {index}: edit needs args (an object)", extra={"field": f"decisions.{index}.args"}
+                )
+            result.append({"type": "edit", "edited_action": {"name": action.get("name"), "args": decision["args"]}})
+        else:
+            entry: dict[str, Any] = {"type": "reject"}
+            if decision.get("message"):
+                entry["message"] = str(decision["message"])
+            result.append(entry)
+    return result
+
+
+def _allowed_decisions(interrupts: list[dict[str, Any]] | None) -> dict[int, tuple[str, ...]]:
+    allowed: dict[int, tuple[str, ...]] = {}
+    index = 0
+    for item in interrupts or []:
+        value = item.get("value") if isinstance(item, dict) else None
+        for config in (value or {}).get("review_configs") or []:
+            allowed[index] = tuple(config.get("allowed_decisions") or DECISION_TYPES)
+            index += 1
+    return allowed

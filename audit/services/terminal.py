@@ -85,6 +85,7 @@ def run_finish(
             own_ai = _own_ai_messages(run, final_state, prior)
             _reconcile_model_rows(run, own_ai, now=now)
             _reconcile_tool_rows(run, final_state, prior)
+            _record_rejections(run, final_state, prior, now=now)
         if status in (Status.COMPLETED, Status.INTERRUPTED) and final_state:
             _bind_output(run, final_state, own_ai)
         _terminate(
@@ -189,6 +190,108 @@ def _reconcile_tool_rows(run: AgentRun, final_state: list[StateMessage], prior: 
         row.metadata = {**row.metadata, "state_reconciled": True}
         row.metadata.pop("awaiting_run_terminal", None)
         row.save(update_fields=["execution_status", "content", "finished_at", "metadata", "updated_at"])
+
+
+def _record_rejections(run: AgentRun, final_state: list[StateMessage], prior: set[str], *, now: datetime) -> None:
+    """Record one ``rejected`` tool row per call a reviewer rejected (R-TA-5).
+
+    A rejection emits no tool events (PROTOCOL.md §4, capture d2): the
+    approval middleware puts an error ToolMessage into the State instead.
+    The row is written here, in the resume run's terminal transaction, and
+    not when the resume is submitted, because only the State proves that
+    the graph applied the decision: a resume cancelled before it started, or
+    refused by the graph, rejected nothing. The proof alone is not enough
+    either (an unknown tool name also yields an error ToolMessage without
+    tool events), so a call is rejected only when
+
+    * this run resumes an interrupted run and its ``reject`` decision at
+      index *i* answers that run's action request *i* (same order as the
+      approval middleware), matched by name and arguments to a declaration
+      of the interrupted run's turn, and
+    * this run's State has a new error ToolMessage for that ``tool_call_id``
+      while this run has no tool row for it.
+
+    The row has no ``started_at`` (the tool never started, so it counts as
+    no execution: R-READ-4), ``metadata.source = "approval_decision"`` with
+    the decision, and the ToolMessage text as content. Runs again, it
+    inserts nothing twice.
+    """
+    rejected = _rejected_declarations(run)
+    if not rejected:
+        return
+    answered = {
+        m.tool_call_id: m
+        for m in final_state
+        if m.kind == "tool" and m.status == "error" and m.tool_call_id and m.id not in prior
+    }
+    recorded = set(
+        Message.objects.filter(run=run, role=Message.Role.TOOL, operation_id__in=list(rejected)).values_list(
+            "operation_id", flat=True
+        )
+    )
+    for tool_call_id, (declared_by, tool_call, decision) in rejected.items():
+        message = answered.get(tool_call_id)
+        if message is None or tool_call_id in recorded:
+            continue
+        Message.objects.create(
+            thread_id=run.thread_id,
+            run=run,
+            role=Message.Role.TOOL,
+            message_type=Message.Type.TOOL_AUDIT,
+            operation_id=tool_call_id,
+            tool_name=tool_call.get("name") or "",
+            tool_input=tool_call.get("args"),
+            content=message.content,
+            execution_status=ExecStatus.REJECTED,
+            finished_at=now,
+            declared_by=declared_by,
+            metadata={"source": "approval_decision", "decision": decision, "state_reconciled": True},
+        )
+
+
+def _rejected_declarations(run: AgentRun) -> dict[str, tuple[Message, dict[str, Any], dict[str, Any]]]:
+    """``{tool_call_id: (declaring model row, tool call, decision)}`` for the
+    ``reject`` decisions of a resume run (see :func:`_record_rejections`)."""
+    if not run.resumed_from_id:
+        return {}
+    decisions = (run.input or {}).get("decisions") or []
+    if not any(isinstance(d, dict) and d.get("type") == "reject" for d in decisions):
+        return {}
+    interrupted = AgentRun.objects.filter(pk=run.resumed_from_id).only("interrupts").first()
+    actions = pending_action_requests(interrupted.interrupts if interrupted else None)
+    declarations = [
+        (row, call)
+        for row in Message.objects.model_calls()
+        .filter(thread_id=run.thread_id, run__turn_id=run.turn_id, tool_calls__isnull=False)
+        .exclude(run=run)
+        .order_by("-id")
+        for call in row.tool_calls or []
+    ]
+    result: dict[str, tuple[Message, dict[str, Any], dict[str, Any]]] = {}
+    for action, decision in zip(actions, decisions, strict=False):
+        if not isinstance(decision, dict) or decision.get("type") != "reject":
+            continue
+        for row, call in declarations:
+            if (
+                call.get("id")
+                and call["id"] not in result
+                and call.get("name") == action.get("name")
+                and (call.get("args") or {}) == (action.get("args") or {})
+            ):
+                result[call["id"]] = (row, call, decision)
+                break
+    return result
+
+
+def pending_action_requests(interrupts: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The action requests ``[{name, args, description}]`` of an
+    interrupted run's approval interrupts, in order (R-TA-5)."""
+    actions: list[dict[str, Any]] = []
+    for item in interrupts or []:
+        value = item.get("value") if isinstance(item, dict) else None
+        if isinstance(value, dict):
+            actions += [a for a in value.get("action_requests") or [] if isinstance(a, dict)]
+    return actions
 
 
 def _bind_output(run: AgentRun, final_state: list[StateMessage], own_ai: dict[str, StateMessage]) -> None:

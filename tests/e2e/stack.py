@@ -197,3 +197,13 @@ def wait_for_status(client: httpx.Client, run_id: str, statuses: set[str], timeo
             return body
         time.sleep(0.1)
     raise TimeoutError(f"run {run_id} still {body.get('status')} after {timeout}s: {body}")
+
+
+TERMINAL_STATUSES = {"completed", "failed", "cancelled", "interrupted"}
+
+
+def create_thread(client: httpx.Client, model: str, agent_id: str = "assistant") -> str:
+    """``POST /api/threads`` with ``model``; returns the new thread id."""
+    created = client.post("/api/threads", json={"agent_id": agent_id, "model": model})
+    assert created.status_code == 201, created.text
+    return created.json()["thread_id"]

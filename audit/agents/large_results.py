@@ -1,0 +1,81 @@
+"""Large tool results leave the graph State for the thread workspace (R-TA-4).
+
+Why not deepagents' ``FilesystemMiddleware``: its eviction counts tokens
+(``4 × tool_token_limit_before_evict`` characters), writes under its own
+``/large_tool_results`` root through a backend, and adds six filesystem tools
+to the agent. The product needs a character threshold
+(``LARGE_TOOL_RESULT_CHARS``), the workspace path
+``outputs/large_tool_results/<tool_call_id>`` and an unchanged tool set, so a
+small ``wrap_tool_call`` middleware does it.
+
+The tool's own ``tool-finished`` event carries the full ToolMessage: the
+tool callbacks fire inside the tool, before this middleware rewrites the
+result, so the audit row keeps the full raw output while the State gets a
+path and a preview.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from langchain.agents.middleware import AgentMiddleware
+from langchain_core.messages import ToolMessage
+
+from ..jsonable import message_text
+
+LARGE_RESULTS_DIR = Path("outputs") / "large_tool_results"
+PREVIEW_CHARS = 500
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def large_result_path(tool_call_id: str) -> Path:
+    """Workspace-relative path of one offloaded result:
+    ``outputs/large_tool_results/<tool_call_id>`` (characters outside
+    ``[A-Za-z0-9._-]`` become ``_`` so the id can never leave the folder)."""
+    name = _UNSAFE.sub("_", tool_call_id) or "unnamed"
+    if name in (".", ".."):
+        name = name.replace(".", "_")
+    return LARGE_RESULTS_DIR / name
+
+
+class LargeToolResultMiddleware(AgentMiddleware):
+    """Moves a tool result longer than ``threshold_chars`` characters to the
+    thread workspace (``runtime.context.workspace``, an
+    :class:`~audit.agents.tools.AgentContext`) and gives the State a
+    ToolMessage with the same id, ``tool_call_id`` and status whose content
+    is the path plus a preview of ``PREVIEW_CHARS`` characters (R-TA-4)."""
+
+    def __init__(self, *, threshold_chars: int):
+        super().__init__()
+        self.threshold_chars = threshold_chars
+
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        return self._offload(request, handler(request))
+
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        return self._offload(request, await handler(request))
+
+    def _offload(self, request: Any, result: Any) -> Any:
+        if not isinstance(result, ToolMessage):
+            return result
+        text = message_text(result.content)
+        if len(text) <= self.threshold_chars:
+            return result
+        context = getattr(request.runtime, "context", None)
+        workspace = getattr(context, "workspace", None)
+        tool_call_id = result.tool_call_id or (request.tool_call or {}).get("id")
+        if not workspace or not tool_call_id:
+            return result
+        relative = large_result_path(tool_call_id)
+        target = Path(workspace) / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        summary = (
+            f"The result has {len(text)} characters and was saved to the workspace file {relative.as_posix()}. "
+            f"Preview:\n{text[:PREVIEW_CHARS]}"
+        )
+        return result.model_copy(update={"content": summary})
