@@ -1,4 +1,7 @@
-"""ASGI entry point: ``uvicorn yuxi_project.asgi:application``."""
+"""ASGI entry point: ``uvicorn yuxi_project.asgi:application``.
+
+Refuses to start against a database whose schema does not match the code
+(R-SCH-1, :mod:`yuxi_project.schema_guard`)."""
 
 import os
 
@@ -7,3 +10,7 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yuxi_project.settings")
 
 application = get_asgi_application()
+
+from yuxi_project.schema_guard import ensure_schema_matches  # noqa: E402
+
+ensure_schema_matches()

@@ -37,6 +37,9 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "yuxi_project.urls"
 ASGI_APPLICATION = "yuxi_project.asgi.application"
+# Also what `manage.py runserver` loads; both entry points run the schema
+# guard (R-SCH-1).
+WSGI_APPLICATION = "yuxi_project.wsgi.application"
 
 TEMPLATES = [
     {

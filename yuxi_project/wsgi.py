@@ -1,3 +1,8 @@
+"""WSGI entry point (also what ``manage.py runserver`` serves).
+
+Refuses to start against a database whose schema does not match the code
+(R-SCH-1, :mod:`yuxi_project.schema_guard`)."""
+
 import os
 
 from django.core.wsgi import get_wsgi_application
@@ -5,3 +10,7 @@ from django.core.wsgi import get_wsgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yuxi_project.settings")
 
 application = get_wsgi_application()
+
+from yuxi_project.schema_guard import ensure_schema_matches  # noqa: E402
+
+ensure_schema_matches()
