@@ -14,12 +14,12 @@ from yuxi_project.errors import InvalidInput
 from ..errors import AuditConflict, ToolResultConflict
 from ..lease import Lease, lock_run
 from ..models import AgentRun
+from .model_audit import _operation_row
 
 log = logging.getLogger(__name__)
 
 Status = AgentRun.Status
 ExecStatus = Message.ExecutionStatus
-from .model_audit import _operation_row
 
 # --------------------------------------------------------------------------
 # Tool audit (R-TA-1, R-TA-2)
@@ -157,14 +157,16 @@ def declaring_model_row(run: AgentRun, tool_call_id: str) -> Message | None:
     Only the same turn counts: a tool call id reused in another turn of the
     thread never links to this one (R-TA-1, R-MA-9).
     """
-    return (
-        Message.objects.filter(
-            thread_id=run.thread_id,
-            run__turn_id=run.turn_id,
-            role=Message.Role.ASSISTANT,
-            operation_id__isnull=False,
-            tool_calls__contains=[{"id": tool_call_id}],
-        )
-        .order_by("-id")
-        .first()
+    # A turn has a handful of model calls; matching in Python keeps this
+    # portable to the embedded SQLite default (no JSON containment there).
+    candidates = Message.objects.filter(
+        thread_id=run.thread_id,
+        run__turn_id=run.turn_id,
+        role=Message.Role.ASSISTANT,
+        operation_id__isnull=False,
+        tool_calls__isnull=False,
+    ).order_by("-id")
+    return next(
+        (row for row in candidates if any(call.get("id") == tool_call_id for call in row.tool_calls or [])),
+        None,
     )

@@ -220,6 +220,41 @@ def test_approval_reject_records_a_rejected_row_that_is_no_execution_R_TA_5_R_RE
     assert not (_workspace(thread_id, stack) / "outbox").exists()
     assert Message.objects.tool_executions().filter(thread_id=thread_id).count() == 0
     assert Message.objects.filter(thread_id=thread_id, message_type=Message.Type.TOOL_AUDIT).count() == 1
+    # The resume run answers and binds its own output.
+    resume_run = AgentRun.objects.get(pk=done["run_id"])
+    assert resume_run.output_message.run_id == resume_run.id
+
+
+def test_approval_edit_runs_the_tool_with_the_reviewed_arguments_R_TA_5(stack, user):
+    edited = {"to": "boss@example.com", "subject": "Report", "body": "Reviewed"}
+    with stack.client(bearer(user)) as client:
+        thread_id = _thread(client, "replay:approval_send_email")
+        first = _turn(client, thread_id, "send the report")
+        assert first["status"] == "interrupted", first
+        resumed = _resume(client, first["run_id"], [{"type": "edit", "args": edited}])
+        assert resumed.status_code == 202, resumed.text
+        done = wait_for_status(client, resumed.json()["run_id"], TERMINAL)
+    assert done["status"] == "completed", done
+    [row] = _tool_rows(done["run_id"])
+    assert row.execution_status == "completed" and row.started_at is not None
+    assert row.tool_input == edited
+    sent = _workspace(thread_id, stack) / "outbox" / "call_email_1.json"
+    assert '"boss@example.com"' in sent.read_text()
+
+
+def test_large_result_on_a_normal_run_R_TA_4(stack, user):
+    threshold = get_config().LARGE_TOOL_RESULT_CHARS
+    with stack.client(bearer(user)) as client:
+        thread_id = _thread(client, "replay:large_lookup")
+        body = _turn(client, thread_id, "retention?")
+    assert body["status"] == "completed", body
+    [row] = _tool_rows(body["run_id"])
+    raw = row.metadata["raw_output"]["content"]
+    assert row.execution_status == "completed" and len(raw) > threshold
+    offloaded = _workspace(thread_id, stack) / "outputs" / "large_tool_results" / "call_lookup_1"
+    assert offloaded.read_text() == raw
+    run = AgentRun.objects.get(pk=body["run_id"])
+    assert run.output_message.content.startswith("The retention policy")
 
 
 def test_cancel_an_interrupted_run_releases_the_thread_R_TA_5_R_RUN_6(stack, user):
