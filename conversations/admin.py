@@ -1,0 +1,271 @@
+"""Admin for threads, messages, feedback and API tokens (R-ADM-1).
+
+Audit rows (model calls and tool executions) are machine-written: the
+admin shows them read-only and never adds, changes or deletes them. Large
+changelists never run a full ``COUNT(*)`` nor ``SELECT DISTINCT`` filters.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q
+from django.http import Http404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+
+from audit import selectors as audit_selectors
+from audit.admin import status_badge, timeline_page_context
+from audit.models import AgentRun
+from yuxi_project.paginator import EstimatingPaginator
+
+from .models import ApiToken, Conversation, Message, MessageFeedback
+
+HISTORY_ROWS = 50
+
+
+def _uuid_or_none(term: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(term.strip())
+    except ValueError:
+        return None
+
+
+@admin.register(Conversation)
+class ConversationAdmin(admin.ModelAdmin):
+    """Threads; the page shows the ordinary history and links to the
+    thread's audit timeline."""
+
+    thread_timeline_template = "admin/conversations/conversation/timeline.html"
+    list_display = ("short_id", "title", "user", "agent_id", "model", "status", "created_at")
+    list_filter = ("status", ("created_at", admin.DateFieldListFilter))
+    list_select_related = ("user",)
+    search_fields = ("id",)  # replaced by get_search_results: exact matches only
+    search_help_text = "Exact thread id or username."
+    show_full_result_count = False
+    paginator = EstimatingPaginator
+    raw_id_fields = ("user",)
+    readonly_fields = ("id", "history", "timeline_link", "created_at", "updated_at")
+    fields = ("id", "user", "agent_id", "model", "title", "status", "timeline_link", "history", "created_at")
+
+    def has_add_permission(self, request):
+        # Threads are created through the API by their owner.
+        return False
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        as_uuid = _uuid_or_none(term)
+        condition = Q(user__username=term) | (Q(pk=as_uuid) if as_uuid else Q(pk__in=[]))
+        return queryset.filter(condition), False
+
+    @admin.display(description="thread", ordering="created_at")
+    def short_id(self, thread):
+        return str(thread.id)[:8]
+
+    @admin.display(description="audit timeline")
+    def timeline_link(self, thread):
+        if thread.pk is None:
+            return "—"
+        url = reverse("admin:conversations_conversation_timeline", args=[thread.pk])
+        return format_html('<a class="yx-thread-timeline" href="{}">Audit timeline of this thread →</a>', url)
+
+    @admin.display(description=f"history (last {HISTORY_ROWS} ordinary messages)")
+    def history(self, thread):
+        """Ordinary messages only: audit rows are on the timeline (R-READ-4)."""
+        if thread.pk is None:
+            return "—"
+        rows = list(Message.objects.ordinary().filter(thread=thread).order_by("-id")[:HISTORY_ROWS])[::-1]
+        if not rows:
+            return "—"
+        return format_html(
+            '<ol class="yx-history">{}</ol>',
+            format_html_join("", "<li><strong>{}</strong>: {}</li>", ((m.role, m.content[:500]) for m in rows)),
+        )
+
+    def get_urls(self):
+        return [
+            path(
+                "<uuid:thread_id>/timeline/",
+                self.admin_site.admin_view(self.thread_timeline_view),
+                name="conversations_conversation_timeline",
+            ),
+            *super().get_urls(),
+        ]
+
+    def thread_timeline_view(self, request, thread_id):
+        """The audit timeline of every run of the thread (R-READ-3), paged
+        back with ``?before=<cursor>``; staff with view permission on runs."""
+        thread = Conversation.objects.select_related("user").filter(pk=thread_id).first()
+        if thread is None:
+            raise Http404("thread not found")
+        if not self.admin_site._registry[AgentRun].has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Audit timeline of thread {thread}",
+            "opts": self.model._meta,
+            "thread": thread,
+            **timeline_page_context(
+                request,
+                lambda before: audit_selectors.thread_timeline(thread_id=thread.pk, before=before),
+                base_url=reverse("admin:conversations_conversation_timeline", args=[thread.pk]),
+                show_run=True,
+            ),
+        }
+        return TemplateResponse(request, self.thread_timeline_template, context)
+
+
+class AuditRowFilter(admin.SimpleListFilter):
+    title = "row"
+    parameter_name = "row"
+
+    def lookups(self, request, model_admin):
+        return [("ordinary", "ordinary messages"), ("audit", "audit rows")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "ordinary":
+            return queryset.ordinary()
+        if self.value() == "audit":
+            return queryset.audit()
+        return queryset
+
+
+@admin.register(Message)
+class MessageAdmin(admin.ModelAdmin):
+    """All messages. Audit rows are read-only; nothing is added here."""
+
+    list_display = (
+        "id",
+        "thread_short",
+        "run_short",
+        "role",
+        "message_type",
+        "operation_id",
+        "status_display",
+        "sequence",
+        "created_at",
+    )
+    list_filter = (AuditRowFilter, "message_type", "role", "execution_status")
+    list_select_related = ()
+    search_fields = ("operation_id",)  # replaced by get_search_results: exact matches only
+    search_help_text = "Exact thread id, run id or operation id."
+    show_full_result_count = False
+    paginator = EstimatingPaginator
+    ordering = ("-id",)
+    raw_id_fields = ("thread", "run", "declared_by")
+    readonly_fields = (
+        "thread",
+        "run",
+        "role",
+        "message_type",
+        "operation_id",
+        "sequence",
+        "execution_status",
+        "started_at",
+        "finished_at",
+        "duration_ms",
+        "usage",
+        "tool_calls",
+        "tool_name",
+        "tool_input",
+        "declared_by",
+        "metadata",
+        "created_at",
+        "updated_at",
+    )
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # a bulk delete could take audit rows
+        return actions
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        if obj is not None and obj.is_audit:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        if obj is None or obj.is_audit:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        as_uuid = _uuid_or_none(term)
+        condition = Q(operation_id=term)
+        if as_uuid:
+            condition |= Q(thread_id=as_uuid) | Q(run_id=as_uuid)
+        return queryset.filter(condition), False
+
+    # FK columns shown as ids: no join and no per-row query.
+    @admin.display(description="thread")
+    def thread_short(self, message):
+        return str(message.thread_id)[:8]
+
+    @admin.display(description="run")
+    def run_short(self, message):
+        return str(message.run_id)[:8] if message.run_id else "—"
+
+    @admin.display(description="status", ordering="execution_status")
+    def status_display(self, message):
+        return status_badge(message.execution_status) if message.execution_status else "—"
+
+
+@admin.register(MessageFeedback)
+class MessageFeedbackAdmin(admin.ModelAdmin):
+    list_display = ("id", "rating", "user", "message_excerpt", "on_audit_row", "reason", "created_at")
+    list_filter = ("rating", ("created_at", admin.DateFieldListFilter))
+    list_select_related = ("user", "message")
+    show_full_result_count = False
+    paginator = EstimatingPaginator
+    raw_id_fields = ("message", "user")
+    ordering = ("-created_at",)
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.display(description="message")
+    def message_excerpt(self, feedback):
+        return feedback.message.content[:80]
+
+    @admin.display(description="on audit row (not counted)", boolean=True)
+    def on_audit_row(self, feedback):
+        return feedback.message.message_type != Message.Type.TEXT
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Per-user API tokens. The plaintext is shown once, when issued; only
+    its digest is stored."""
+
+    list_display = ("prefix", "user", "name", "created_at", "last_used_at")
+    list_select_related = ("user",)
+    raw_id_fields = ("user",)
+    search_fields = ("prefix", "user__username")
+    fields = ("user", "name", "prefix", "created_at", "last_used_at")
+    readonly_fields = ("prefix", "created_at", "last_used_at")
+
+    def has_change_permission(self, request, obj=None):
+        return obj is None and super().has_change_permission(request, obj)
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return
+        issued, plaintext = ApiToken.objects.issue(user=obj.user, name=obj.name)
+        obj.pk, obj.prefix, obj.key_digest, obj.created_at = (
+            issued.pk,
+            issued.prefix,
+            issued.key_digest,
+            issued.created_at,
+        )
+        messages.warning(request, f"API token for {obj.user}: {plaintext} — copy it now; it is not shown again.")

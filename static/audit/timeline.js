@@ -1,0 +1,34 @@
+// Live refresh of a run's audit timeline while the run is not terminal
+// (R-ADM-1): re-fetch the timeline fragment, keep expanded rows expanded.
+(function () {
+  "use strict";
+  var PERIOD_MS = 2000;
+
+  function refresh() {
+    var current = document.getElementById("yx-timeline");
+    if (!current || current.dataset.live !== "1") return;
+    fetch(current.dataset.refreshUrl, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+      .then(function (response) { return response.ok ? response.text() : null; })
+      .then(function (html) {
+        if (html) {
+          var open = {};
+          current.querySelectorAll("details[open]").forEach(function (d) {
+            open[d.closest("tr").dataset.id] = true;
+          });
+          var holder = document.createElement("div");
+          holder.innerHTML = html;
+          var next = holder.querySelector("#yx-timeline");
+          if (next) {
+            next.querySelectorAll("tr[data-id]").forEach(function (tr) {
+              if (open[tr.dataset.id]) tr.querySelector("details").open = true;
+            });
+            current.replaceWith(next);
+          }
+        }
+        window.setTimeout(refresh, PERIOD_MS);
+      })
+      .catch(function () { window.setTimeout(refresh, PERIOD_MS * 2); });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () { window.setTimeout(refresh, PERIOD_MS); });
+})();

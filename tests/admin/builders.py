@@ -1,0 +1,89 @@
+"""Runs with many audit rows for the admin and browser tests (R-ADM-1),
+written with ``bulk_create``: the point is the reader on big tables, not
+the write path (which ``tests/read`` and ``tests/e2e`` drive for real)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+from audit.models import AgentRun
+from conversations.models import Message
+
+STATUSES = ["completed", "running", "failed", "interrupted", "abandoned", "rejected"]
+
+
+def big_run(
+    thread, *, rows: int, status: str = AgentRun.Status.COMPLETED, start: dt.datetime | None = None
+) -> AgentRun:
+    """A run of ``thread`` with ``rows`` audit rows alternating model call /
+    tool execution, cycling through the six execution statuses (``rejected``
+    only on tool rows, which then never started). Sequence numbers are
+    1..rows; the newest row has the highest sequence."""
+    start = start or dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)
+    terminal = status in AgentRun.TERMINAL_STATUSES
+    run = AgentRun.objects.create(
+        request_id=f"big-{uuid.uuid4().hex}",
+        thread=thread,
+        user=thread.user,
+        agent_id=thread.agent_id,
+        model=thread.model,
+        status=status,
+        started_at=start,
+        finished_at=start + dt.timedelta(seconds=rows) if terminal else None,
+        usage={"input_tokens": 10 * rows, "output_tokens": 5 * rows, "total_tokens": 15 * rows, "unknown_calls": 0},
+        lease_owner=None if terminal else "worker-browser",
+    )
+    batch = []
+    last_model: str | None = None
+    for i in range(1, rows + 1):
+        exec_status = STATUSES[(i // 2) % len(STATUSES)]
+        is_tool = i % 2 == 0
+        started = start + dt.timedelta(milliseconds=500 * i)
+        if is_tool:
+            op = f"call_{i}"
+            never_started = exec_status == "rejected"
+            closed = exec_status not in ("running", "rejected")
+            batch.append(
+                Message(
+                    thread=thread,
+                    run=run,
+                    role=Message.Role.TOOL,
+                    message_type=Message.Type.TOOL_AUDIT,
+                    operation_id=op,
+                    sequence=i,
+                    execution_status=exec_status,
+                    started_at=None if never_started else started,
+                    finished_at=started + dt.timedelta(milliseconds=120) if closed else None,
+                    duration_ms=120 if closed else None,
+                    tool_name="get_weather",
+                    tool_input={"city": f"City {i}"},
+                    content=f"tool result {i}",
+                    metadata={"raw_output": {"type": "tool", "tool_call_id": op, "content": f"raw envelope {i}"}}
+                    | ({"source": "approval_rejected"} if never_started else {}),
+                )
+            )
+        else:
+            exec_status = "completed" if exec_status == "rejected" else exec_status
+            closed = exec_status != "running"
+            last_model = f"lc_run--{i}"
+            batch.append(
+                Message(
+                    thread=thread,
+                    run=run,
+                    role=Message.Role.ASSISTANT,
+                    message_type=Message.Type.MODEL_AUDIT,
+                    operation_id=last_model,
+                    sequence=i,
+                    execution_status=exec_status,
+                    started_at=started,
+                    finished_at=started + dt.timedelta(milliseconds=400) if closed else None,
+                    duration_ms=400 if closed else None,
+                    usage={"input_tokens": 10, "output_tokens": 5, "total_tokens": 15} if closed else None,
+                    content=f"model says {i}: " + "lorem ipsum " * 20,
+                    tool_calls=[{"id": f"call_{i + 1}", "name": "get_weather", "args": {"city": f"City {i + 1}"}}],
+                    metadata={"model_name": "replay-model"},
+                )
+            )
+    Message.objects.bulk_create(batch, batch_size=2000)
+    return run
