@@ -54,6 +54,8 @@ def _http_error(request, exc: HttpError):
 
 from audit.api import router as runs_router  # noqa: E402
 from conversations.api import router as conversations_router  # noqa: E402
+from dashboard.api import router as dashboard_router  # noqa: E402
 
 api.add_router("/", conversations_router)
 api.add_router("/", runs_router)
+api.add_router("/", dashboard_router)

@@ -1,0 +1,104 @@
+"""Dashboard API (R-DASH-1): staff only; every figure comes from
+:mod:`dashboard.selectors`, the same reads as the admin dashboard page.
+
+Common query parameters: ``from`` and ``to`` (calendar days, ``YYYY-MM-DD``,
+inclusive) and ``tz`` (IANA zone the days are counted in, default UTC).
+"""
+
+from __future__ import annotations
+
+from datetime import date
+
+from ninja import Field, Query, Router, Schema
+
+from conversations.schemas import ErrorOut
+from yuxi_project.errors import PermissionDenied
+
+from . import selectors
+from .schemas import FeedbackOut, ModelsOut, OverviewOut, TimeseriesOut, ToolsOut
+
+router = Router(tags=["dashboard"])
+
+ERRORS = {401: ErrorOut, 403: ErrorOut, 422: ErrorOut}
+FEEDBACK_PAGE_MAX = 200
+
+
+class WindowIn(Schema):
+    from_day: date | None = Field(None, alias="from")
+    to_day: date | None = Field(None, alias="to")
+    tz: str = "UTC"
+
+
+def staff_window(request, params: WindowIn) -> selectors.Window:
+    """Check that the caller is staff (else :class:`PermissionDenied`, 403,
+    R-READ-5) and validate the window (:class:`InvalidInput`, 422)."""
+    if not getattr(request.auth, "is_staff", False):
+        raise PermissionDenied("the dashboard is for staff")
+    return selectors.dashboard_window(first_day=params.from_day, last_day=params.to_day, tz=params.tz)
+
+
+def window_out(window: selectors.Window) -> dict:
+    return {"from_day": window.first_day, "to_day": window.last_day, "tz": window.tz.key}
+
+
+@router.get("/dashboard/overview", response={200: OverviewOut, **ERRORS})
+def overview(request, params: Query[WindowIn]):
+    """Conversations, active users, messages (audit excluded), runs by
+    status and token totals of the window."""
+    window = staff_window(request, params)
+    return {"window": window_out(window), **selectors.overview(window)}
+
+
+@router.get("/dashboard/models", response={200: ModelsOut, **ERRORS})
+def models(request, params: Query[WindowIn]):
+    """Tokens per model and day; latency p50/p95 (ms) per model."""
+    window = staff_window(request, params)
+    return {"window": window_out(window), **selectors.models_report(window)}
+
+
+@router.get("/dashboard/tools", response={200: ToolsOut, **ERRORS})
+def tools(request, params: Query[WindowIn]):
+    """Tool executions, successes and failures per tool and per day
+    (executions only: rows with ``started_at``)."""
+    window = staff_window(request, params)
+    return {"window": window_out(window), **selectors.tools_report(window)}
+
+
+@router.get("/dashboard/timeseries", response={200: TimeseriesOut, **ERRORS})
+def timeseries(request, params: Query[WindowIn]):
+    """Per day: conversations, messages, runs, tokens, tool executions."""
+    window = staff_window(request, params)
+    return {"window": window_out(window), "days": selectors.timeseries(window)}
+
+
+class FeedbackQuery(WindowIn):
+    rating: str | None = None
+    limit: int = Field(50, ge=1, le=FEEDBACK_PAGE_MAX)
+    offset: int = Field(0, ge=0)
+
+
+@router.get("/dashboard/feedback", response={200: FeedbackOut, **ERRORS})
+def feedback(request, params: Query[FeedbackQuery]):
+    """Likes, dislikes, satisfaction rate and the feedback list (newest
+    first, ``limit``/``offset`` paged); feedback on audit rows excluded."""
+    window = staff_window(request, params)
+    queryset = selectors.feedback_list(window, rating=params.rating)
+    items = [
+        {
+            "id": row.id,
+            "rating": row.rating,
+            "reason": row.reason,
+            "created_at": row.created_at,
+            "username": row.user.get_username(),
+            "message_id": row.message_id,
+            "thread_id": row.message.thread_id,
+            "message_excerpt": row.message.content[:200],
+        }
+        for row in queryset[params.offset : params.offset + params.limit]
+    ]
+    return {
+        "window": window_out(window),
+        **selectors.feedback_summary(window),
+        "count": queryset.count(),
+        "items": items,
+    }
