@@ -27,6 +27,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Serves admin CSS/JS and the vendored chart library from the ASGI
+    # process itself (uvicorn has no static file handler).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -94,6 +97,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
+# WhiteNoise finds files where the staticfiles finders do, so neither the
+# quick start nor the tests need a `collectstatic` step.
+WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "/admin/login/"
 

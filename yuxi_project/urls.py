@@ -1,9 +1,13 @@
 from django.contrib import admin
 from django.urls import path
 
+from dashboard.views import dashboard_page
+
 from .api import api
 
 urlpatterns = [
+    # Before admin.site.urls, whose catch-all would answer 404 (R-DASH-1).
+    path("admin/dashboard/", admin.site.admin_view(dashboard_page), name="admin-dashboard"),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
 ]
