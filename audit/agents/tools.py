@@ -6,6 +6,7 @@ All are deterministic so that scenarios and tests are repeatable.
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import operator
 import uuid
@@ -94,8 +95,13 @@ _DOC_TEXT = (
 
 
 @tool
-def lookup_docs(query: str, size: int = 800) -> str:
-    """Search the product documentation; returns about ``size`` characters of text."""
+async def lookup_docs(query: str, size: int = 800, latency_ms: int = 0) -> str:
+    """Search the product documentation; returns about ``size`` characters of text.
+    ``latency_ms`` (at most 30000) simulates a slow backend, so that a run can
+    be cancelled while the tool runs (R-TA-6)."""
+    if latency_ms > 0:
+        # Async, so that cancelling the run really stops the tool.
+        await asyncio.sleep(min(int(latency_ms), 30_000) / 1000)
     size = max(1, min(int(size), 1_000_000))
     header = f"Results for {query!r}:\n"
     body = (_DOC_TEXT * (size // len(_DOC_TEXT) + 1))[: max(0, size - len(header))]

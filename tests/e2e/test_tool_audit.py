@@ -6,6 +6,7 @@ test database; the tests drive HTTP and read the database."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from .stack import create_thread as _thread
 from .stack import wait_for_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
 
 def _turn(client, thread_id: str, text: str = "go") -> dict:
     submitted = client.post(
@@ -279,3 +281,24 @@ def test_cancel_an_interrupted_run_releases_the_thread_R_TA_5_R_RUN_6(stack, use
     assert again["status"] == "interrupted", again
     assert not Message.objects.filter(thread_id=thread_id).running().exists()
     assert Message.objects.filter(thread_id=thread_id, message_type=Message.Type.TOOL_AUDIT).count() == 0
+
+
+def test_cancel_during_a_tool_leaves_no_running_tool_row_R_TA_6_R_RUN_6(stack, user):
+    with stack.client(bearer(user)) as client:
+        thread_id = _thread(client, "replay:slow_lookup")
+        submitted = client.post(
+            f"/api/threads/{thread_id}/runs", json={"request_id": f"req-{uuid.uuid4().hex}", "input": {"text": "?"}}
+        )
+        assert submitted.status_code == 202, submitted.text
+        run_id = submitted.json()["run_id"]
+        deadline = time.monotonic() + 30
+        while not Message.objects.filter(run_id=run_id, operation_id="call_lookup_slow").running().exists():
+            assert time.monotonic() < deadline, "the tool never started"
+            time.sleep(0.05)
+        assert client.post(f"/api/runs/{run_id}/cancel").status_code == 202
+        body = wait_for_status(client, run_id, TERMINAL)
+    assert body["status"] == "cancelled", body
+    [row] = _tool_rows(run_id)
+    assert row.execution_status == "interrupted"
+    assert row.finished_at is not None and row.metadata["closed_by"] == "run_terminal"
+    assert not Message.objects.filter(run_id=run_id).running().exists()
