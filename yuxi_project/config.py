@@ -48,6 +48,9 @@ class Config(BaseSettings):
     # Seconds between two runs of the lease sweeper, which fails runs whose
     # lease expired (R-RUN-7). Celery beat schedules it.
     LEASE_SWEEP_INTERVAL_SECONDS: float = Field(default=10.0, gt=0)
+    # Seconds a process waits for a pooled database connection before the
+    # write counts as failed (then retried, R-RUN-8).
+    DB_POOL_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0)
     # Attempts for one critical audit write before the run fails (R-RUN-8).
     AUDIT_WRITE_ATTEMPTS: int = Field(default=3, ge=1, le=20)
     # Tool results longer than this many characters go to the thread

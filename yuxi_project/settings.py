@@ -68,7 +68,7 @@ if CONFIG.DATABASE_URL and not CONFIG.DATABASE_URL.startswith("sqlite"):
     # transaction hands it back to the pool instead of tearing it down
     # (R-RUN-5). CONN_MAX_AGE must be 0 with the pool.
     _db["CONN_MAX_AGE"] = 0
-    _db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 8, "timeout": 10}
+    _db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 8, "timeout": CONFIG.DB_POOL_TIMEOUT_SECONDS}
     _db["TEST"] = {"NAME": _db["NAME"] + "_test"}
     DATABASES = {"default": _db}
 elif CONFIG.DATABASE_URL:

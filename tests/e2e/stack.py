@@ -103,10 +103,13 @@ class Stack:
     def client(self, headers: dict[str, str] | None = None) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, headers=headers or {}, timeout=30)
 
-    def start_worker(self, name: str | None = None, concurrency: int = 2, beat: bool = True) -> Process:
+    def start_worker(
+        self, name: str | None = None, concurrency: int = 2, beat: bool = True, env: dict[str, str] | None = None
+    ) -> Process:
         """Start a Celery worker on the stack's queue. With ``beat`` it also
         runs the beat scheduler in-process (``-B``), which schedules the
-        lease sweeper (R-RUN-7); several beats are harmless."""
+        lease sweeper (R-RUN-7); several beats are harmless. ``env``
+        overrides the stack's environment for this worker only."""
         name = name or f"worker-{len(self.workers) + 1}"
         beat_args = ["-B", "-s", str(ARTIFACTS / f"beat-{uuid.uuid4().hex[:8]}")] if beat else []
         worker = start(
@@ -131,7 +134,7 @@ class Stack:
                 "--without-heartbeat",
                 *beat_args,
             ],
-            self.env,
+            {**self.env, **(env or {})},
         )
         worker.wait_for_line(" ready.", timeout=60)
         self.workers.append(worker)
