@@ -35,7 +35,7 @@ def create_thread(request, payload: ThreadIn):
     return 201, thread
 
 
-@router.get("/threads", response={200: list[ThreadOut], 401: ErrorOut})
+@router.get("/threads", response={200: list[ThreadOut], 401: ErrorOut, 422: ErrorOut})
 @paginate(LimitOffsetPagination)
 def list_threads(request):
     """The caller's threads, newest first."""

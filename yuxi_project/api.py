@@ -49,6 +49,10 @@ def _not_found(request, exc):
 
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
+    if exc.status_code == 400:
+        # A body that is not JSON (ninja's "Cannot parse request body") is
+        # malformed input like any other: one documented answer, 422 (R-READ-6).
+        return api.create_response(request, error_body("invalid_input", str(exc)), status=422)
     return api.create_response(request, error_body("http_error", str(exc)), status=exc.status_code)
 
 
