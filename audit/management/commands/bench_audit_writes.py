@@ -1,0 +1,37 @@
+"""``python manage.py bench_audit_writes [--writes N] [--threads 1,8]``:
+print the cost of a lease-checked audit write; see :mod:`audit.benchmark`."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from audit.benchmark import bench_audit_writes
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark one lease-checked audit write (model_call_start) against the equivalent raw SQL "
+        "transaction on the configured database: median and p95 latency, their ratio, and writes per "
+        "second with 1 and 8 threads. Creates and deletes its own user, threads and runs."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--writes", type=int, default=500, help="measured writes per path and per thread")
+        parser.add_argument("--warmup", type=int, default=50, help="unmeasured writes per path first")
+        parser.add_argument("--threads", default="1,8", help="comma-separated thread counts (default 1,8)")
+
+    def handle(self, *args, writes: int, warmup: int, threads: str, **options) -> None:
+        try:
+            counts = tuple(int(n) for n in threads.split(",") if n.strip())
+        except ValueError as exc:
+            raise CommandError(f"--threads must be comma-separated integers, not {threads!r}") from exc
+        if writes < 2 or warmup < 0 or not counts or min(counts) < 1:
+            raise CommandError("--writes must be at least 2, --warmup at least 0, thread counts at least 1")
+        result = bench_audit_writes(writes=writes, warmup=warmup, thread_counts=counts)
+        out = self.stdout.write
+        out(f"lease-checked audit write, {result.service.count} samples per path (ms):")
+        out(f"  service (model_call_start): median {result.service.median_ms:.3f}  p95 {result.service.p95_ms:.3f}")
+        out(f"  raw SQL transaction:        median {result.raw_sql.median_ms:.3f}  p95 {result.raw_sql.p95_ms:.3f}")
+        out(f"  ratio service / raw:        median {result.ratio_median:.2f}x  p95 {result.ratio_p95:.2f}x")
+        for n, per_second in result.writes_per_second.items():
+            out(f"  service writes per second with {n} thread(s), one run each: {per_second:.0f}")

@@ -1,0 +1,29 @@
+"""The benchmark command runs on PostgreSQL and prints its figures; it is
+kept working by this smoke test (it asserts no timings)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from audit.models import AgentRun
+from conversations.models import Message
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_bench_audit_writes_prints_latencies_ratio_and_throughput_and_cleans_up_R_RUN_4_R_RUN_5():
+    out = io.StringIO()
+    call_command("bench_audit_writes", writes=5, warmup=1, threads="1,2", stdout=out)
+    text = out.getvalue()
+    assert "service (model_call_start): median" in text and "raw SQL transaction:" in text
+    assert "ratio service / raw:" in text
+    assert "with 1 thread(s)" in text and "with 2 thread(s)" in text
+    assert not AgentRun.objects.exists() and not Message.objects.exists()
+
+
+def test_bench_audit_writes_refuses_bad_arguments_R_READ_6():
+    with pytest.raises(CommandError):
+        call_command("bench_audit_writes", threads="one,eight")
