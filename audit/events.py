@@ -15,7 +15,7 @@ run's stream (expired, flushed) the terminal event is rebuilt from the run
 row. Under the embedded defaults (no Redis) nothing is published and the
 stream serves the terminal status from the database.
 
-Event types: ``run.status`` {status}, ``model.started`` {operation_id},
+Event types: ``run.status`` {status} (``running``, ``cancel_requested``), ``model.started`` {operation_id},
 ``model.delta`` {operation_id, text}, ``model.finished`` {operation_id,
 tool_calls, usage}, ``tool.started`` {tool_call_id, tool_name},
 ``tool.finished`` {tool_call_id, status}, ``tool.error`` {tool_call_id},
@@ -26,6 +26,7 @@ requests when the run stopped at an interrupt.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -70,6 +71,9 @@ class RunEventPublisher:
         self._client = None
         self._synced = False
         self.sequence = 0
+        # The stream task and the lease keeper publish concurrently: one
+        # number, one XADD at a time, so ids stay consecutive.
+        self._lock = asyncio.Lock()
 
     @classmethod
     def for_run(cls, run_id: uuid.UUID | str) -> RunEventPublisher:
@@ -80,6 +84,10 @@ class RunEventPublisher:
         if not self._redis_url:
             self.sequence += 1
             return
+        async with self._lock:
+            await self._publish(event_type, data)
+
+    async def _publish(self, event_type: str, data: dict[str, Any]) -> None:
         from redis.exceptions import RedisError
 
         key = stream_key(self.run_id)
@@ -196,8 +204,6 @@ async def run_event_stream(
             if rebuilt is None:
                 yield ": keep-alive\n\n"
                 if client is None:
-                    import asyncio
-
                     await asyncio.sleep(block_ms / 1000)
                 continue
             terminal_seen += 1

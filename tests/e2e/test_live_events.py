@@ -114,3 +114,15 @@ def test_stream_carries_tool_lifecycle_and_interrupt_action_requests_R_EVT_1(sta
         assert finished["status"] == "interrupted"
         assert "send_email" in json.dumps(finished["interrupts"])
         assert wait_for_status(client, approval_run, {"interrupted"})["pending_approval"] == finished["interrupts"]
+
+
+def test_cancel_shows_as_status_change_then_terminal_event_R_EVT_1_R_RUN_6(stack, user):
+    with stack.client(bearer(user)) as client:
+        run_id = submit(client, "replay:slow_answer", "talk, then stop")
+        first = read_events(client, run_id, stop_after_deltas=3)
+        assert client.post(f"/api/runs/{run_id}/cancel").status_code == 202
+        rest = read_events(client, run_id, last_event_id=str(first[-1][0]))
+        events = first + rest
+        assert [e[0] for e in events] == list(range(1, len(events) + 1))
+        statuses = [e[2]["status"] for e in events if e[1] in ("run.status", "run.finished")]
+        assert statuses == ["running", "cancel_requested", "cancelled"]
