@@ -37,7 +37,7 @@ from .cancellation import CancelSignalListener
 from .agents.assistant import build_agent
 from .agents.tools import AgentContext
 from .checkpoint import open_checkpointer, postgres_conninfo
-from .errors import AuditWriteFailed, LeaseError, RunNotStartable
+from .errors import AuditWriteFailed, LeaseError, LeaseLost, RunNotStartable
 from .events import RunEventPublisher
 from .lease import Lease
 from .models import AgentRun
@@ -250,7 +250,7 @@ class RunExecutor:
                         renewed_at = time.monotonic()
                         self.lease_deadline = renewed_at + ttl
                     else:
-                        status = await write_with_retry(_run_status, run_id=self.lease.run_id)
+                        status = await write_with_retry(_run_status, lease=self.lease)
                 except LeaseError as exc:
                     self._stop = _Outcome(None, exc.code, str(exc))
                 except AuditWriteFailed as exc:
@@ -307,8 +307,14 @@ class RunExecutor:
         return run.status
 
 
-def _run_status(*, run_id: uuid.UUID) -> str:
-    return AgentRun.objects.values_list("status", flat=True).get(pk=run_id)
+def _run_status(*, lease: Lease) -> str:
+    """The run's status, read without a lock; raises :class:`LeaseLost` when
+    another owner or fencing token holds the run, so a worker notices a
+    takeover within one poll even while no audit write is due (R-RUN-4)."""
+    status, owner, token = AgentRun.objects.values_list("status", "lease_owner", "fencing_token").get(pk=lease.run_id)
+    if owner != lease.owner or token != lease.fencing_token:
+        raise LeaseLost(f"run {lease.run_id} is now held by {owner!r} with token {token}")
+    return status
 
 
 def _error_type(exc: BaseException) -> str:

@@ -1,0 +1,94 @@
+"""The worker side under a lost lease, in process with the replay model
+server: a takeover mid-stream stops the run before any further model step
+and the old owner writes nothing more (R-RUN-4, R-MA-3)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from django.db import connection
+from django.db.models import F
+
+from audit.models import AgentRun
+from audit.recorder import LifecycleRecorder
+from audit.runner import run_execute
+from conversations.models import Conversation, Message
+from tests.conftest import make_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_takeover_mid_stream_stops_the_run_before_any_further_model_step_R_RUN_4(user, replay_models):
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:slow_tool_then_answer")
+    run = make_run(thread)
+    result: dict = {}
+
+    def work():
+        try:
+            result["status"] = run_execute(run_id=run.id, owner="worker-old")
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not Message.objects.model_calls().filter(run=run, execution_status="running").exists():
+        assert time.monotonic() < deadline and worker.is_alive(), result
+        time.sleep(0.02)
+    # Another owner takes the run over (a newer fencing token).
+    AgentRun.objects.filter(pk=run.id).update(lease_owner="worker-new", fencing_token=F("fencing_token") + 1)
+    worker.join(30)
+    assert result["status"] == "lease_lost"
+
+    run.refresh_from_db()
+    assert (run.status, run.lease_owner, run.fencing_token) == ("running", "worker-new", 2), "the old owner wrote nothing"
+    rows = list(Message.objects.filter(run=run).exclude(role="user"))
+    assert len(rows) == 1, "no tool ran and no second model call started"
+    assert rows[0].execution_status == "running" and rows[0].usage is None
+
+
+class _RecordingSink:
+    def __init__(self):
+        self.calls: list[tuple[str, dict]] = []
+
+    async def model_start(self, **kwargs):
+        self.calls.append(("start", kwargs))
+
+    async def model_finish(self, **kwargs):
+        self.calls.append(("finish", kwargs))
+
+
+def _event(seq, payload, run_id="r1"):
+    return {"type": "event", "method": "messages", "seq": seq,
+            "params": {"namespace": [], "timestamp": 1_800_000_000_000, "data": (payload, {"run_id": run_id})}}
+
+
+def test_a_replayed_start_keeps_the_original_monotonic_start_and_content_R_MA_3_R_MA_4():
+    now = [10.0]
+    sink = _RecordingSink()
+    recorder = LifecycleRecorder(sink, clock=lambda: now[0])
+    start = _event(2, {"event": "message-start", "role": "ai", "id": "lc_run--r1"})
+
+    async def feed():
+        await recorder.handle(start)
+        await recorder.handle(_event(3, {"event": "content-block-delta", "index": 0,
+                                         "delta": {"type": "text-delta", "text": "Hel"}}))
+        now[0] = 15.0
+        await recorder.handle(start)  # replayed start
+        await recorder.handle(_event(4, {"event": "content-block-delta", "index": 0,
+                                         "delta": {"type": "text-delta", "text": "lo"}}))
+        now[0] = 20.5
+        await recorder.handle(_event(5, {"event": "message-finish", "usage": {"input_tokens": 1, "output_tokens": 2,
+                                                                              "total_tokens": 3}}))
+        await recorder.handle(_event(5, {"event": "message-finish", "usage": {"input_tokens": 1, "output_tokens": 2,
+                                                                              "total_tokens": 3}}))
+
+    asyncio.run(feed())
+    finishes = [kw for kind, kw in sink.calls if kind == "finish"]
+    assert len(finishes) == 1, "usage is reported once per call"
+    assert finishes[0]["content"] == "Hello"
+    assert finishes[0]["duration_ms"] == 10500, "duration from the first monotonic start"
+    assert [kw["sequence"] for kind, kw in sink.calls if kind == "start"] == [2, 2]
