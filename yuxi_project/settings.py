@@ -20,6 +20,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Listed so that /api/docs serves Swagger UI from ninja's own static
+    # files instead of a CDN (works offline).
+    "ninja",
     "conversations",
     "audit",
     "dashboard",

@@ -23,11 +23,15 @@ class Command(BaseCommand):
         except (httpx.HTTPError, TimeoutError) as exc:
             raise CommandError(f"demo failed: {exc}") from exc
         first = runs[1] if len(runs) > 1 else runs[0]
-        self.stdout.write(
-            "\nWhere to look:\n"
-            f"  admin (user {username}, password {password}):  {base_url}/admin/\n"
-            f"  API docs:                                      {base_url}/api/docs\n"
-            f"  a run:       curl -H 'Authorization: Bearer {token}' {base_url}/api/runs/{first.run_id}\n"
-            f"  its history: curl -H 'Authorization: Bearer {token}' {base_url}/api/threads/{first.thread_id}/history\n"
-            f"  its audit:   curl -H 'Authorization: Bearer {token}' {base_url}/api/audit/runs/{first.run_id}/timeline\n"
-        )
+        auth = f"-H 'Authorization: Bearer {token}'"
+        lines = [
+            ("admin", f"{base_url}/admin/   (user {username}, password {password})"),
+            ("dashboard", f"{base_url}/admin/dashboard/"),
+            ("API docs", f"{base_url}/api/docs"),
+            ("a run", f"curl {auth} {base_url}/api/runs/{first.run_id}"),
+            ("its history", f"curl {auth} {base_url}/api/threads/{first.thread_id}/history"),
+            ("its audit", f"curl {auth} {base_url}/api/audit/runs/{first.run_id}/timeline"),
+        ]
+        self.stdout.write("\nWhere to look:")
+        for label, value in lines:
+            self.stdout.write(f"  {label + ':':<13} {value}")
