@@ -110,31 +110,44 @@ class AgentRunAdmin(admin.ModelAdmin):
     paginator = EstimatingPaginator
     list_per_page = 50
     ordering = ("-created_at",)
-    fields = (
-        "id",
-        "status_display",
-        "thread_link",
-        "user",
-        "agent_id",
-        "model",
-        "turn_links",
-        "request_id",
-        "input_text",
-        "error_type",
-        "error_message",
-        "usage_text",
-        "output_message_link",
-        "interrupts_text",
-        "lease_owner",
-        "fencing_token",
-        "lease_expires_at",
-        "trace_id",
-        "created_at",
-        "started_at",
-        "finished_at",
-        "cancel_requested_at",
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    ("status_display", "agent_id", "model"),
+                    ("thread_link", "user"),
+                    "turn_links",
+                    ("usage_text", "duration"),
+                    "error_type",
+                    "output_message_link",
+                )
+            },
+        ),
+        (
+            "Details",
+            {
+                "classes": ("collapse",),
+                "fields": (
+                    "id",
+                    "request_id",
+                    "input_text",
+                    "error_message",
+                    "interrupts_text",
+                    ("lease_owner", "fencing_token", "lease_expires_at"),
+                    "trace_id",
+                    ("created_at", "started_at", "finished_at", "cancel_requested_at"),
+                ),
+            },
+        ),
     )
-    readonly_fields = fields
+    fields = None
+    readonly_fields = tuple(
+        name
+        for _, options in fieldsets
+        for entry in options["fields"]
+        for name in (entry if isinstance(entry, tuple) else (entry,))
+    )
 
     # --- read-only: workers write runs (R-RUN-4) ---------------------------
 
@@ -321,7 +334,7 @@ def timeline_page_context(
         r["tool_input_json"] = _pretty(r["tool_input"])
         r["raw_output_json"] = _pretty(r.get("raw_output"))
         r["usage_text"] = _usage_text(r["usage"])
-        r["bar"] = _bar(r, t0, span, now)
+        r["bar"] = _bar(r, t0, span, now, live)
         if show_run:
             r["run_url"] = reverse("admin:audit_agentrun_change", args=[r["run_id"]])
     return {
@@ -351,11 +364,13 @@ def _usage_text(usage: dict | None) -> str:
     return " / ".join(parts) + (f" = {total}" if total is not None else "")
 
 
-def _bar(row: dict, t0: dt.datetime | None, span: float | None, now: dt.datetime) -> dict | None:
+def _bar(row: dict, t0: dt.datetime | None, span: float | None, now: dt.datetime, live: bool) -> dict | None:
     """Waterfall geometry in percent of the page's span: ``{left, width}``."""
     if not (row["started_at"] and t0 and span):
         return None
-    end = row["finished_at"] or now
+    # A row left open in a terminal run gets the minimum bar, not one that
+    # stretches to now.
+    end = row["finished_at"] or (now if live else row["started_at"])
     left = (row["started_at"] - t0).total_seconds() / span * 100
     width = max((end - row["started_at"]).total_seconds() / span * 100, _MIN_BAR_PERCENT)
     left = min(max(left, 0.0), 100.0 - _MIN_BAR_PERCENT)

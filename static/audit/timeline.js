@@ -19,7 +19,7 @@
           holder.innerHTML = html;
           var next = holder.querySelector("#yx-timeline");
           if (next) {
-            next.querySelectorAll("tr[data-id]").forEach(function (tr) {
+            next.querySelectorAll("tr.yx-detail[data-id]").forEach(function (tr) {
               if (open[tr.dataset.id]) tr.querySelector("details").open = true;
             });
             current.replaceWith(next);

@@ -71,11 +71,16 @@ def _audit(run, *, role, message_type, op, seq, started, duration_ms=None, statu
     )
 
 
-def build_world(user_a, user_b) -> World:
+def build_world(user_a, user_b, *, day: dt.date = D) -> World:
+    """The world of this module's docstring, on ``day`` (default D)."""
+
+    def at_(*args):
+        return at(*args, day=day)
+
     thread_a = Conversation.objects.create(user=user_a, agent_id="assistant", model="replay:tool_then_answer")
     thread_b = Conversation.objects.create(user=user_b, agent_id="assistant", model="replay:plain_answer")
-    Conversation.objects.filter(pk=thread_a.pk).update(created_at=at(8))
-    Conversation.objects.filter(pk=thread_b.pk).update(created_at=at(19))
+    Conversation.objects.filter(pk=thread_a.pk).update(created_at=at_(8))
+    Conversation.objects.filter(pk=thread_b.pk).update(created_at=at_(19))
 
     run_1 = AgentRun.objects.create(
         request_id=uuid.uuid4().hex,
@@ -84,8 +89,8 @@ def build_world(user_a, user_b) -> World:
         agent_id="assistant",
         model=thread_a.model,
         status=AgentRun.Status.COMPLETED,
-        started_at=at(9),
-        finished_at=at(9, 0, 6),
+        started_at=at_(9),
+        finished_at=at_(9, 0, 6),
     )
     run_2 = AgentRun.objects.create(
         request_id=uuid.uuid4().hex,
@@ -94,14 +99,14 @@ def build_world(user_a, user_b) -> World:
         agent_id="assistant",
         model=thread_b.model,
         status=AgentRun.Status.FAILED,
-        started_at=at(20),
-        finished_at=at(20, 0, 3),
+        started_at=at_(20),
+        finished_at=at_(20, 0, 3),
     )
-    AgentRun.objects.filter(pk=run_1.pk).update(created_at=at(9))
-    AgentRun.objects.filter(pk=run_2.pk).update(created_at=at(20))
+    AgentRun.objects.filter(pk=run_1.pk).update(created_at=at_(9))
+    AgentRun.objects.filter(pk=run_2.pk).update(created_at=at_(20))
 
     A, M, T = Message.Role.ASSISTANT, Message.Type.MODEL_AUDIT, Message.Type.TOOL_AUDIT
-    _message(when=at(9), thread=thread_a, run=run_1, role=Message.Role.USER, content="weather?")
+    _message(when=at_(9), thread=thread_a, run=run_1, role=Message.Role.USER, content="weather?")
     declarations = [
         {"id": "t1", "name": "get_weather", "args": {"city": "Paris"}},
         {"id": "t2", "name": "get_weather", "args": {"city": "Atlantis"}},
@@ -114,7 +119,7 @@ def build_world(user_a, user_b) -> World:
         message_type=M,
         op="call-1",
         seq=1,
-        started=at(9, 0, 1),
+        started=at_(9, 0, 1),
         duration_ms=100,
         usage={"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
         metadata={"model_name": "gpt-a"},
@@ -125,7 +130,7 @@ def build_world(user_a, user_b) -> World:
         run_1,
         op="t1",
         seq=2,
-        started=at(9, 0, 2),
+        started=at_(9, 0, 2),
         duration_ms=5,
         tool_name="get_weather",
         content="sunny",
@@ -136,14 +141,14 @@ def build_world(user_a, user_b) -> World:
         run_1,
         op="t2",
         seq=3,
-        started=at(9, 0, 2),
+        started=at_(9, 0, 2),
         duration_ms=5,
         status="failed",
         tool_name="get_weather",
         content="unknown city",
         **tool,
     )
-    _audit(run_1, op="t3", seq=4, started=at(9, 0, 3), status="interrupted", tool_name="calculator", **tool)
+    _audit(run_1, op="t3", seq=4, started=at_(9, 0, 3), status="interrupted", tool_name="calculator", **tool)
     _audit(
         run_1,
         op="t4",
@@ -160,7 +165,7 @@ def build_world(user_a, user_b) -> World:
         message_type=Message.Type.TEXT,
         op="call-2",
         seq=6,
-        started=at(9, 0, 5),
+        started=at_(9, 0, 5),
         duration_ms=300,
         content="It is sunny in Paris.",
         usage={"input_tokens": 20, "output_tokens": 10, "total_tokens": 30},
@@ -168,7 +173,7 @@ def build_world(user_a, user_b) -> World:
     )
     AgentRun.objects.filter(pk=run_1.pk).update(output_message=answer)
 
-    _message(when=at(20), thread=thread_b, run=run_2, role=Message.Role.USER, content="hello")
+    _message(when=at_(20), thread=thread_b, run=run_2, role=Message.Role.USER, content="hello")
     # Same operation id as in run 1: another run, another row.
     _audit(
         run_2,
@@ -176,17 +181,17 @@ def build_world(user_a, user_b) -> World:
         message_type=M,
         op="call-1",
         seq=1,
-        started=at(20, 0, 1),
+        started=at_(20, 0, 1),
         duration_ms=200,
         usage={"input_tokens": 1, "output_tokens": 2, "total_tokens": 3},
         metadata={"model_name": "gpt-b"},
     )
-    _audit(run_2, role=A, message_type=M, op="call-2", seq=2, started=at(20, 0, 2), status="abandoned")
+    _audit(run_2, role=A, message_type=M, op="call-2", seq=2, started=at_(20, 0, 2), status="abandoned")
 
     like = MessageFeedback.objects.create(message=answer, user=user_a, rating="like", reason="clear")
     dislike = MessageFeedback.objects.create(message=answer, user=user_b, rating="dislike", reason="too short")
     on_audit = MessageFeedback.objects.create(message=model_row, user=user_a, rating="like")
-    MessageFeedback.objects.filter(pk=like.pk).update(created_at=at(10))
-    MessageFeedback.objects.filter(pk=dislike.pk).update(created_at=at(21))
-    MessageFeedback.objects.filter(pk=on_audit.pk).update(created_at=at(11))
+    MessageFeedback.objects.filter(pk=like.pk).update(created_at=at_(10))
+    MessageFeedback.objects.filter(pk=dislike.pk).update(created_at=at_(21))
+    MessageFeedback.objects.filter(pk=on_audit.pk).update(created_at=at_(11))
     return World(thread_a, thread_b, run_1, run_2, answer, model_row)

@@ -1,0 +1,134 @@
+"""The admin console in a real browser (R-ADM-1, R-DASH-1): log in as
+staff, open a run with model and tool rows in all six execution statuses,
+expand a row, page back past 500 rows, open the dashboard and see its
+charts drawn; at desktop width and at 390 px, in light and dark themes."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from audit.models import AgentRun
+from tests.admin.builders import STATUSES, big_run
+from tests.dashboard.world import build_world
+
+from .conftest import SCREENSHOTS
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+PASSWORD = "pw-browser-1234"
+VIEWS = [
+    pytest.param({"width": 1280, "height": 900}, "light", id="desktop-light"),
+    pytest.param({"width": 390, "height": 844}, "dark", id="phone-dark"),
+]
+
+
+def test_static_files_are_served_by_the_asgi_server_R_ADM_1(web_url):
+    with httpx.Client(base_url=web_url) as client:
+        for path in (
+            "/static/admin/css/base.css",
+            "/static/vendor/chartjs/chart.umd.min.js",
+            "/static/audit/timeline.css",
+            "/static/dashboard/dashboard.js",
+        ):
+            assert client.get(path).status_code == 200, path
+
+
+@pytest.fixture
+def admin_world(django_user_model, user, other_user):
+    staff = django_user_model.objects.create_user(
+        username="browser-staff", password=PASSWORD, is_staff=True, is_superuser=True
+    )
+    # Yesterday: inside the dashboard's default window (the last 30 days).
+    build_world(user, other_user, day=timezone.now().date() - dt.timedelta(days=1))
+    thread = user.conversations.first()
+    run = big_run(thread, rows=620)
+    resume = AgentRun.objects.create(
+        request_id="browser-resume",
+        thread=thread,
+        turn_id=run.turn_id,
+        resumed_from=run,
+        user=user,
+        agent_id="assistant",
+        model=thread.model,
+        status=AgentRun.Status.RUNNING,
+    )
+    big_run(thread, rows=3, status=AgentRun.Status.RUNNING)
+    return staff, run, resume
+
+
+@pytest.mark.parametrize(("viewport", "scheme"), VIEWS)
+def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, admin_world, browser, viewport, scheme):
+    staff, run, resume = admin_world
+    name = f"{viewport['width']}-{scheme}"
+    context = browser.new_context(viewport=viewport, color_scheme=scheme, base_url=web_url)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto("/admin/login/?next=/admin/")
+        page.fill("#id_username", staff.username)
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_url("**/admin/")
+        assert page.locator("#yx-dashboard-link").is_visible()
+
+        # The run page: newest 500 rows, every status, the truncation notice.
+        page.goto(f"/admin/audit/agentrun/{run.pk}/change/")
+        rows = page.locator("#yx-timeline tr.yx-row")
+        assert rows.count() == 500
+        for status in STATUSES:
+            assert page.locator(f"#yx-timeline tr.yx-row[data-status='{status}'] .yx-badge").first.is_visible(), status
+        assert page.locator(".yx-truncated").is_visible()
+        # Styled by the admin CSS served from the ASGI process.
+        assert page.locator("#header").evaluate("e => getComputedStyle(e).display") == "flex"
+        page.screenshot(path=SCREENSHOTS / f"run-{name}.png", full_page=False)
+        page.locator("#yx-timeline-title").scroll_into_view_if_needed()
+        page.screenshot(path=SCREENSHOTS / f"run-timeline-{name}.png", full_page=False)
+
+        # Expand a tool row: content, input and raw output show.
+        tool_id = page.locator("#yx-timeline tr.yx-row[data-kind='tool'][data-status='completed']").first.get_attribute(
+            "data-id"
+        )
+        tool_details = page.locator(f"#yx-timeline tr.yx-detail[data-id='{tool_id}']")
+        tool_details.locator("summary").click()
+        raw = tool_details.locator(".yx-raw")
+        assert raw.is_visible() and "raw envelope" in raw.inner_text()
+        model_id = page.locator("#yx-timeline tr.yx-row[data-kind='model']").first.get_attribute("data-id")
+        model_details = page.locator(f"#yx-timeline tr.yx-detail[data-id='{model_id}']")
+        model_details.locator("summary").click()
+        assert model_details.locator(".yx-declared").is_visible()
+        tool_details.scroll_into_view_if_needed()
+        page.screenshot(path=SCREENSHOTS / f"run-expanded-{name}.png")
+
+        # Turn: the resume run is linked from the original.
+        assert page.locator(f"a[href='/admin/audit/agentrun/{resume.pk}/change/']").count() >= 1
+
+        # Page back beyond 500: the 120 oldest rows.
+        page.click("a.yx-older")
+        page.wait_for_selector("a.yx-newest")
+        assert page.locator("#yx-timeline tr.yx-row").count() == 120
+        assert page.locator("#yx-timeline td.yx-seq").first.inner_text() == "1"
+        page.locator(".yx-newest").scroll_into_view_if_needed()
+        page.screenshot(path=SCREENSHOTS / f"run-older-{name}.png")
+
+        # Dashboard: every chart drawn with the vendored Chart.js.
+        page.goto("/admin/dashboard/")
+        page.wait_for_selector("#yx-dashboard[data-charts-drawn='7']", timeout=15_000)
+        painted = page.evaluate(
+            """() => Array.from(document.querySelectorAll('canvas')).map(c => {
+                 const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                 let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; })"""
+        )
+        assert len(painted) == 7 and all(n > 0 for n in painted), painted
+        # The world's 3 ordinary messages; its 7 audit rows and the big runs'
+        # audit rows are not messages (R-READ-4).
+        assert page.locator("[data-figure='messages'] .yx-value").inner_text().strip() == "3"
+        assert page.locator("#yx-feedback tbody tr").count() == 2
+        page.screenshot(path=SCREENSHOTS / f"dashboard-{name}.png", full_page=True)
+        assert errors == []
+    finally:
+        context.close()
