@@ -93,6 +93,9 @@ class AgentRun(models.Model):
             ),
             # Admin and dashboard: runs by status and time.
             models.Index(fields=["status", "created_at"], name="run_status_created_idx"),
+            # Admin run list, newest first (ORDER BY created_at DESC LIMIT n),
+            # its date filter and the dashboard's runs per day.
+            models.Index(fields=["created_at"], name="run_created_idx"),
             models.Index(fields=["user", "-created_at"], name="run_user_created_idx"),
         ]
 
