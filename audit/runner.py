@@ -30,6 +30,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
+from conversations.selectors import thread_memory_messages
 from yuxi_project.config import get_config
 from yuxi_project.errors import ApplicationError, NotFound
 
@@ -161,6 +162,7 @@ class RunExecutor:
         self.publisher = RunEventPublisher.for_run(run.id)
         self.recorder = LifecycleRecorder(LeasedAuditSink(lease), publish=self.publisher.publish)
         self.prior_message_ids: set[str] = set()
+        self.seed_messages: list = []
         self._stop: _Outcome | None = None
         self._drive_task: asyncio.Task | None = None
         # Monotonic time until which the lease is known to hold.
@@ -199,6 +201,16 @@ class RunExecutor:
                 self.prior_message_ids = {
                     m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)
                 }
+                if not self.prior_message_ids and not self.run.resumed_from_id:
+                    # The checkpointer lost the thread (pruned, migrated):
+                    # rebuild the history from the audit tables, by the same
+                    # rules as the memory API (R-READ-2). Its ids are prior
+                    # messages, never this run's (R-MA-9).
+                    self.seed_messages = await sync_to_async(_call_then_release)(
+                        thread_memory_messages,
+                        {"thread_id": self.run.thread_id, "include_tools": True, "before_run": self.run},
+                    )
+                    self.prior_message_ids = {m.id for m in self.seed_messages if m.id}
                 stream = await graph.astream_events(
                     self._graph_input(), graph_config, version="v3", context=self._context()
                 )
@@ -228,7 +240,12 @@ class RunExecutor:
     def _graph_input(self) -> Any:
         if self.run.resumed_from_id:
             return Command(resume={"decisions": self.run.input.get("decisions", [])})
-        return {"messages": [HumanMessage(content=self.run.input.get("text", ""), id=f"human-{self.run.id}")]}
+        return {
+            "messages": [
+                *self.seed_messages,
+                HumanMessage(content=self.run.input.get("text", ""), id=f"human-{self.run.id}"),
+            ]
+        }
 
     def _context(self) -> AgentContext:
         workspace = Path(self.config.WORKSPACE_ROOT) / str(self.run.thread_id)

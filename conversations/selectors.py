@@ -146,7 +146,7 @@ def _with_tool_executions(thread_id: uuid.UUID, rows: list[Message]) -> list[His
     return entries
 
 
-def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False) -> list[dict[str, Any]]:
+def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_run=None) -> list[dict[str, Any]]:
     """The thread's history as LangChain-style message dicts, oldest first,
     under the same rules as :func:`thread_history` (R-READ-2):
 
@@ -159,8 +159,13 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False) -> list[
       one a model accepts.
 
     Without ``include_tools`` answers keep their text and no tool calls.
+    With ``before_run`` (an AgentRun) only runs created before it count:
+    the agent runtime's view when it starts that run.
     """
-    rows = list(_history_rows(thread_id).order_by(*(name for name, _ in _HISTORY_KEY)))
+    rows = _history_rows(thread_id)
+    if before_run is not None:
+        rows = rows.filter(run__created_at__lt=before_run.created_at)
+    rows = list(rows.order_by(*(name for name, _ in _HISTORY_KEY)))
     messages: list[dict[str, Any]] = []
     for entry in _with_tool_executions(thread_id, rows):
         row = entry.message
@@ -191,13 +196,13 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False) -> list[
     return messages
 
 
-def thread_memory_messages(*, thread_id: uuid.UUID, include_tools: bool = False) -> list:
+def thread_memory_messages(*, thread_id: uuid.UUID, include_tools: bool = False, before_run=None) -> list:
     """:func:`thread_memory` as LangChain message objects, for the agent
     runtime when the checkpointer no longer has the history (R-READ-2)."""
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
     result = []
-    for item in thread_memory(thread_id=thread_id, include_tools=include_tools):
+    for item in thread_memory(thread_id=thread_id, include_tools=include_tools, before_run=before_run):
         if item["type"] == "human":
             result.append(HumanMessage(content=item["content"], id=item["id"]))
         elif item["type"] == "ai":
