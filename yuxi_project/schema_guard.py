@@ -66,10 +66,13 @@ def schema_problems(alias: str = DEFAULT_DB_ALIAS) -> list[str]:
             f"applied migrations unknown to this code: {names}; the database was migrated by another version: "
             "deploy the matching code or point DATABASE_URL at this version's database"
         )
-    plan = executor.migration_plan(graph.leaf_nodes())
-    if plan:
-        names = ", ".join(f"{m.app_label}.{m.name}" for m, _ in plan[:10]) + (" …" if len(plan) > 10 else "")
-        problems.append(f"{len(plan)} migration(s) not applied ({names}): run `python manage.py migrate`")
+    # Every node of the graph, not only the plan towards the leaves: with a
+    # later migration applied, the plan misses a gap earlier in its chain.
+    applied = executor.loader.applied_migrations or {}
+    missing = [key for key in sorted(graph.nodes) if key not in applied]
+    if missing:
+        names = ", ".join(f"{app}.{name}" for app, name in missing[:10]) + (" …" if len(missing) > 10 else "")
+        problems.append(f"{len(missing)} migration(s) not applied ({names}): run `python manage.py migrate`")
     return problems
 
 
