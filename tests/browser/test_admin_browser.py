@@ -8,7 +8,9 @@ from __future__ import annotations
 import datetime as dt
 
 import httpx
+import psycopg
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from audit.models import AgentRun
@@ -56,13 +58,33 @@ def admin_world(django_user_model, user, other_user):
         model=thread.model,
         status=AgentRun.Status.RUNNING,
     )
-    big_run(thread, rows=3, status=AgentRun.Status.RUNNING)
-    return staff, run, resume
+    live = big_run(thread, rows=3, status=AgentRun.Status.RUNNING)
+    return staff, run, resume, live
+
+
+def insert_model_row(run, *, sequence: int) -> None:
+    """Write a running model row the way a worker's transaction would: from
+    another connection, committed (the ORM is not used while Playwright's
+    event loop runs in this thread)."""
+    s = connection.settings_dict
+    with psycopg.connect(
+        dbname=s["NAME"],
+        user=s.get("USER") or None,
+        host=s.get("HOST") or "127.0.0.1",
+        port=s.get("PORT") or 5432,
+        autocommit=True,
+    ) as conn:
+        conn.execute(
+            """INSERT INTO conversations_message (thread_id, run_id, role, message_type, content, metadata, tool_name,
+                   operation_id, sequence, execution_status, started_at, created_at, updated_at)
+               VALUES (%s, %s, 'assistant', 'model_audit', '', '{}'::jsonb, '', %s, %s, 'running', now(), now(), now())""",
+            [run.thread_id, run.pk, f"lc_run--live-{sequence}", sequence],
+        )
 
 
 @pytest.mark.parametrize(("viewport", "scheme"), VIEWS)
 def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, admin_world, browser, viewport, scheme):
-    staff, run, resume = admin_world
+    staff, run, resume, live = admin_world
     name = f"{viewport['width']}-{scheme}"
     context = browser.new_context(viewport=viewport, color_scheme=scheme, base_url=web_url)
     page = context.new_page()
@@ -114,6 +136,15 @@ def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, 
         assert page.locator("#yx-timeline td.yx-seq").first.inner_text() == "1"
         page.locator(".yx-newest").scroll_into_view_if_needed()
         page.screenshot(path=SCREENSHOTS / f"run-older-{name}.png")
+
+        # A live run's timeline refreshes itself: a row a worker writes now
+        # appears without a reload.
+        page.goto(f"/admin/audit/agentrun/{live.pk}/change/")
+        assert page.locator("#yx-timeline tr.yx-row").count() == 3
+        assert page.locator(".yx-live").is_visible()
+        insert_model_row(live, sequence=4)
+        page.wait_for_selector("#yx-timeline tr.yx-row[data-id] >> nth=3", timeout=15_000)
+        assert page.locator("#yx-timeline td.yx-seq").nth(3).inner_text() == "4"
 
         # Dashboard: every chart drawn with the vendored Chart.js.
         page.goto("/admin/dashboard/")
