@@ -89,3 +89,40 @@ def test_stream_expires_R_EVT_1(thread):
     publish_all(run.id, [("run.status", {"status": "running"})])
     ttl = redis.Redis.from_url(REDIS_URL).ttl(stream_key(run.id))
     assert 0 < ttl <= 24 * 3600
+
+
+def test_without_redis_the_stream_serves_the_terminal_status_from_the_database_R_EVT_1(thread):
+    """Embedded defaults (no Redis): nothing is published; the stream waits
+    on the run row and ends with its terminal status."""
+    run = tool_turn(thread)
+
+    async def collect():
+        return [f async for f in run_event_stream(run.id, redis_url=None, block_ms=50)]
+
+    frames = [f for f in async_to_sync(collect)() if f.startswith("id: ")]
+    assert [parse(f)[:2] for f in frames] == [(1, "run.finished")]
+    assert parse(frames[0])[2]["status"] == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_stream_holds_no_database_connection_R_EVT_1(thread):
+    """While the run is not terminal the stream waits on Redis; the short
+    status read between waits gives its connection back at once."""
+    from django.db import connection
+
+    from .builders import RunDriver
+
+    driver = RunDriver(thread)
+    driver.model("lc_run--m1", finish=False)
+
+    async def wait_once():
+        stream = run_event_stream(driver.run.id, redis_url=REDIS_URL, block_ms=50)
+        async for frame in stream:
+            if frame.startswith(": keep-alive"):
+                break
+        await stream.aclose()
+
+    connection.ensure_connection()
+    assert connection.connection is not None
+    async_to_sync(wait_once)()
+    assert connection.connection is None
