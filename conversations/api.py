@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from ninja import Query, Router
+from ninja import Field, Query, Router, Schema
 from ninja.pagination import LimitOffsetPagination, paginate
 
 from . import selectors, services
@@ -23,6 +23,15 @@ from .schemas import (
 
 router = Router(tags=["threads"])
 
+
+class ThreadPagination(LimitOffsetPagination):
+    """Limit/offset with bounds: an unbounded number overflows PostgreSQL's
+    bigint and must answer 422, not 500 (R-READ-6)."""
+
+    class Input(Schema):
+        limit: int = Field(100, ge=1, le=500)
+        offset: int = Field(0, ge=0, le=1_000_000_000)
+
 ERRORS = {401: ErrorOut, 404: ErrorOut, 422: ErrorOut}
 
 
@@ -36,7 +45,7 @@ def create_thread(request, payload: ThreadIn):
 
 
 @router.get("/threads", response={200: list[ThreadOut], 401: ErrorOut, 422: ErrorOut})
-@paginate(LimitOffsetPagination)
+@paginate(ThreadPagination)
 def list_threads(request):
     """The caller's threads, newest first."""
     return selectors.threads_of(request.auth)

@@ -255,3 +255,9 @@ def test_feedback_refuses_audit_rows_user_messages_and_others_R_READ_4_R_READ_5(
     )
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_input"
     assert MessageFeedback.objects.count() == 0
+
+
+@pytest.mark.parametrize("params", ["limit=1337493691689347842048", "offset=99999999999999999999", "limit=0"])
+def test_thread_list_out_of_range_paging_is_422_R_READ_6(user, params):
+    response = Client().get(f"/api/threads?{params}", headers=bearer(user))
+    assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_input"
