@@ -74,7 +74,7 @@ def timeseries(request, params: Query[WindowIn]):
 class FeedbackQuery(WindowIn):
     rating: str | None = None
     limit: int = Field(50, ge=1, le=FEEDBACK_PAGE_MAX)
-    offset: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, le=1_000_000)
 
 
 @router.get("/dashboard/feedback", response={200: FeedbackOut, **ERRORS})

@@ -14,6 +14,7 @@ Days are calendar days in the caller's time zone; a window is
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import zoneinfo
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ from yuxi_project.errors import InvalidInput
 
 DEFAULT_DAYS = 30
 MAX_DAYS = 366
+EARLIEST_DAY = dt.date(1970, 1, 1)
+LATEST_DAY = dt.date(9000, 12, 31)
 UNKNOWN_MODEL = "unknown"
 
 
@@ -71,10 +74,13 @@ def dashboard_window(*, first_day: dt.date | None = None, last_day: dt.date | No
     :class:`InvalidInput` (422) for an unknown zone, ``from`` after ``to``
     or a range longer than :data:`MAX_DAYS` days (R-READ-6).
     """
-    try:
-        zone = zoneinfo.ZoneInfo(tz)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
-        raise InvalidInput(f"unknown time zone {tz!r}", extra={"field": "tz"}) from exc
+    # Only names of the IANA database: PostgreSQL must know the zone too.
+    if tz not in _time_zone_names():
+        raise InvalidInput(f"unknown time zone {tz!r}", extra={"field": "tz"})
+    zone = zoneinfo.ZoneInfo(tz)
+    for name, day in (("from", first_day), ("to", last_day)):
+        if day is not None and not EARLIEST_DAY <= day <= LATEST_DAY:
+            raise InvalidInput(f"'{name}' must be between {EARLIEST_DAY} and {LATEST_DAY}", extra={"field": name})
     today = timezone.now().astimezone(zone).date()
     last_day = last_day or (today if first_day is None else max(today, first_day))
     first_day = first_day or last_day - dt.timedelta(days=DEFAULT_DAYS - 1)
@@ -83,6 +89,11 @@ def dashboard_window(*, first_day: dt.date | None = None, last_day: dt.date | No
     if (last_day - first_day).days + 1 > MAX_DAYS:
         raise InvalidInput(f"the range is longer than {MAX_DAYS} days", extra={"field": "to"})
     return Window(first_day=first_day, last_day=last_day, tz=zone)
+
+
+@functools.cache
+def _time_zone_names() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
 
 
 class Percentile(Aggregate):

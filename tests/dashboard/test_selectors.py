@@ -128,6 +128,10 @@ def test_empty_window_has_no_figures_R_DASH_1(world):
         {"tz": "Mars/Olympus"},
         {"first_day": D, "last_day": D - dt.timedelta(days=1)},
         {"first_day": D - dt.timedelta(days=400), "last_day": D},
+        {"tz": "posixrules"},
+        {"tz": "../etc/passwd"},
+        {"last_day": dt.date(1, 1, 1)},
+        {"first_day": dt.date(9999, 12, 31)},
     ],
 )
 def test_bad_window_is_invalid_input_R_READ_6(kwargs):
