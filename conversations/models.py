@@ -39,6 +39,8 @@ class Conversation(models.Model):
         indexes = [
             # GET /api/threads: a user's threads, newest first.
             models.Index(fields=["user", "-created_at"], name="conv_user_created_idx"),
+            # Admin thread list, newest first; dashboard conversations per day.
+            models.Index(fields=["created_at"], name="conv_created_idx"),
         ]
 
     def __str__(self) -> str:
@@ -176,6 +178,18 @@ class Message(models.Model):
                 fields=["tool_name", "started_at"],
                 name="message_tool_started_idx",
                 condition=Q(message_type="tool_audit"),
+            ),
+            # Dashboard: ordinary messages in a date range (R-READ-4 counts).
+            models.Index(
+                fields=["created_at"],
+                name="message_text_created_idx",
+                condition=Q(message_type="text"),
+            ),
+            # Dashboard: model calls and tool executions in a date range.
+            models.Index(
+                fields=["started_at"],
+                name="message_audit_started_idx",
+                condition=Q(operation_id__isnull=False),
             ),
             # Terminal transaction and sweeper: a run's rows still running.
             models.Index(
