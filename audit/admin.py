@@ -107,8 +107,14 @@ class AgentRunAdmin(admin.ModelAdmin):
     search_fields = ("request_id",)  # replaced by get_search_results: exact matches only
     list_select_related = ("user", "thread")
     show_full_result_count = False
+    # Facet counts are one COUNT per filter option: not on this table.
+    show_facets = admin.ShowFacets.NEVER
     paginator = EstimatingPaginator
     list_per_page = 50
+
+    class Media:
+        css = {"all": ("audit/timeline.css",)}
+
     ordering = ("-created_at",)
     fieldsets = (
         (

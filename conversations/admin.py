@@ -46,6 +46,7 @@ class ConversationAdmin(admin.ModelAdmin):
     search_fields = ("id",)  # replaced by get_search_results: exact matches only
     search_help_text = "Exact thread id or username."
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # one COUNT per filter option
     paginator = EstimatingPaginator
     raw_id_fields = ("user",)
     readonly_fields = ("id", "history", "timeline_link", "created_at", "updated_at")
@@ -151,10 +152,15 @@ class MessageAdmin(admin.ModelAdmin):
         "created_at",
     )
     list_filter = (AuditRowFilter, "message_type", "role", "execution_status")
+
+    class Media:
+        css = {"all": ("audit/timeline.css",)}
+
     list_select_related = ()
     search_fields = ("operation_id",)  # replaced by get_search_results: exact matches only
     search_help_text = "Exact thread id, run id or operation id."
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # one COUNT per filter option
     paginator = EstimatingPaginator
     ordering = ("-id",)
     raw_id_fields = ("thread", "run", "declared_by")
@@ -227,6 +233,7 @@ class MessageFeedbackAdmin(admin.ModelAdmin):
     list_filter = ("rating", ("created_at", admin.DateFieldListFilter))
     list_select_related = ("user", "message")
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # one COUNT per filter option
     paginator = EstimatingPaginator
     raw_id_fields = ("message", "user")
     ordering = ("-created_at",)

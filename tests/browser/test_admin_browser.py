@@ -98,6 +98,12 @@ def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, 
         page.wait_for_url("**/admin/")
         assert page.locator("#yx-dashboard-link").is_visible()
 
+        # The run list: counts per run, status badges, filters.
+        page.goto("/admin/audit/agentrun/")
+        assert page.locator("#result_list tbody tr").count() == 5
+        assert page.locator("#changelist-filter").count() == 1
+        page.screenshot(path=SCREENSHOTS / f"runs-{name}.png", full_page=True)
+
         # The run page: newest 500 rows, every status, the truncation notice.
         page.goto(f"/admin/audit/agentrun/{run.pk}/change/")
         rows = page.locator("#yx-timeline tr.yx-row")
