@@ -39,7 +39,9 @@ class ToolCallOut(Schema):
 
     id: str | None
     name: str | None
-    args: dict[str, Any] | None = None
+    # Usually an object; a model may declare arguments that are not valid
+    # JSON, and the history still shows them as declared.
+    args: Any = None
 
 
 class ToolExecutionOut(Schema):

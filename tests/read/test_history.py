@@ -261,3 +261,14 @@ def test_feedback_refuses_audit_rows_user_messages_and_others_R_READ_4_R_READ_5(
 def test_thread_list_out_of_range_paging_is_422_R_READ_6(user, params):
     response = Client().get(f"/api/threads?{params}", headers=bearer(user))
     assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_input"
+
+
+def test_history_shows_tool_calls_with_arguments_that_are_not_an_object_R_READ_1(thread):
+    d = RunDriver(thread, text="calc")
+    d.model("lc_run--m1", tool_calls=[{"id": "call_x", "name": "calculator", "args": "{2+2"}])
+    d.tool("call_x", name="calculator", declared_by="lc_run--m1", status="failed", content="bad arguments")
+    d.model("lc_run--m2", content="Sorry.")
+    d.finish()
+    body = history(thread)
+    assert body["items"][1]["tool_calls"] == [{"id": "call_x", "name": "calculator", "args": "{2+2"}]
+    assert [t["status"] for t in body["items"][1]["tool_executions"]] == ["failed"]
