@@ -225,16 +225,21 @@ class AgentRunAdmin(admin.ModelAdmin):
     # --- run page -----------------------------------------------------------
 
     def get_object(self, request, object_id, from_field=None):
-        try:
-            pk = uuid.UUID(str(object_id))
-        except ValueError:
-            return None
-        return (
-            self.get_queryset(request)
-            .select_related("user", "thread", "output_message", "resumed_from")
-            .filter(pk=pk)
-            .first()
-        )
+        # change_view reads the run for the timeline and Django reads it
+        # again for the form: one query per request.
+        cache = request.__dict__.setdefault("_agent_run_objects", {})
+        if object_id not in cache:
+            try:
+                pk = uuid.UUID(str(object_id))
+            except ValueError:
+                return None
+            cache[object_id] = (
+                self.get_queryset(request)
+                .select_related("user", "thread", "output_message", "resumed_from")
+                .filter(pk=pk)
+                .first()
+            )
+        return cache[object_id]
 
     @admin.display(description="turn")
     def turn_links(self, run):
