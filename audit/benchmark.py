@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
@@ -192,8 +193,8 @@ def bench_audit_writes(*, writes: int = 500, warmup: int = 50, thread_counts: tu
         service, raw = [], []
         for i in range(writes):
             seq = warmup + i + 1
-            service.append(_timed(lambda: _service_write(service_lease, f"s-{i}", seq)))
-            raw.append(_timed(lambda: _raw_sql_write(raw_lease, f"r-{i}", seq)))
+            service.append(_timed(partial(_service_write, service_lease, f"s-{i}", seq)))
+            raw.append(_timed(partial(_raw_sql_write, raw_lease, f"r-{i}", seq)))
         service_summary, raw_summary = summarize(service), summarize(raw)
         connection.close()  # the threads below take their own connections
         per_second = {n: _throughput(fixture, n, writes) for n in thread_counts}

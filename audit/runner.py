@@ -35,9 +35,9 @@ from yuxi_project.config import get_config
 from yuxi_project.errors import ApplicationError, NotFound
 
 from . import services
-from .cancellation import CancelSignalListener
 from .agents.assistant import build_agent
 from .agents.tools import AgentContext
+from .cancellation import CancelSignalListener
 from .checkpoint import open_checkpointer, postgres_conninfo
 from .errors import AuditWriteFailed, LeaseError, LeaseLost, RunNotStartable
 from .events import RunEventPublisher

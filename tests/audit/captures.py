@@ -52,12 +52,18 @@ class CapturedRun:
         return [e for e in self.events if e["method"] == "messages"]
 
     def starts(self) -> list[dict]:
-        return [e for e in self.messages_events() if isinstance(e["params"]["data"][0], dict)
-                and e["params"]["data"][0].get("event") == "message-start"]
+        return [
+            e
+            for e in self.messages_events()
+            if isinstance(e["params"]["data"][0], dict) and e["params"]["data"][0].get("event") == "message-start"
+        ]
 
     def finishes(self) -> list[dict]:
-        return [e for e in self.messages_events() if isinstance(e["params"]["data"][0], dict)
-                and e["params"]["data"][0].get("event") == "message-finish"]
+        return [
+            e
+            for e in self.messages_events()
+            if isinstance(e["params"]["data"][0], dict) and e["params"]["data"][0].get("event") == "message-finish"
+        ]
 
 
 def load_capture(name: str) -> list[CapturedRun]:

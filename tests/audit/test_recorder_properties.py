@@ -68,7 +68,9 @@ def _payload_events(call: Call) -> list[dict]:
         {"event": "content-block-delta", "index": 0, "delta": {"type": "text-delta", "text": d}} for d in call.deltas
     ]
     if call.finishes:
-        events.append({"event": "content-block-finish", "index": 0, "content": {"type": "text", "text": "".join(call.deltas)}})
+        events.append(
+            {"event": "content-block-finish", "index": 0, "content": {"type": "text", "text": "".join(call.deltas)}}
+        )
         finish = {"event": "message-finish", "metadata": {"finish_reason": "stop"}}
         if call.usage is not None:
             finish["usage"] = call.usage
@@ -104,7 +106,9 @@ def streams(draw):
     # start or finish, same seq), never a new fact.
     replays = draw(
         st.lists(
-            st.sampled_from([e for e in events if e["params"]["data"][0]["event"] in ("message-start", "message-finish")]),
+            st.sampled_from(
+                [e for e in events if e["params"]["data"][0]["event"] in ("message-start", "message-finish")]
+            ),
             max_size=4,
         )
     )

@@ -93,8 +93,13 @@ def test_sweeper_fails_expired_runs_and_closes_their_rows_in_one_transaction_R_R
     lease = acquire(run, ttl=60)
     services.model_call_start(lease=lease, operation_id="lc_run--done", sequence=2, started_at=T0)
     services.model_call_finish(
-        lease=lease, operation_id="lc_run--done", content="ok", tool_calls=[], usage=USAGE,
-        finished_at=T0, duration_ms=5,
+        lease=lease,
+        operation_id="lc_run--done",
+        content="ok",
+        tool_calls=[],
+        usage=USAGE,
+        finished_at=T0,
+        duration_ms=5,
     )
     services.model_call_start(lease=lease, operation_id="lc_run--cut", sequence=9, started_at=T0)
     live = make_run(thread.__class__.objects.create(user=thread.user, agent_id="assistant", model="replay:x"))
@@ -116,8 +121,13 @@ def test_sweeper_fails_expired_runs_and_closes_their_rows_in_one_transaction_R_R
     # The crashed worker comes back: it can write nothing.
     with pytest.raises(RunTerminal):
         services.model_call_finish(
-            lease=lease, operation_id="lc_run--cut", content="late", tool_calls=[], usage=USAGE,
-            finished_at=T0, duration_ms=5,
+            lease=lease,
+            operation_id="lc_run--cut",
+            content="late",
+            tool_calls=[],
+            usage=USAGE,
+            finished_at=T0,
+            duration_ms=5,
         )
     with pytest.raises(RunTerminal):
         services.lease_renew(lease=lease, ttl_seconds=60)
@@ -187,8 +197,14 @@ def test_an_interrupted_run_holds_the_thread_until_its_resume_ends_R_RUN_2(threa
     # The resume of the first turn was created after ``waiting`` but keeps
     # its turn's place: it starts, ``waiting`` still waits until it ends.
     resume = AgentRun.objects.create(
-        request_id=uuid.uuid4().hex, thread=thread, user=thread.user, agent_id="assistant", model=thread.model,
-        input={"decisions": [{"type": "approve"}]}, resumed_from=first, turn_id=first.turn_id,
+        request_id=uuid.uuid4().hex,
+        thread=thread,
+        user=thread.user,
+        agent_id="assistant",
+        model=thread.model,
+        input={"decisions": [{"type": "approve"}]},
+        resumed_from=first,
+        turn_id=first.turn_id,
     )
     resume_lease = acquire(resume)
     with pytest.raises(RunNotStartable):
@@ -283,8 +299,13 @@ def _call(lease, op, seq, *, content="", usage=USAGE, finish=True, tool_calls=()
     services.model_call_start(lease=lease, operation_id=op, sequence=seq, started_at=T0 + dt.timedelta(seconds=seq))
     if finish:
         services.model_call_finish(
-            lease=lease, operation_id=op, content=content, tool_calls=list(tool_calls), usage=usage,
-            finished_at=T0 + dt.timedelta(seconds=seq + 1), duration_ms=1000,
+            lease=lease,
+            operation_id=op,
+            content=content,
+            tool_calls=list(tool_calls),
+            usage=usage,
+            finished_at=T0 + dt.timedelta(seconds=seq + 1),
+            duration_ms=1000,
         )
 
 
@@ -334,7 +355,9 @@ def test_reconcile_completes_rows_inserts_missed_calls_and_keeps_stream_timing_R
     tool = rows["lc_run--tool"]
     assert tool.metadata["state_reconciled"] is True and tool.content == "let me check"
     assert (tool.sequence, tool.started_at, tool.duration_ms) == (
-        row_before.sequence, row_before.started_at, row_before.duration_ms
+        row_before.sequence,
+        row_before.started_at,
+        row_before.duration_ms,
     )
     assert rows["lc_run--cut"].execution_status == "completed" and rows["lc_run--cut"].sequence == 8
     assert rows["lc_run--cut"].content == "the State has it"
@@ -356,7 +379,10 @@ def test_an_interrupted_run_never_falls_back_to_an_earlier_row_R_MA_8(thread):
     # The last AIMessage of the State is not proven by this run's audit (its
     # id is unstable / from elsewhere): the earlier row is not bound instead.
     Message.objects.create(
-        thread=thread, role="assistant", message_type="model_audit", operation_id="lc_run--unproven",
+        thread=thread,
+        role="assistant",
+        message_type="model_audit",
+        operation_id="lc_run--unproven",
         run=make_run(thread.__class__.objects.create(user=thread.user, agent_id="assistant", model="x")),
         execution_status="completed",
     )

@@ -44,7 +44,9 @@ def test_a_takeover_mid_stream_stops_the_run_before_any_further_model_step_R_RUN
     assert result["status"] == "lease_lost"
 
     run.refresh_from_db()
-    assert (run.status, run.lease_owner, run.fencing_token) == ("running", "worker-new", 2), "the old owner wrote nothing"
+    assert (run.status, run.lease_owner, run.fencing_token) == ("running", "worker-new", 2), (
+        "the old owner wrote nothing"
+    )
     rows = list(Message.objects.filter(run=run).exclude(role="user"))
     assert len(rows) == 1, "no tool ran and no second model call started"
     assert rows[0].execution_status == "running" and rows[0].usage is None
@@ -62,8 +64,12 @@ class _RecordingSink:
 
 
 def _event(seq, payload, run_id="r1"):
-    return {"type": "event", "method": "messages", "seq": seq,
-            "params": {"namespace": [], "timestamp": 1_800_000_000_000, "data": (payload, {"run_id": run_id})}}
+    return {
+        "type": "event",
+        "method": "messages",
+        "seq": seq,
+        "params": {"namespace": [], "timestamp": 1_800_000_000_000, "data": (payload, {"run_id": run_id})},
+    }
 
 
 def test_a_replayed_start_keeps_the_original_monotonic_start_and_content_R_MA_3_R_MA_4():
@@ -74,17 +80,21 @@ def test_a_replayed_start_keeps_the_original_monotonic_start_and_content_R_MA_3_
 
     async def feed():
         await recorder.handle(start)
-        await recorder.handle(_event(3, {"event": "content-block-delta", "index": 0,
-                                         "delta": {"type": "text-delta", "text": "Hel"}}))
+        await recorder.handle(
+            _event(3, {"event": "content-block-delta", "index": 0, "delta": {"type": "text-delta", "text": "Hel"}})
+        )
         now[0] = 15.0
         await recorder.handle(start)  # replayed start
-        await recorder.handle(_event(4, {"event": "content-block-delta", "index": 0,
-                                         "delta": {"type": "text-delta", "text": "lo"}}))
+        await recorder.handle(
+            _event(4, {"event": "content-block-delta", "index": 0, "delta": {"type": "text-delta", "text": "lo"}})
+        )
         now[0] = 20.5
-        await recorder.handle(_event(5, {"event": "message-finish", "usage": {"input_tokens": 1, "output_tokens": 2,
-                                                                              "total_tokens": 3}}))
-        await recorder.handle(_event(5, {"event": "message-finish", "usage": {"input_tokens": 1, "output_tokens": 2,
-                                                                              "total_tokens": 3}}))
+        await recorder.handle(
+            _event(5, {"event": "message-finish", "usage": {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3}})
+        )
+        await recorder.handle(
+            _event(5, {"event": "message-finish", "usage": {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3}})
+        )
 
     asyncio.run(feed())
     finishes = [kw for kind, kw in sink.calls if kind == "finish"]
