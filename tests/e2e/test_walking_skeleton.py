@@ -85,7 +85,7 @@ def test_tool_turn_over_http_leaves_ordered_audit_R_RUN_1_R_MA_3_R_MA_4_R_TA_1(s
         assert len(model_rows) == 2
         assert [r.execution_status for r in model_rows] == ["completed", "completed"]
         assert model_rows[0].sequence < model_rows[1].sequence
-        for row, turn in zip(model_rows, scenario.turns):
+        for row, turn in zip(model_rows, scenario.turns, strict=True):
             prompt, completion = turn.usage.prompt_tokens, turn.usage.completion_tokens
             assert row.usage["input_tokens"] == prompt
             assert row.usage["output_tokens"] == completion
