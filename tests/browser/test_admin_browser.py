@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 PASSWORD = "pw-browser-1234"
 VIEWS = [
     pytest.param({"width": 1280, "height": 900}, "light", id="desktop-light"),
+    pytest.param({"width": 1280, "height": 900}, "dark", id="desktop-dark"),
+    pytest.param({"width": 390, "height": 844}, "light", id="phone-light"),
     pytest.param({"width": 390, "height": 844}, "dark", id="phone-dark"),
 ]
 
