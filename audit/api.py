@@ -114,7 +114,19 @@ _SSE_DOC = {
     "responses": {
         200: {
             "description": "Server-Sent Events (`id:` = the run's event sequence), ending with `run.finished`.",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {
+                "text/event-stream": {
+                    "schema": {
+                        "type": "object",
+                        "description": "One event: `id` the run's event sequence, `event` its type, `data` JSON.",
+                        "properties": {
+                            "id": {"type": "string"},
+                            "event": {"type": "string"},
+                            "data": {"type": "string"},
+                        },
+                    }
+                }
+            },
         }
     },
     "parameters": [

@@ -10,13 +10,13 @@ from ninja.pagination import LimitOffsetPagination, paginate
 from . import selectors, services
 from .schemas import (
     ErrorOut,
-    FeedbackIn,
-    FeedbackOut,
     HistoryItemOut,
     HistoryPageOut,
     HistoryQuery,
     MemoryOut,
     MemoryQuery,
+    MessageFeedbackIn,
+    MessageFeedbackOut,
     ThreadIn,
     ThreadOut,
 )
@@ -31,6 +31,7 @@ class ThreadPagination(LimitOffsetPagination):
     class Input(Schema):
         limit: int = Field(100, ge=1, le=500)
         offset: int = Field(0, ge=0, le=1_000_000_000)
+
 
 ERRORS = {401: ErrorOut, 404: ErrorOut, 422: ErrorOut}
 
@@ -74,15 +75,15 @@ def thread_memory(request, thread_id: uuid.UUID, query: Query[MemoryQuery]):
     )
 
 
-@router.post("/messages/{message_id}/feedback", response={200: FeedbackOut, 201: FeedbackOut, **ERRORS})
-def message_feedback(request, message_id: int, payload: FeedbackIn):
+@router.post("/messages/{message_id}/feedback", response={200: MessageFeedbackOut, 201: MessageFeedbackOut, **ERRORS})
+def message_feedback(request, message_id: int, payload: MessageFeedbackIn):
     """Like or dislike a final answer of one's own thread: 201 the first
     time, 200 when it updates the earlier feedback. Audit rows and user
     messages answer 422; another user's message 404."""
     feedback, created = services.message_feedback_submit(
         user=request.auth, message_id=message_id, rating=payload.rating, reason=payload.reason
     )
-    return (201 if created else 200), FeedbackOut(
+    return (201 if created else 200), MessageFeedbackOut(
         message_id=feedback.message_id,
         rating=feedback.rating,
         reason=feedback.reason,

@@ -116,12 +116,12 @@ class MemoryOut(Schema):
     messages: list[MemoryMessageOut]
 
 
-class FeedbackIn(Schema):
+class MessageFeedbackIn(Schema):
     rating: Literal["like", "dislike"]
     reason: str = Field("", max_length=2000)
 
 
-class FeedbackOut(Schema):
+class MessageFeedbackOut(Schema):
     message_id: int
     rating: str
     reason: str
