@@ -296,6 +296,15 @@ class LifecycleRecorder:
         messages = (self.last_values or {}).get("messages") if isinstance(self.last_values, dict) else None
         return [state_message(m) for m in messages or [] if isinstance(m, BaseMessage)]
 
+    def partial_contents(self) -> dict[str, str]:
+        """``{operation_id: text}`` streamed so far by the model calls that
+        started but never finished (cut off by a cancel or an error)."""
+        return {
+            call.operation_id: _content_of(call)[0]
+            for call in self._calls.values()
+            if not call.finished and call.text_deltas
+        }
+
     def interrupt_payloads(self) -> list[dict]:
         return [to_jsonable(i) for i in self.interrupts]
 

@@ -299,6 +299,7 @@ class RunExecutor:
             "interrupts": self.recorder.interrupt_payloads() or None,
             "error_type": outcome.error_type,
             "error_message": outcome.error_message,
+            "partial_content": self.recorder.partial_contents(),
         }
         while True:
             try:

@@ -57,6 +57,7 @@ def run_finish(
     interrupts: list[dict[str, Any]] | None = None,
     error_type: str = "",
     error_message: str = "",
+    partial_content: dict[str, str] | None = None,
 ) -> AgentRun:
     """End the run in one lease-fenced transaction.
 
@@ -67,6 +68,9 @@ def run_finish(
             this run started; they belong to earlier runs and never bind
             (R-MA-9).
         interrupts: pending approval payloads when interrupted.
+        partial_content: ``{operation_id: text}`` streamed so far by model
+            calls that never finished; kept on their rows, marked
+            ``content_partial`` (one write here, never one per token).
 
     Reconciles the State with this run's audit rows, closes running rows,
     binds ``output_message``, aggregates usage and releases the lease; after
@@ -88,10 +92,30 @@ def run_finish(
             _record_rejections(run, final_state, prior, now=now)
         if status in (Status.COMPLETED, Status.INTERRUPTED) and final_state:
             _bind_output(run, final_state, own_ai)
+        if partial_content:
+            _keep_partial_content(run, partial_content)
         _terminate(
             run, status=status, now=now, error_type=error_type, error_message=error_message, interrupts=interrupts
         )
         return run
+
+
+def _keep_partial_content(run: AgentRun, partial_content: dict[str, str]) -> None:
+    """Store what cut-off model calls streamed before they stopped on their
+    still-running rows (the terminal close follows in the same
+    transaction). A row that has content already is left alone."""
+    rows = Message.objects.filter(
+        run=run,
+        role=Message.Role.ASSISTANT,
+        execution_status=ExecStatus.RUNNING,
+        operation_id__in=[op for op, text in partial_content.items() if text],
+    )
+    for row in rows:
+        if row.content:
+            continue
+        row.content = partial_content[row.operation_id]
+        row.metadata = {**row.metadata, "content_partial": True}
+        row.save(update_fields=["content", "metadata", "updated_at"])
 
 
 def _own_ai_messages(run: AgentRun, final_state: list[StateMessage], prior: set[str]) -> dict[str, StateMessage]:

@@ -185,9 +185,16 @@ def test_midstream_error_capture_c3_leaves_running_row_closed_failed_R_MA_7_R_RU
         status="failed",
         final_state=recorder.final_state(),
         error_type="agent_error:RuntimeError",
+        partial_content=recorder.partial_contents(),
     )
     row.refresh_from_db()
     assert row.execution_status == "failed"
+    streamed = "".join(
+        e["params"]["data"][0]["delta"]["text"]
+        for e in captured.messages_events()
+        if e["params"]["data"][0].get("event") == "content-block-delta"
+    )
+    assert streamed and row.content == streamed and row.metadata["content_partial"] is True
     assert row.usage is None and row.metadata["usage_unknown"] is True
     run.refresh_from_db()
     assert run.usage["unknown_calls"] == 1 and run.usage["total_tokens"] == 0

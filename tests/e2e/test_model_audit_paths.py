@@ -13,9 +13,13 @@ import time
 
 import psycopg
 import pytest
+import redis
+from django.conf import settings
 from django.db import connection
 
+from audit.events import stream_key
 from audit.models import AgentRun
+from audit.replay.scenarios import load_scenarios
 from conversations.models import Message
 from tests.conftest import bearer
 
@@ -48,6 +52,21 @@ def _wait_for_running_model_row(run_id: str, timeout: float = 60.0) -> Message:
             return row
         time.sleep(0.05)
     raise TimeoutError(f"run {run_id} never had a running model row")
+
+
+def _wait_for_first_text_chunk(run_id: str, timeout: float = 30.0) -> None:
+    """Wait until the worker has published the run's first text delta on
+    its live event stream (deltas go to Redis only, never to PostgreSQL)."""
+    client = redis.Redis.from_url(settings.CONFIG.REDIS_URL)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if any(f.get(b"type") == b"model.delta" for _, f in client.xrange(stream_key(run_id))):
+                return
+            time.sleep(0.02)
+    finally:
+        client.close()
+    raise TimeoutError(f"run {run_id} streamed no text")
 
 
 def _replay_lines(stack, needle: str) -> list[str]:
@@ -86,6 +105,7 @@ def test_cancel_after_the_first_chunk_stops_the_model_call_R_RUN_6_R_MA_7(stack,
         row = _wait_for_running_model_row(run_id)
         assert row.operation_id.startswith("lc_run--") and row.finished_at is None
         assert client.get(f"/api/runs/{run_id}").json()["status"] == "running"
+        _wait_for_first_text_chunk(run_id)
 
         cancelled = client.post(f"/api/runs/{run_id}/cancel")
         assert cancelled.status_code == 202, cancelled.text
@@ -99,6 +119,10 @@ def test_cancel_after_the_first_chunk_stops_the_model_call_R_RUN_6_R_MA_7(stack,
     row = rows[0]
     assert row.execution_status == "interrupted"
     assert row.usage is None and row.metadata["usage_unknown"] is True
+    # What the model said before the cancel is kept, marked partial.
+    full_text = load_scenarios()["slow_answer"].turns[0].text
+    assert row.content and full_text.startswith(row.content) and len(row.content) < len(full_text)
+    assert row.metadata["content_partial"] is True
     assert not Message.objects.filter(run_id=run_id, execution_status="running").exists()
     assert body["usage"]["unknown_calls"] == 1 and body["usage"]["total_tokens"] == 0
     # The model server saw one request for the run, and the client (the
@@ -144,6 +168,9 @@ def test_a_model_error_mid_stream_fails_the_run_and_its_row_R_MA_7(stack, user):
     assert row.execution_status == "failed"
     assert row.usage is None and row.metadata["usage_unknown"] is True
     assert body["output_message_id"] is None
+    # The chunks that arrived before the break are kept, marked partial.
+    full_text = load_scenarios()["model_error_midstream"].turns[0].text
+    assert row.content and full_text.startswith(row.content) and row.metadata["content_partial"] is True
 
 
 def test_two_runs_in_one_thread_run_in_order_and_keep_their_own_operations_R_RUN_2_R_MA_9(stack, user):
