@@ -18,6 +18,7 @@ import functools
 import zoneinfo
 from dataclasses import dataclass
 
+from django.db import connections
 from django.db.models import (
     Aggregate,
     Count,
@@ -193,13 +194,29 @@ def tokens_by_model_day_query(window: Window):
 def model_latency(window: Window) -> list[dict]:
     """Latency of completed model calls per model, in ms:
     ``[{model, calls, p50_ms, p95_ms}]`` ordered by model. Percentiles are
-    PostgreSQL's continuous percentiles over ``duration_ms``."""
+    continuous (PostgreSQL's ``percentile_cont``); on the embedded SQLite
+    default they are computed the same way in Python."""
     model = _model_name()  # one bound expression for SELECT and GROUP BY
-    rows = (
+    calls = (
         Message.objects.model_calls()
         .filter(_in(window, "started_at"), execution_status=Message.ExecutionStatus.COMPLETED)
         .exclude(duration_ms__isnull=True)
-        .values(model=model)
+    )
+    if connections[calls.db].vendor != "postgresql":
+        durations: dict[str, list[int]] = {}
+        for name, duration in calls.values_list(model, "duration_ms"):
+            durations.setdefault(name, []).append(duration)
+        return [
+            {
+                "model": name,
+                "calls": len(values),
+                "p50_ms": percentile_cont(sorted(values), 0.5),
+                "p95_ms": percentile_cont(sorted(values), 0.95),
+            }
+            for name, values in sorted(durations.items())
+        ]
+    rows = (
+        calls.values(model=model)
         .annotate(
             calls=Count("id"),
             p50_ms=Percentile("duration_ms", fraction=0.5),
@@ -208,6 +225,15 @@ def model_latency(window: Window) -> list[dict]:
         .order_by("model")
     )
     return list(rows)
+
+
+def percentile_cont(ordered: list[float], fraction: float) -> float:
+    """The continuous percentile of an ascending, non-empty list, as
+    PostgreSQL's ``percentile_cont``: linear between the two nearest ranks."""
+    position = fraction * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return float(ordered[low] + (ordered[high] - ordered[low]) * (position - low))
 
 
 def _tool_counts() -> dict:

@@ -73,6 +73,22 @@ def test_model_latency_percentiles_of_completed_calls_R_DASH_1(world):
     assert rows["gpt-b"]["p50_ms"] == pytest.approx(200.0)
 
 
+def test_python_percentiles_match_postgresql_percentile_cont_R_DASH_1():
+    """The embedded SQLite default computes latency percentiles in Python;
+    they must agree with PostgreSQL's for the same values."""
+    values = [400, 100, 250, 90, 3000, 120, 180]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY v), percentile_cont(0.95) WITHIN GROUP (ORDER BY v)"
+            " FROM unnest(%s::int[]) AS v",
+            [values],
+        )
+        p50, p95 = cursor.fetchone()
+    assert selectors.percentile_cont(sorted(values), 0.5) == pytest.approx(p50)
+    assert selectors.percentile_cont(sorted(values), 0.95) == pytest.approx(p95)
+    assert selectors.percentile_cont([7], 0.95) == 7.0
+
+
 def test_tool_statistics_count_executions_only_R_DASH_1_R_READ_4(world):
     by_tool = {r["tool_name"]: r for r in selectors.tools_by_name(utc_day())}
     # The rejected send_email never started: it is no execution.
