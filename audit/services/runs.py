@@ -18,12 +18,12 @@ from ..cancellation import cancel_signal_send
 from ..errors import RunNotResumable, RunNotStartable
 from ..lease import Lease, lock_run
 from ..models import AgentRun
+from .terminal import _terminate, pending_action_requests
 
 log = logging.getLogger(__name__)
 
 Status = AgentRun.Status
 ExecStatus = Message.ExecutionStatus
-from .terminal import _terminate, pending_action_requests
 
 # --------------------------------------------------------------------------
 # Submission (R-RUN-1)
