@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import httpx
 from django.contrib.auth import get_user_model
