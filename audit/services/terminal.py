@@ -394,7 +394,9 @@ def _enqueue_next_in_thread(thread_id: uuid.UUID) -> None:
     # Every pending run is offered, oldest first: the acquisition check
     # decides which one may start (a resume run keeps its turn's place), the
     # others are skipped and offered again when the next run ends.
-    for run_id in AgentRun.objects.filter(thread_id=thread_id, status=Status.PENDING).order_by("created_at").values_list(
-        "id", flat=True
+    for run_id in (
+        AgentRun.objects.filter(thread_id=thread_id, status=Status.PENDING)
+        .order_by("created_at")
+        .values_list("id", flat=True)
     ):
         enqueue_run(run_id)

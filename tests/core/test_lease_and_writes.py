@@ -97,8 +97,13 @@ def test_model_call_finish_sets_result_once_and_never_reopens_R_MA_4_R_MA_5(thre
     services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
     usage = {"input_tokens": 10, "output_tokens": 3, "total_tokens": 13}
     finish = dict(
-        lease=lease, operation_id="lc_run--a", content="hi", tool_calls=[], usage=usage,
-        finished_at=T0 + timedelta(seconds=1), duration_ms=812,
+        lease=lease,
+        operation_id="lc_run--a",
+        content="hi",
+        tool_calls=[],
+        usage=usage,
+        finished_at=T0 + timedelta(seconds=1),
+        duration_ms=812,
     )
     row = services.model_call_finish(**finish)
     assert (row.execution_status, row.usage, row.duration_ms, row.content) == ("completed", usage, 812, "hi")
@@ -116,8 +121,13 @@ def test_model_and_tool_rows_may_share_an_operation_id_R_MA_1(thread):
     lease = acquire(make_run(thread))
     services.model_call_start(lease=lease, operation_id="same-id", sequence=2, started_at=T0)
     services.tool_call_start(
-        lease=lease, tool_call_id="same-id", tool_name="calculator", tool_input={"expression": "1+1"},
-        sequence=5, started_at=T0, declared_by_operation_id="same-id",
+        lease=lease,
+        tool_call_id="same-id",
+        tool_name="calculator",
+        tool_input={"expression": "1+1"},
+        sequence=5,
+        started_at=T0,
+        declared_by_operation_id="same-id",
     )
     assert Message.objects.audit().filter(operation_id="same-id").count() == 2
 
@@ -126,18 +136,33 @@ def test_tool_row_lifecycle_and_closed_row_immutability_R_TA_1_R_TA_2(thread):
     lease = acquire(make_run(thread))
     services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
     services.model_call_finish(
-        lease=lease, operation_id="lc_run--a", content="", usage=None, finished_at=T0, duration_ms=5,
+        lease=lease,
+        operation_id="lc_run--a",
+        content="",
+        usage=None,
+        finished_at=T0,
+        duration_ms=5,
         tool_calls=[{"id": "call_1", "name": "get_weather", "args": {"city": "Paris"}}],
     )
     start = dict(
-        lease=lease, tool_call_id="call_1", tool_name="get_weather", tool_input={"city": "Paris"},
-        sequence=7, started_at=T0, declared_by_operation_id="lc_run--a",
+        lease=lease,
+        tool_call_id="call_1",
+        tool_name="get_weather",
+        tool_input={"city": "Paris"},
+        sequence=7,
+        started_at=T0,
+        declared_by_operation_id="lc_run--a",
     )
     row = services.tool_call_start(**start)
     assert row.execution_status == "running" and row.declared_by.operation_id == "lc_run--a"
     finish = dict(
-        lease=lease, tool_call_id="call_1", status="completed", content="sunny",
-        raw_output={"content": "sunny", "tool_call_id": "call_1"}, finished_at=T0, duration_ms=3,
+        lease=lease,
+        tool_call_id="call_1",
+        status="completed",
+        content="sunny",
+        raw_output={"content": "sunny", "tool_call_id": "call_1"},
+        finished_at=T0,
+        duration_ms=3,
     )
     services.tool_call_finish(**finish)
     services.tool_call_finish(**finish)  # the same result again: no-op
@@ -152,8 +177,13 @@ def test_terminal_transaction_closes_running_rows_and_binds_only_this_runs_last_
     lease = acquire(make_run(thread))
     services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
     services.model_call_finish(
-        lease=lease, operation_id="lc_run--a", content="answer", tool_calls=[],
-        usage={"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}, finished_at=T0, duration_ms=1,
+        lease=lease,
+        operation_id="lc_run--a",
+        content="answer",
+        tool_calls=[],
+        usage={"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
+        finished_at=T0,
+        duration_ms=1,
     )
     services.model_call_start(lease=lease, operation_id="lc_run--cut", sequence=9, started_at=T0)
     state = [
@@ -161,7 +191,9 @@ def test_terminal_transaction_closes_running_rows_and_binds_only_this_runs_last_
         services.StateMessage(kind="ai", id="lc_run--old", content="from an earlier run"),
         services.StateMessage(kind="ai", id="lc_run--a", content="answer"),
     ]
-    run = services.run_finish(lease=lease, status="completed", final_state=state, prior_message_ids={"h0", "lc_run--old"})
+    run = services.run_finish(
+        lease=lease, status="completed", final_state=state, prior_message_ids={"h0", "lc_run--old"}
+    )
     rows = {m.operation_id: m for m in Message.objects.audit().filter(run=run)}
     assert run.status == "completed" and run.output_message_id == rows["lc_run--a"].id
     assert rows["lc_run--a"].message_type == "text" and rows["lc_run--a"].metadata["state_reconciled"] is True
