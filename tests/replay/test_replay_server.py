@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -28,26 +27,17 @@ from audit.replay.scenarios import (
     load_scenario,
     load_scenarios,
 )
-from audit.replay.server import build_app, make_server, turn_index
+from audit.replay.server import build_app, turn_index
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 USER = {"role": "user", "content": "What is the weather in Paris?"}
 
 
 @pytest.fixture(scope="module")
-def base_url():
-    """``http://127.0.0.1:PORT/v1`` of a replay server playing the bundled
-    scenarios, run by uvicorn in a background thread."""
-    server = make_server(load_scenarios(), "127.0.0.1", 0)
-    thread = threading.Thread(target=server.run, name="replay-model-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while server.base_url is None:
-        assert thread.is_alive() and time.monotonic() < deadline, "replay server did not start"
-        time.sleep(0.01)
-    yield server.base_url
-    server.should_exit = True
-    thread.join(timeout=5)
+def base_url(replay_server_url):
+    """``http://127.0.0.1:PORT/v1`` of the session's replay server playing the
+    bundled scenarios (``tests/conftest.py``)."""
+    return replay_server_url
 
 
 @pytest.fixture
