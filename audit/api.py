@@ -148,7 +148,8 @@ async def run_events(request, run_id: uuid.UUID):
     terminal status and, when interrupted, the action requests. Reconnect
     with ``Last-Event-ID`` to resume without gap or repeat."""
     raw = request.headers.get("Last-Event-ID", "").strip() or "0"
-    if not raw.isdigit() or len(raw) > 18:
+    # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise InvalidInput("Last-Event-ID must be a non-negative integer", extra={"reason": "bad_last_event_id"})
     run_id = await sync_to_async(_owned_run_id)(request.auth, run_id)
     response = StreamingHttpResponse(

@@ -1,7 +1,7 @@
 # Shared by bin/*: find Python >= 3.12 and keep .venv installed from pyproject.toml.
 find_python() {
-  for candidate in "${PYTHON:-}" python3.13 python3.12 python3 \
-      /root/.pyenv/versions/3.13*/bin/python3 /root/.pyenv/versions/3.12*/bin/python3; do
+  for candidate in "${PYTHON:-}" python3.12 python3.13 python3 \
+      /root/.pyenv/versions/3.12*/bin/python3 /root/.pyenv/versions/3.13*/bin/python3; do
     [ -n "$candidate" ] || continue
     for exe in $(command -v "$candidate" 2>/dev/null || ls $candidate 2>/dev/null); do
       if "$exe" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then

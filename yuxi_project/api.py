@@ -5,12 +5,14 @@ Every error body has the same shape: ``{"error": {"code", "message", ...}}``.
 
 from __future__ import annotations
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from .auth import api_auth
 from .errors import ApplicationError
+from .parser import CheckedJSONParser
 
 api = NinjaAPI(
     title="Agent run audit API",
@@ -18,6 +20,7 @@ api = NinjaAPI(
     auth=api_auth,
     docs_url="/docs",
     urls_namespace="api",
+    parser=CheckedJSONParser(),
 )
 
 
@@ -37,6 +40,13 @@ def _validation_error(request, exc: ValidationError):
     )
 
 
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request, exc):
+    return api.create_response(
+        request, error_body("payload_too_large", "the request body is larger than the server accepts"), status=413
+    )
+
+
 @api.exception_handler(AuthenticationError)
 def _authentication_error(request, exc):
     return api.create_response(request, error_body("unauthenticated", "authentication required"), status=401)
@@ -49,6 +59,9 @@ def _not_found(request, exc):
 
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
+    if isinstance(exc.__cause__, ApplicationError):
+        # ninja wraps the parser's own refusals (NUL character, nesting).
+        return _application_error(request, exc.__cause__)
     if exc.status_code == 400:
         # A body that is not JSON (ninja's "Cannot parse request body") is
         # malformed input like any other: one documented answer, 422 (R-READ-6).

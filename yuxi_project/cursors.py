@@ -52,10 +52,27 @@ def before_key(fields: list[str], values: list[Any]) -> Q:
     return condition
 
 
+def _datetime(value: Any) -> dt.datetime:
+    """An aware datetime, normalised to UTC so that no offset PostgreSQL
+    refuses reaches the query; OverflowError past year 9999."""
+    if not isinstance(value, str):
+        _bad()
+    parsed = dt.datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        _bad()
+    return parsed.astimezone(dt.UTC)
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not -(2**63) < value < 2**63:
+        _bad()
+    return value
+
+
 _PARSERS = {
-    "datetime": lambda v: dt.datetime.fromisoformat(v) if isinstance(v, str) else _bad(),
+    "datetime": _datetime,
     "uuid": lambda v: uuid.UUID(v) if isinstance(v, str) else _bad(),
-    "int": lambda v: v if isinstance(v, int) and not isinstance(v, bool) else _bad(),
+    "int": _int,
 }
 
 
@@ -88,7 +105,7 @@ def keyset_page(rows, *, key: list[tuple[str, str]], limit: int, before: str | N
         raw = decode_cursor(before, length=len(key))
         try:
             values = [_PARSERS[kind](value) for (_, kind), value in zip(key, raw, strict=True)]
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             raise InvalidInput("the cursor is malformed", extra={"reason": "bad_cursor"}) from exc
         rows = rows.filter(before_key(names, values))
     newest_first = list(rows.order_by(*(f"-{name}" for name in names))[: limit + 1])

@@ -134,6 +134,10 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": CONFIG.LEASE_SWEEP_INTERVAL_SECONDS},
     },
 }
+# The schedule is one fixed interval task, so beat keeps it in memory: the
+# default shelve-backed scheduler adds a state file per beat and, on Python
+# 3.13 (dbm.sqlite3), can die at start-up, silently stopping the sweeper.
+CELERY_BEAT_SCHEDULER = "celery.beat:Scheduler"
 
 LOGGING = {
     "version": 1,

@@ -9,6 +9,7 @@ import ast
 import asyncio
 import json
 import operator
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +115,9 @@ def send_email(to: str, subject: str, body: str, runtime: ToolRuntime[AgentConte
     thread workspace (``outbox/``) and nothing is actually sent."""
     outbox = Path(runtime.context.workspace) / "outbox"
     outbox.mkdir(parents=True, exist_ok=True)
-    name = f"{runtime.tool_call_id or uuid.uuid4()}.json"
+    # The tool call id comes from the model: keep it from naming a path.
+    safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", runtime.tool_call_id or "") or uuid.uuid4().hex
+    name = f"{safe_id[:120]}.json"
     (outbox / name).write_text(json.dumps({"to": to, "subject": subject, "body": body}))
     return f"Email to {to} recorded as outbox/{name}."
 

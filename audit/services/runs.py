@@ -97,11 +97,18 @@ def _lock_thread(*, user, thread_id: uuid.UUID) -> Conversation:
 
 
 def _refuse_if_interrupted(thread: Conversation) -> None:
-    latest = AgentRun.objects.filter(thread=thread).order_by("-created_at").first()
-    if latest is not None and latest.status == Status.INTERRUPTED:
+    """Any run of the thread that waits for an approval (interrupted, not
+    resumed) holds the thread — not only the newest run: a turn submitted
+    while the earlier one was still running does not open the thread."""
+    waiting = (
+        AgentRun.objects.filter(thread=thread, status=Status.INTERRUPTED, resumed_by__isnull=True)
+        .order_by("created_at")
+        .first()
+    )
+    if waiting is not None:
         raise Conflict(
             "the thread waits for an approval: resume or cancel run first",
-            extra={"reason": "thread_interrupted", "run_id": str(latest.id)},
+            extra={"reason": "thread_interrupted", "run_id": str(waiting.id)},
         )
 
 
@@ -238,6 +245,8 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
                 if awaits_approval
                 else "cancelled before it started",
             )
+            if run.resumed_from_id is not None and not awaits_approval:
+                _give_up_approval(run.resumed_from_id)
         elif run.status == Status.RUNNING:
             run.status = Status.CANCEL_REQUESTED
             run.cancel_requested_at = timezone.now()
@@ -246,6 +255,26 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
             # status just committed stays the source of truth.
             transaction.on_commit(lambda: cancel_signal_send(run_id=run.id))
         return run
+
+
+def _give_up_approval(interrupted_run_id: uuid.UUID) -> None:
+    """A resume run cancelled before it started gives the approval up: its
+    interrupted run can no longer be resumed (it has a resume run), so it is
+    cancelled too, instead of showing a pending approval nobody can answer.
+    Must be called inside ``transaction.atomic()``."""
+    origin = (
+        AgentRun.objects.select_for_update(no_key=True, of=("self",))
+        .filter(pk=interrupted_run_id, status=Status.INTERRUPTED)
+        .first()
+    )
+    if origin is not None:
+        _terminate(
+            origin,
+            status=Status.CANCELLED,
+            now=timezone.now(),
+            error_type="cancelled",
+            error_message="its resume run was cancelled before it started",
+        )
 
 
 # --------------------------------------------------------------------------

@@ -111,7 +111,7 @@ class Stack:
         lease sweeper (R-RUN-7); several beats are harmless. ``env``
         overrides the stack's environment for this worker only."""
         name = name or f"worker-{len(self.workers) + 1}"
-        beat_args = ["-B", "-s", str(ARTIFACTS / f"beat-{uuid.uuid4().hex[:8]}")] if beat else []
+        beat_args = ["-B"] if beat else []
         worker = start(
             name,
             [
