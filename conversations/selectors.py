@@ -189,11 +189,24 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_r
                     "id": f"msg-{tool_row.id}",
                     "tool_call_id": tool_row.operation_id,
                     "name": tool_row.tool_name,
-                    "content": tool_row.content,
+                    "content": _memory_tool_content(tool_row),
                     "status": "success" if tool_row.execution_status == Message.ExecutionStatus.COMPLETED else "error",
                 }
             )
     return messages
+
+
+def _memory_tool_content(tool_row: Message) -> str:
+    """A tool result as the agent should see it again: a result above
+    ``LARGE_TOOL_RESULT_CHARS`` is fed back as the same path-and-preview the
+    graph State held (the full text stays in the workspace file and on the
+    audit row), never in full (R-TA-4, R-READ-2)."""
+    from audit.agents.large_results import offloaded_summary
+    from yuxi_project.config import get_config
+
+    if len(tool_row.content) > get_config().LARGE_TOOL_RESULT_CHARS:
+        return offloaded_summary(tool_row.operation_id, tool_row.content)
+    return tool_row.content
 
 
 def thread_memory_messages(*, thread_id: uuid.UUID, include_tools: bool = False, before_run=None) -> list:

@@ -74,8 +74,13 @@ class LargeToolResultMiddleware(AgentMiddleware):
         target = Path(workspace) / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
-        summary = (
-            f"The result has {len(text)} characters and was saved to the workspace file {relative.as_posix()}. "
-            f"Preview:\n{text[:PREVIEW_CHARS]}"
-        )
-        return result.model_copy(update={"content": summary})
+        return result.model_copy(update={"content": offloaded_summary(tool_call_id, text)})
+
+
+def offloaded_summary(tool_call_id: str, text: str) -> str:
+    """What the graph State (and the agent's memory) holds instead of a large
+    result: its size, its workspace path and a preview."""
+    return (
+        f"The result has {len(text)} characters and was saved to the workspace file "
+        f"{large_result_path(tool_call_id).as_posix()}. Preview:\n{text[:PREVIEW_CHARS]}"
+    )

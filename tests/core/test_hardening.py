@@ -138,3 +138,47 @@ def test_send_email_names_its_outbox_file_safely_whatever_the_call_id(tmp_path):
     written = list(tmp_path.rglob("*.json"))
     assert len(written) == 1 and written[0].parent == tmp_path / "outbox"
     assert ".." not in written[0].name and "/" not in written[0].name
+
+
+def test_memory_feeds_a_large_tool_result_back_as_path_and_preview_R_TA_4_R_READ_2(thread):
+    import datetime as dt
+
+    from conversations.selectors import thread_memory
+    from yuxi_project.config import get_config
+
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    lease = acquire(make_run(thread))
+    call = {"id": "call_lookup_1", "name": "lookup_docs", "args": {"query": "retention", "size": 20000}}
+    services.model_call_start(lease=lease, operation_id="lc_run--m1", sequence=2, started_at=t0)
+    services.model_call_finish(
+        lease=lease, operation_id="lc_run--m1", content="", tool_calls=[call], usage=None, finished_at=t0, duration_ms=1
+    )
+    services.tool_call_start(
+        lease=lease,
+        tool_call_id="call_lookup_1",
+        tool_name="lookup_docs",
+        tool_input=call["args"],
+        sequence=5,
+        started_at=t0,
+        declared_by_operation_id="lc_run--m1",
+    )
+    full = "x" * (get_config().LARGE_TOOL_RESULT_CHARS + 5000)
+    services.tool_call_finish(
+        lease=lease,
+        tool_call_id="call_lookup_1",
+        status="completed",
+        content=full,
+        raw_output={"content": full},
+        finished_at=t0,
+        duration_ms=1,
+    )
+    state = [
+        services.StateMessage(kind="ai", id="lc_run--m1", tool_calls=[call]),
+        services.StateMessage(kind="ai", id="lc_run--m2", content="done"),
+    ]
+    services.run_finish(lease=lease, status="completed", final_state=state)
+    (tool,) = [m for m in thread_memory(thread_id=thread.id, include_tools=True) if m["type"] == "tool"]
+    assert tool["tool_call_id"] == "call_lookup_1"
+    assert "outputs/large_tool_results/call_lookup_1" in tool["content"] and len(tool["content"]) < 1000
+    # The audit row keeps the full result.
+    assert Message.objects.get(operation_id="call_lookup_1").content == full
