@@ -32,6 +32,15 @@ class Command(BaseCommand):
             ("its history", f"curl {auth} {base_url}/api/threads/{first.thread_id}/history"),
             ("its audit", f"curl {auth} {base_url}/api/audit/runs/{first.run_id}/timeline"),
         ]
+        waiting = next((run for run in runs if run.status == "interrupted"), None)
+        if waiting is not None:
+            lines.append(
+                (
+                    "approve",
+                    f"curl -X POST {auth} -H 'Content-Type: application/json' {base_url}/api/runs/{waiting.run_id}/resume"
+                    f""" -d '{{"request_id": "approve-{waiting.run_id[:8]}", "decisions": [{{"type": "approve"}}]}}'""",
+                )
+            )
         self.stdout.write("\nWhere to look:")
         for label, value in lines:
             self.stdout.write(f"  {label + ':':<13} {value}")
