@@ -5,13 +5,13 @@ from __future__ import annotations
 import uuid
 
 from asgiref.sync import sync_to_async
-from django.db import connection
 from django.http import StreamingHttpResponse
 from ninja import Query, Router
 
 from conversations.models import Conversation
 from conversations.schemas import ErrorOut
 from yuxi_project.config import get_config
+from yuxi_project.db import release_connection
 from yuxi_project.errors import InvalidInput, NotFound, PermissionDenied
 
 from . import selectors, services
@@ -106,8 +106,7 @@ def _owned_run_id(user, run_id: uuid.UUID) -> uuid.UUID:
         return selectors.run_of(user, run_id).id
     finally:
         # The event stream holds no database connection while it waits.
-        if not connection.in_atomic_block:
-            connection.close()
+        release_connection()
 
 
 _SSE_DOC = {

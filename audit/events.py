@@ -34,9 +34,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import connection
 
 from yuxi_project.config import get_config
+from yuxi_project.db import release_connection
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +146,7 @@ def _terminal_event_data(run_id: uuid.UUID) -> dict[str, Any] | None:
             AgentRun.objects.filter(pk=run_id).values("status", "error_type", "output_message_id", "interrupts").first()
         )
     finally:
-        if not connection.in_atomic_block:
-            connection.close()
+        release_connection()
     if row is None or row["status"] not in AgentRun.TERMINAL_STATUSES:
         return None
     return {

@@ -26,12 +26,13 @@ from typing import Any
 
 import httpx
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, InterfaceError, OperationalError, connection
+from django.db import IntegrityError, InterfaceError, OperationalError
 from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
 from conversations.selectors import thread_memory_messages
 from yuxi_project.config import get_config
+from yuxi_project.db import release_connection
 from yuxi_project.errors import ApplicationError, NotFound
 
 from . import services
@@ -59,13 +60,6 @@ Status = AgentRun.Status
 def worker_identity() -> str:
     """A lease owner name unique to this process: ``host:pid:random``."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def release_connection() -> None:
-    """Give the database connection back (to the pool) after a short
-    transaction, unless the caller is inside an outer atomic block (R-RUN-5)."""
-    if not connection.in_atomic_block:
-        connection.close()
 
 
 def _call_then_release(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:

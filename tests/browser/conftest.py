@@ -6,7 +6,6 @@ server (uvicorn) on the test database. Screenshots are kept in
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tests.e2e.stack import ARTIFACTS, free_port, start
+from tests.e2e.stack import ARTIFACTS, database_url_of, free_port, start_web
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -46,8 +45,7 @@ def web_url(django_db_setup, django_db_blocker) -> str:
     """uvicorn serving the project on the test database (admin, API and
     static files through WhiteNoise)."""
     s = connection.settings_dict
-    auth = f"{s.get('USER')}@" if s.get("USER") else ""
-    database_url = f"postgres://{auth}{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
+    database_url = database_url_of(s)
     with django_db_blocker.unblock():
         own_backends = _backends_of(s["NAME"])
     port = free_port()
@@ -58,23 +56,8 @@ def web_url(django_db_setup, django_db_blocker) -> str:
         "PYTHONUNBUFFERED": "1",
         "PYTHONWARNINGS": "ignore",
     }
-    web = start(
-        "browser-web",
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "yuxi_project.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-        ],
-        env,
-    )
+    web = start_web("browser-web", port, env)
     try:
-        web.wait_for_line("Uvicorn running", timeout=60)
         yield f"http://127.0.0.1:{port}"
     finally:
         web.stop()

@@ -90,6 +90,42 @@ def start(name: str, args: list[str], env: dict[str, str]) -> Process:
     return process
 
 
+def start_web(name: str, port: int, env: dict[str, str]) -> Process:
+    """The ASGI web server (uvicorn) on ``127.0.0.1:port``, ready to serve."""
+    web = start(
+        name,
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "yuxi_project.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+        ],
+        env,
+    )
+    try:
+        web.wait_for_line("Uvicorn running", timeout=60)
+    except Exception:
+        web.stop()
+        raise
+    return web
+
+
+def database_url_of(settings_dict: dict) -> str:
+    """``postgres://`` URL of a Django database (the test database, for
+    the processes a test starts)."""
+    user = settings_dict.get("USER") or ""
+    password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
+    auth = f"{user}{password}@" if user else ""
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or 5432
+    return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"
+
+
 @dataclass
 class Stack:
     """The running processes and how to reach them."""
@@ -162,22 +198,7 @@ def start_stack(*, database_url: str, redis_url: str, lease_ttl: float = 6.0, wo
     }
     replay = start("replay", [sys.executable, "manage.py", "replay_model_server", "--port", str(replay_port)], env)
     replay.wait_for_line("replay model server listening", timeout=60)
-    web = start(
-        "web",
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "yuxi_project.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(web_port),
-            "--no-access-log",
-        ],
-        env,
-    )
-    web.wait_for_line("Uvicorn running", timeout=60)
+    web = start_web("web", web_port, env)
     stack = Stack(env=env, base_url=f"http://127.0.0.1:{web_port}", replay=replay, web=web, workers=[])
     try:
         for _ in range(workers):
