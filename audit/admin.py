@@ -25,6 +25,7 @@ from django.utils.html import format_html
 from conversations.models import Message
 from yuxi_project.errors import InvalidInput
 from yuxi_project.paginator import EstimatingPaginator
+from yuxi_project.storable import visible, visible_fields
 
 from . import selectors
 from .agents.assistant import AGENTS
@@ -233,12 +234,18 @@ class AgentRunAdmin(admin.ModelAdmin):
                 pk = uuid.UUID(str(object_id))
             except ValueError:
                 return None
-            cache[object_id] = (
+            run = (
                 self.get_queryset(request)
                 .select_related("user", "thread", "output_message", "resumed_from")
                 .filter(pk=pk)
                 .first()
             )
+            # Read-only page: HTML shows unstorable characters escaped (R-RUN-11).
+            if run is not None:
+                visible_fields(run)
+                if run.output_message is not None:
+                    visible_fields(run.output_message)
+            cache[object_id] = run
         return cache[object_id]
 
     @admin.display(description="turn")
@@ -333,7 +340,8 @@ def timeline_page_context(
     except InvalidInput:
         before, page = None, read_page(None)
     now = timezone.now()
-    rows = [selectors.timeline_item(row, include_raw_output=True) for row in page.items]
+    # HTML cannot carry U+0000 or lone surrogates: show the escaped form (R-RUN-11).
+    rows = [visible(selectors.timeline_item(row, include_raw_output=True)) for row in page.items]
     starts = [r["started_at"] for r in rows if r["started_at"]]
     ends = [r["finished_at"] or (now if live else r["started_at"]) for r in rows if r["started_at"]]
     t0 = min(starts, default=None)

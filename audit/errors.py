@@ -61,6 +61,24 @@ class AuditWriteFailed(ApplicationError):
     http_status = 503
 
 
+class AuditWriteRejected(ApplicationError):
+    """The database refused an audit write for good (``DataError``, a value
+    it cannot hold, a refused encoding: retrying cannot help). The run fails
+    at once with the error type ``audit_write_rejected:<cause>``, e.g.
+    ``audit_write_rejected:DataError``, ended by the minimal fallback
+    terminal transaction when its own terminal write is refused (R-RUN-11).
+    """
+
+    code = "audit_write_rejected"
+    http_status = 500
+
+    def __init__(self, message: str = "", *, cause: str, extra: dict | None = None):
+        super().__init__(message, extra={"cause": cause, **(extra or {})})
+        self.cause = cause
+        # The run's error type names the cause.
+        self.code = f"{type(self).code}:{cause}"[:100]
+
+
 class ToolResultConflict(AuditConflict):
     """A tool lifecycle tried to close an already closed tool row with a
     different result (R-TA-2). The same result again is a no-op instead."""

@@ -9,6 +9,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from yuxi_project.storable import StorableCharField, StorableJSONField, StorableTextField
+
 
 class AgentRunQuerySet(models.QuerySet):
     def active(self) -> AgentRunQuerySet:
@@ -49,7 +51,7 @@ class AgentRun(models.Model):
     agent_id = models.CharField(max_length=100)
     model = models.CharField(max_length=200)
     # {"text": ...} for a turn, {"decisions": [...]} for a resume.
-    input = models.JSONField(default=dict)
+    input = StorableJSONField(default=dict)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
 
     # --- lease (R-RUN-3, R-RUN-4, R-RUN-7) ---
@@ -59,17 +61,17 @@ class AgentRun(models.Model):
     fencing_token = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
 
-    error_type = models.CharField(max_length=100, blank=True, default="")
-    error_message = models.TextField(blank=True, default="")
+    error_type = StorableCharField(max_length=100, blank=True, default="")
+    error_message = StorableTextField(blank=True, default="")
     # Sum over this run's model calls: {input_tokens, output_tokens,
     # total_tokens, unknown_calls}. ``unknown_calls`` counts calls cut off
     # before the provider reported usage.
-    usage = models.JSONField(null=True, blank=True)
+    usage = StorableJSONField(null=True, blank=True)
     output_message = models.OneToOneField(
         "conversations.Message", on_delete=models.SET_NULL, null=True, blank=True, related_name="output_of"
     )
     # Pending human approval while interrupted: the interrupt payloads.
-    interrupts = models.JSONField(null=True, blank=True)
+    interrupts = StorableJSONField(null=True, blank=True)
     trace_id = models.CharField(max_length=100, blank=True, default="")
 
     created_at = models.DateTimeField(auto_now_add=True)

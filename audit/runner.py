@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, InterfaceError, OperationalError
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError
 from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
@@ -40,7 +40,7 @@ from .agents.assistant import build_agent
 from .agents.tools import AgentContext
 from .cancellation import CancelSignalListener
 from .checkpoint import open_checkpointer, postgres_conninfo
-from .errors import AuditWriteFailed, LeaseError, LeaseLost, RunNotStartable
+from .errors import AuditWriteFailed, AuditWriteRejected, LeaseError, LeaseLost, RunNotStartable
 from .events import RunEventPublisher
 from .lease import Lease
 from .models import AgentRun
@@ -78,7 +78,10 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     Database errors (unreachable, conflicting insert) are retried with
     backoff up to ``AUDIT_WRITE_ATTEMPTS`` times; then
     :class:`AuditWriteFailed` is raised and the run fails (R-RUN-8).
-    Lease and audit conflicts are not retried.
+    Lease and audit conflicts are not retried. An error that no retry can
+    cure — the database refused the data (``DataError``, any other
+    non-connection ``DatabaseError``, a string it cannot encode) — raises
+    :class:`AuditWriteRejected` at once (R-RUN-11).
     """
     attempts = get_config().AUDIT_WRITE_ATTEMPTS
     for attempt in range(1, attempts + 1):
@@ -92,6 +95,11 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
                 ) from exc
             log.warning("audit write %s failed (attempt %s/%s): %s", fn.__name__, attempt, attempts, exc)
             await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+        except (DatabaseError, UnicodeError) as exc:
+            raise AuditWriteRejected(
+                f"{fn.__name__} was refused by the database: {type(exc).__name__}: {exc}"[:2000],
+                cause=type(exc).__name__,
+            ) from exc
     raise AssertionError("unreachable")
 
 
@@ -311,6 +319,15 @@ class RunExecutor:
                     return "lease_lost"
                 log.warning("run %s terminal write failed, retrying while the lease lasts: %s", self.run.id, exc)
                 await asyncio.sleep(0.5)
+            except Exception as exc:
+                # The database refused the terminal write itself (or it
+                # could not be built): retrying the same payload cannot
+                # help, and the sweeper would only find the run much later
+                # under a wrong cause. End it now without the payload.
+                run = await self._finish_without_payload(outcome, exc)
+                if run is None:
+                    return "lease_lost"
+                break
         await self.publisher.publish(
             "run.finished",
             {
@@ -322,6 +339,34 @@ class RunExecutor:
             },
         )
         return run.status
+
+    async def _finish_without_payload(self, outcome: _Outcome, exc: Exception) -> AgentRun | None:
+        """The fallback terminal transaction (R-RUN-11): ``failed`` with the
+        error type ``audit_write_rejected:<cause>``, running rows closed,
+        lease released, and nothing from the State. Returns the run, or
+        ``None`` when the lease is gone or the database stays unreachable
+        while the lease lasts (then the sweeper ends the run)."""
+        if not isinstance(exc, AuditWriteRejected):
+            exc = AuditWriteRejected(f"run_finish failed: {type(exc).__name__}: {exc}"[:2000], cause=type(exc).__name__)
+        log.error("run %s: terminal write refused, ending it without its payload: %s", self.run.id, exc.message)
+        message = f"the terminal write was refused ({exc.message}); the run ended without reconciling its State"
+        if outcome.error_type:
+            message += f"; it was ending as {outcome.status} with {outcome.error_type}: {outcome.error_message}"
+        # ASCII only: this write must not be refused for its own content.
+        message = message.encode("ascii", "backslashreplace").decode()[:4000]
+        while True:
+            try:
+                return await write_with_retry(
+                    services.run_finish_fallback, lease=self.lease, error_type=exc.code, error_message=message
+                )
+            except LeaseError as lease_exc:
+                log.warning("run %s could not be finished: %s", self.run.id, lease_exc)
+                return None
+            except AuditWriteFailed as write_exc:
+                if time.monotonic() + 1.0 >= self.lease_deadline:
+                    log.error("run %s fallback write failed; the sweeper will end it: %s", self.run.id, write_exc)
+                    return None
+                await asyncio.sleep(0.5)
 
 
 def _run_status(*, lease: Lease) -> str:

@@ -21,6 +21,7 @@ from audit import selectors as audit_selectors
 from audit.admin import status_badge, timeline_page_context
 from audit.models import AgentRun
 from yuxi_project.paginator import EstimatingPaginator
+from yuxi_project.storable import visible, visible_fields
 
 from .models import ApiToken, Conversation, Message, MessageFeedback
 
@@ -85,7 +86,9 @@ class ConversationAdmin(admin.ModelAdmin):
             return "—"
         return format_html(
             '<ol class="yx-history">{}</ol>',
-            format_html_join("", "<li><strong>{}</strong>: {}</li>", ((m.role, m.content[:500]) for m in rows)),
+            format_html_join(
+                "", "<li><strong>{}</strong>: {}</li>", ((m.role, visible(m.content[:500])) for m in rows)
+            ),
         )
 
     def get_urls(self):
@@ -193,6 +196,13 @@ class MessageAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
+    def get_object(self, request, object_id, from_field=None):
+        message = super().get_object(request, object_id, from_field)
+        if message is not None and message.is_audit:
+            # Read-only page: HTML shows unstorable characters escaped (R-RUN-11).
+            visible_fields(message)
+        return message
+
     def has_change_permission(self, request, obj=None):
         if obj is not None and obj.is_audit:
             return False
@@ -243,7 +253,7 @@ class MessageFeedbackAdmin(admin.ModelAdmin):
 
     @admin.display(description="message")
     def message_excerpt(self, feedback):
-        return feedback.message.content[:80]
+        return visible(feedback.message.content[:80])
 
     @admin.display(description="on audit row (not counted)", boolean=True)
     def on_audit_row(self, feedback):

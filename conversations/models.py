@@ -4,7 +4,9 @@ feedback.
 One ``Message`` table holds ordinary chat messages *and* the audit rows of
 model calls and tool executions, told apart by ``message_type`` (SPEC §3).
 Every reader goes through the QuerySet predicates below, so that counts,
-history and timelines apply the same rules (R-READ-1..4).
+history and timelines apply the same rules (R-READ-1..4). Content fields
+store what PostgreSQL cannot hold in an escaped form and read back the
+original (``yuxi_project.storable``, R-RUN-11).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+
+from yuxi_project.storable import StorableCharField, StorableJSONField, StorableTextField
 
 
 class Conversation(models.Model):
@@ -29,7 +33,7 @@ class Conversation(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
     agent_id = models.CharField(max_length=100)
     model = models.CharField(max_length=200)
-    title = models.CharField(max_length=200, blank=True, default="")
+    title = StorableCharField(max_length=200, blank=True, default="")
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -129,23 +133,23 @@ class Message(models.Model):
     run = models.ForeignKey("audit.AgentRun", on_delete=models.CASCADE, null=True, blank=True, related_name="messages")
     role = models.CharField(max_length=20, choices=Role.choices)
     message_type = models.CharField(max_length=20, choices=Type.choices, default=Type.TEXT)
-    content = models.TextField(blank=True, default="")
+    content = StorableTextField(blank=True, default="")
     # Tool calls the model declared (model rows only): [{id, name, args}].
-    tool_calls = models.JSONField(null=True, blank=True)
+    tool_calls = StorableJSONField(null=True, blank=True)
     # Audit metadata: namespace, model name, state_reconciled proof, the raw
     # tool output envelope (staff only), awaiting_run_terminal, ...
-    metadata = models.JSONField(default=dict, blank=True)
+    metadata = StorableJSONField(default=dict, blank=True)
     # --- audit columns (R-MA-1); empty on rows that are not audit rows ---
-    operation_id = models.CharField(max_length=255, null=True, blank=True)
+    operation_id = StorableCharField(max_length=255, null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     sequence = models.PositiveIntegerField(null=True, blank=True)
     execution_status = models.CharField(max_length=20, choices=ExecutionStatus.choices, null=True, blank=True)
-    usage = models.JSONField(null=True, blank=True)
+    usage = StorableJSONField(null=True, blank=True)
     # --- tool rows (R-TA-1) ---
-    tool_name = models.CharField(max_length=200, blank=True, default="")
-    tool_input = models.JSONField(null=True, blank=True)
+    tool_name = StorableCharField(max_length=200, blank=True, default="")
+    tool_input = StorableJSONField(null=True, blank=True)
     declared_by = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="tool_executions"
     )
@@ -225,7 +229,7 @@ class MessageFeedback(models.Model):
     message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="feedback")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="message_feedback")
     rating = models.CharField(max_length=10, choices=Rating.choices)
-    reason = models.TextField(blank=True, default="")
+    reason = StorableTextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

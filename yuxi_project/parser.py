@@ -13,10 +13,15 @@ from .errors import InvalidInput
 MAX_JSON_DEPTH = 32
 
 
-def check_payload(value: Any, *, where: str = "body") -> None:
-    """Refuse what PostgreSQL cannot store or the runtime cannot handle: a NUL
-    character in any string or key (text and jsonb columns reject it) and
-    nesting deeper than :data:`MAX_JSON_DEPTH`.
+def check_payload(value: Any, *, where: str = "body", refuse_nul: bool = True) -> None:
+    """Refuse what the runtime cannot handle: nesting deeper than
+    :data:`MAX_JSON_DEPTH`, and with ``refuse_nul`` a NUL character in any
+    string or key.
+
+    A body may carry NUL characters: what is stored is escaped at the
+    storage boundary (``yuxi_project.storable``, R-RUN-11), so a user's
+    text is kept as written. Query strings are never stored; a NUL there is
+    refused.
 
     Raises :class:`InvalidInput` (422) naming the reason; iterative, so a
     hostile document cannot exhaust the stack.
@@ -29,7 +34,7 @@ def check_payload(value: Any, *, where: str = "body") -> None:
                 f"the {where} is nested deeper than {MAX_JSON_DEPTH} levels", extra={"reason": "too_deep"}
             )
         if isinstance(item, str):
-            if "\x00" in item:
+            if refuse_nul and "\x00" in item:
                 raise InvalidInput(f"the {where} contains a NUL character", extra={"reason": "nul_character"})
         elif isinstance(item, dict):
             for key, child in item.items():
@@ -42,7 +47,7 @@ def check_payload(value: Any, *, where: str = "body") -> None:
 class CheckedJSONParser(Parser):
     def parse_body(self, request) -> dict[str, Any]:
         data = json.loads(request.body)
-        check_payload(data)
+        check_payload(data, refuse_nul=False)
         return data
 
     def parse_querydict(self, data, list_fields, request) -> dict[str, Any]:

@@ -144,7 +144,13 @@ def _message(turn: Turn) -> dict[str, Any]:
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+    try:
+        body = json.dumps(payload, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        # Lone surrogates (a scenario plays them, R-RUN-11) have no UTF-8
+        # form: they travel as \ud83d escapes, as a provider's JSON can.
+        body = json.dumps(payload).encode()
+    return b"data: " + body + b"\n\n"
 
 
 async def _stream(turn: Turn, base: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes | _AbortStream]:

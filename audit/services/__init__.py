@@ -7,7 +7,7 @@ R-RUN-5). Functions take keyword-only arguments and own their transaction.
 
 from .model_audit import model_call_finish, model_call_start
 from .runs import lease_renew, run_acquire, run_request_cancel, run_resume, run_submit, run_sweep_expired_leases
-from .terminal import StateMessage, run_finish
+from .terminal import StateMessage, run_finish, run_finish_fallback
 from .tool_audit import tool_call_error, tool_call_finish, tool_call_start
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "model_call_start",
     "run_acquire",
     "run_finish",
+    "run_finish_fallback",
     "run_request_cancel",
     "run_resume",
     "run_submit",

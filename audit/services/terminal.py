@@ -100,6 +100,26 @@ def run_finish(
         return run
 
 
+def run_finish_fallback(*, lease: Lease, error_type: str, error_message: str) -> AgentRun:
+    """End the run ``failed`` in one minimal lease-fenced transaction that
+    carries no payload: no State reconcile, no output binding, no partial
+    content — only the status, ``error_type`` (at most 100 characters) and
+    ``error_message``, the running rows closed (``failed``), usage summed
+    from the stored rows, and the lease released; the thread's next run is
+    enqueued after commit.
+
+    The worker calls it when :func:`run_finish` was refused by the database
+    (R-RUN-11), so that the run ends at once with its cause instead of
+    waiting for the lease sweeper.
+
+    Raises what :func:`lock_run` raises.
+    """
+    with transaction.atomic():
+        run = lock_run(lease)
+        _terminate(run, status=Status.FAILED, now=timezone.now(), error_type=error_type, error_message=error_message)
+        return run
+
+
 def _keep_partial_content(run: AgentRun, partial_content: dict[str, str]) -> None:
     """Store what cut-off model calls streamed before they stopped on their
     still-running rows (the terminal close follows in the same

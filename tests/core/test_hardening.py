@@ -49,13 +49,24 @@ def _interrupted_run(thread) -> AgentRun:
         ("runs", {"request_id": "nul-1", "input": {"text": "hi\u0000there"}}),
     ],
 )
-def test_a_nul_character_in_the_body_is_422_and_writes_nothing_R_READ_6(user, thread, path_kind, payload):
+def test_a_nul_character_in_the_body_is_stored_as_written_R_RUN_11(user, thread, path_kind, payload):
+    """A NUL once reached PostgreSQL unescaped (500); it was then refused
+    (422). Now the storage boundary escapes it: the body is kept as the
+    user wrote it and reads back the same (R-RUN-11)."""
     path = "/api/threads" if path_kind == "threads" else f"/api/threads/{thread.id}/runs"
-    before = (Conversation.objects.count(), AgentRun.objects.count(), Message.objects.count())
     response = _post(Client(), bearer(user), path, payload)
-    assert response.status_code == 422, response.content
-    assert response.json()["error"]["reason"] == "nul_character"
-    assert (Conversation.objects.count(), AgentRun.objects.count(), Message.objects.count()) == before
+    assert response.status_code in (201, 202), response.content
+    if path_kind == "threads":
+        assert Conversation.objects.get(pk=response.json()["thread_id"]).title == "a\x00b"
+    else:
+        run = AgentRun.objects.get(pk=response.json()["run_id"])
+        assert run.input == {"text": "hi\x00there"}
+        assert Message.objects.get(run=run, role="user").content == "hi\x00there"
+
+
+def test_a_nul_character_in_a_query_is_422_R_READ_6(user, thread):
+    response = Client().get(f"/api/threads/{thread.id}/history?before=a%00b", headers=bearer(user))
+    assert response.status_code == 422 and response.json()["error"]["reason"] == "nul_character"
 
 
 def test_a_deeply_nested_body_is_422_R_READ_6(user, thread):

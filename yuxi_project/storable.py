@@ -1,0 +1,174 @@
+"""Content PostgreSQL cannot store, stored in one documented escaped form
+(R-RUN-11).
+
+PostgreSQL refuses two kinds of text that Python strings (and so model
+answers, tool arguments and outputs, user input) can hold: U+0000 (``text``
+and ``jsonb`` both refuse it) and lone surrogates U+D800–U+DFFF (not
+encodable as UTF-8; ``jsonb`` refuses their ``\\u`` escapes too). One such
+character used to make an audit write fail with ``DataError`` and the run's
+terminal transaction with it.
+
+The escaped form. Every stored string (text columns, and every string and
+key inside a JSON value) is written with these characters replaced by a
+visible JSON-style escape of six ASCII characters, lowercase hex:
+
+- U+0000 → ``\\u0000``
+- a lone surrogate, e.g. U+D83D → ``\\ud83d`` (each surrogate code point
+  on its own, so the stored form is exact even for an unpaired one)
+- a backslash that would otherwise start one of these escapes (the text
+  really contains ``\\u0000``, ``\\u005c`` or ``\\ud800``…``\\udfff``) →
+  ``\\u005c``, so the escaped form never meets an ambiguous sequence.
+
+So ``"Hello\\x00world"`` is stored as the 16 characters ``Hello\\u0000world``
+and ``{"city": "Par\\x00is"}`` as the jsonb ``{"city": "Par\\\\u0000is"}``.
+Text without these characters — practically all text — is stored byte for
+byte as given, so SQL searches and exports of ordinary content see it
+unchanged. Decoding replaces each of the three escapes by its character in
+one left-to-right pass; the encoding is injective, so every value
+round-trips exactly (property-tested in ``tests/core/test_storable.py``).
+
+Why escape rather than strip or replace with U+FFFD: nothing the provider
+or the user sent is lost, the audit stays exact, and a reader of the raw
+table still sees where the character was.
+
+Where it applies: the model fields below (:class:`StorableTextField`,
+:class:`StorableCharField`, :class:`StorableJSONField`) escape on every
+write (save, create, update, bulk, lookups) and decode on every read
+through the ORM, so the services, the recorder and every read path (run
+API, history, memory, timeline, SSE rebuilt from the database, admin,
+dashboard) see the original value; the JSON APIs and the SSE stream send it
+JSON-escaped (``"Hello\\u0000world"``). HTML cannot carry U+0000 or a lone
+surrogate, so the admin shows the escaped form (:func:`visible`). Raw SQL
+(``psql``, SQL on JSON keys) sees the escaped form.
+
+The fields deconstruct as their Django base fields: the escaping is not
+schema, and migrations stay plain ``TextField``/``CharField``/``JSONField``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from django.db import models
+
+# A character PostgreSQL refuses, or a backslash that would start an escape.
+_ESCAPE = re.compile(r"[\x00\ud800-\udfff]|\\(?=u(?:0000|005c|d[89a-f][0-9a-f]{2}))")
+_DECODE = re.compile(r"\\u(0000|005c|d[89a-f][0-9a-f]{2})")
+# An escape inside JSON text: the backslash is itself escaped there.
+_JSON_MAYBE_ESCAPED = "\\\\u"
+
+
+def _escape_char(match: re.Match) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def _decode_char(match: re.Match) -> str:
+    return chr(int(match.group(1), 16))
+
+
+def escape_text(text: str) -> str:
+    """``text`` in the stored form (see the module docstring). Pure, total,
+    injective; ``decode_text(escape_text(s)) == s`` for every ``str``."""
+    return _ESCAPE.sub(_escape_char, text)
+
+
+def decode_text(text: str) -> str:
+    """The original of a stored string (inverse of :func:`escape_text`)."""
+    if "\\u" not in text:
+        return text
+    return _DECODE.sub(_decode_char, text)
+
+
+def escape_json(value: Any) -> Any:
+    """A copy of a JSON value with every string and key escaped; numbers,
+    booleans and ``None`` unchanged. Other objects pass through for the
+    JSON encoder to handle (or refuse)."""
+    if isinstance(value, str):
+        return escape_text(value)
+    if isinstance(value, dict):
+        return {escape_text(k) if isinstance(k, str) else k: escape_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [escape_json(v) for v in value]
+    return value
+
+
+def decode_json(value: Any) -> Any:
+    """The original of a stored JSON value (inverse of :func:`escape_json`)."""
+    if isinstance(value, str):
+        return decode_text(value)
+    if isinstance(value, dict):
+        return {decode_text(k): decode_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_json(v) for v in value]
+    return value
+
+
+def visible(value: Any) -> Any:
+    """For HTML pages: ``value`` (a string or JSON value) in the escaped
+    form, which HTML can carry; other values unchanged."""
+    return escape_json(value)
+
+
+def visible_fields(instance: models.Model) -> models.Model:
+    """Put every storable field of a read-only admin object in its escaped
+    form, for display (the instance must not be saved afterwards)."""
+    for field in instance._meta.concrete_fields:
+        if isinstance(field, (StorableTextField, StorableCharField, StorableJSONField)):
+            setattr(instance, field.attname, visible(getattr(instance, field.attname)))
+    return instance
+
+
+class StorableTextField(models.TextField):
+    """A ``TextField`` that stores :func:`escape_text` and reads back the
+    original (R-RUN-11)."""
+
+    def get_prep_value(self, value):
+        value = super().get_prep_value(value)
+        return escape_text(value) if isinstance(value, str) else value
+
+    def from_db_value(self, value, expression, connection):
+        return decode_text(value) if isinstance(value, str) else value
+
+    def deconstruct(self):
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.TextField", args, kwargs
+
+
+class StorableCharField(models.CharField):
+    """A ``CharField`` that stores :func:`escape_text` and reads back the
+    original (R-RUN-11). ``max_length`` applies to the stored form."""
+
+    def get_prep_value(self, value):
+        value = super().get_prep_value(value)
+        return escape_text(value) if isinstance(value, str) else value
+
+    def from_db_value(self, value, expression, connection):
+        return decode_text(value) if isinstance(value, str) else value
+
+    def deconstruct(self):
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.CharField", args, kwargs
+
+
+class StorableJSONField(models.JSONField):
+    """A ``JSONField`` that stores :func:`escape_json` and reads back the
+    original (R-RUN-11)."""
+
+    def get_prep_value(self, value):
+        return super().get_prep_value(escape_json(value))
+
+    def from_db_value(self, value, expression, connection):
+        if isinstance(value, str) and _JSON_MAYBE_ESCAPED not in value:
+            return super().from_db_value(value, expression, connection)
+        return decode_json(super().from_db_value(value, expression, connection))
+
+    def deconstruct(self):
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs
+
+
+def dumps_visible(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`visible` ``(value)``: JSON for an HTML page."""
+    return json.dumps(visible(value), **kwargs)
