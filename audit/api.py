@@ -112,7 +112,18 @@ def _owned_run_id(user, run_id: uuid.UUID) -> uuid.UUID:
 _SSE_DOC = {
     "responses": {
         200: {
-            "description": "Server-Sent Events (`id:` = the run's event sequence), ending with `run.finished`.",
+            "description": (
+                "Server-Sent Events (`id:` = the run's event sequence), ending with `run.finished`. "
+                "Events: `run.status`, `model.started`, `model.delta`, `model.finished`, `tool.started`, "
+                "`tool.finished`, `tool.error`, `run.finished`; and from the reader itself: "
+                "`gap` when events the client should get next are no longer retained (a `Last-Event-ID` "
+                "older than the retained window, a new client on a trimmed stream): data "
+                "`{first_retained_id, missed_from, missed_to, state}` where `state` is the run rebuilt "
+                "from PostgreSQL (`status`, `error_type`, `usage`, `output_message_id`, `interrupts`, "
+                "`operations`: the root model and tool calls so far), sent before the first retained "
+                'event and with `id:` the event before it; `error` with `{error: "run_not_found"}` '
+                "when the run no longer exists, which ends the stream (R-EVT-2)."
+            ),
             "content": {
                 "text/event-stream": {
                     "schema": {
@@ -145,7 +156,10 @@ async def run_events(request, run_id: uuid.UUID):
     """Follow a run live (R-EVT-1): status changes, model start/text
     deltas/finish, tool start/finish, and a final ``run.finished`` with the
     terminal status and, when interrupted, the action requests. Reconnect
-    with ``Last-Event-ID`` to resume without gap or repeat."""
+    with ``Last-Event-ID`` to resume without gap or repeat; events no longer
+    retained are announced by a ``gap`` event carrying the run's state from
+    PostgreSQL, and a run deleted meanwhile ends the stream with an
+    ``error`` event (R-EVT-2)."""
     raw = request.headers.get("Last-Event-ID", "").strip() or "0"
     # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:

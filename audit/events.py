@@ -7,7 +7,21 @@ stream entry id (``<sequence>-0``), so the SSE ``id:`` of an event, the
 client's ``Last-Event-ID`` and the position to read from are one number:
 a reconnecting client resumes with ``XREAD`` after ``<Last-Event-ID>-0``,
 with no gap and no repeat. The stream expires ``STREAM_TTL_SECONDS`` after
-its last event.
+its last event and keeps about the newest ``EVENT_STREAM_MAXLEN`` events
+(a setting; Redis trims older ones).
+
+Gaps are explicit (R-EVT-2). Ids are consecutive, so a reader knows when
+events it should get next were trimmed: a reconnect whose ``Last-Event-ID``
+is older than the first retained event, a new client on a trimmed stream,
+or a slow reader overtaken by the trimming. It then first sends a ``gap``
+event (``id:`` the event before the first retained one, so a reconnect
+resumes there) with ``{first_retained_id, missed_from, missed_to, state}``:
+``state`` is the run as PostgreSQL has it now (status, error type, usage,
+and the root model and tool calls so far with their stored content,
+declared tool calls, usage and status — what the missed events carried),
+then continues with the first retained event. A stream whose run no longer
+exists (deleted while a client follows it) ends with an ``error`` event
+``{error: "run_not_found"}``.
 
 Text deltas travel only here, never to PostgreSQL (R-MA-4). Live delivery is
 best effort: the audit in PostgreSQL is the record, so when Redis lost a
@@ -21,7 +35,8 @@ tool_calls, usage}, ``tool.started`` {tool_call_id, tool_name},
 ``tool.finished`` {tool_call_id, status}, ``tool.error`` {tool_call_id},
 and last ``run.finished`` {status, error_type, output_message_id,
 interrupts} where ``interrupts`` are the pending approval's action
-requests when the run stopped at an interrupt.
+requests when the run stopped at an interrupt. The reader adds ``gap`` and
+``error`` (above).
 """
 
 from __future__ import annotations
@@ -41,8 +56,9 @@ from yuxi_project.db import release_connection
 log = logging.getLogger(__name__)
 
 STREAM_TTL_SECONDS = 24 * 3600
-STREAM_MAXLEN = 50_000
 TERMINAL_EVENT = "run.finished"
+GAP_EVENT = "gap"
+ERROR_EVENT = "error"
 
 
 def stream_key(run_id: uuid.UUID | str) -> str:
@@ -104,7 +120,7 @@ class RunEventPublisher:
                     key,
                     {"type": event_type, "data": json.dumps(data, default=str)},
                     id=f"{sequence}-0",
-                    maxlen=STREAM_MAXLEN,
+                    maxlen=get_config().EVENT_STREAM_MAXLEN,
                     approximate=True,
                 )
                 pipe.expire(key, STREAM_TTL_SECONDS)
@@ -135,10 +151,14 @@ def sse_frame(sequence: int, event_type: str, data: dict[str, Any] | str) -> str
     return f"id: {sequence}\nevent: {event_type}\ndata: {payload}\n\n"
 
 
+_RUN_GONE = {"error": "run_not_found", "message": "the run no longer exists"}
+
+
 def _terminal_event_data(run_id: uuid.UUID) -> dict[str, Any] | None:
     """The run's terminal event rebuilt from its row, or ``None`` while the
-    run is not terminal. Gives the connection back at once: the stream must
-    not hold one while it waits (R-EVT-1)."""
+    run is not terminal, or :data:`_RUN_GONE` when the run no longer exists.
+    Gives the connection back at once: the stream must not hold one while
+    it waits (R-EVT-1)."""
     from .models import AgentRun
 
     try:
@@ -147,7 +167,9 @@ def _terminal_event_data(run_id: uuid.UUID) -> dict[str, Any] | None:
         )
     finally:
         release_connection()
-    if row is None or row["status"] not in AgentRun.TERMINAL_STATUSES:
+    if row is None:
+        return _RUN_GONE
+    if row["status"] not in AgentRun.TERMINAL_STATUSES:
         return None
     return {
         "status": row["status"],
@@ -155,6 +177,26 @@ def _terminal_event_data(run_id: uuid.UUID) -> dict[str, Any] | None:
         "output_message_id": row["output_message_id"],
         "interrupts": row["interrupts"] if row["status"] == AgentRun.Status.INTERRUPTED else None,
         "rebuilt": True,
+    }
+
+
+def _gap_event_data(run_id: uuid.UUID, *, missed_from: int, first_retained: int) -> dict[str, Any]:
+    """The ``gap`` event's data, with the run's state rebuilt from
+    PostgreSQL (:func:`audit.selectors.run_live_state`), or
+    :data:`_RUN_GONE`. Gives the connection back at once (R-EVT-2)."""
+    from .selectors import run_live_state
+
+    try:
+        state = run_live_state(run_id)
+    finally:
+        release_connection()
+    if state is None:
+        return _RUN_GONE
+    return {
+        "first_retained_id": first_retained,
+        "missed_from": missed_from,
+        "missed_to": first_retained - 1,
+        "state": state,
     }
 
 
@@ -175,6 +217,10 @@ async def run_event_stream(
     worker died) gets one rebuilt from the row, numbered after the last
     event, after one more empty wait so a terminal event still in flight
     wins. Comments (``: keep-alive``) keep idle connections open.
+
+    Events the stream no longer retains are announced by one ``gap`` event
+    before the first retained one, and a run that no longer exists ends the
+    stream with an ``error`` event (R-EVT-2; see the module docstring).
     """
     last = max(0, last_event_id)
     key = stream_key(run_id)
@@ -191,6 +237,13 @@ async def run_event_stream(
                 sequence = _sequence_of(entry_id)
                 if sequence <= last:
                     continue
+                if sequence > last + 1:
+                    # Events last+1 .. sequence-1 were trimmed (R-EVT-2).
+                    gap = await sync_to_async(_gap_event_data)(run_id, missed_from=last + 1, first_retained=sequence)
+                    if gap is _RUN_GONE:
+                        yield sse_frame(last + 1, ERROR_EVENT, _RUN_GONE)
+                        return
+                    yield sse_frame(sequence - 1, GAP_EVENT, gap)
                 last = sequence
                 event_type = fields[b"type"].decode()
                 yield sse_frame(sequence, event_type, fields[b"data"].decode())
@@ -200,6 +253,9 @@ async def run_event_stream(
                 terminal_seen = 0
                 continue
             rebuilt = await sync_to_async(_terminal_event_data)(run_id)
+            if rebuilt is _RUN_GONE:
+                yield sse_frame(last + 1, ERROR_EVENT, _RUN_GONE)
+                return
             if rebuilt is None:
                 yield ": keep-alive\n\n"
                 if client is None:

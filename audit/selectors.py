@@ -122,3 +122,80 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
     if include_raw_output:
         item["raw_output"] = (row.metadata or {}).get("raw_output") if is_tool else None
     return item
+
+
+# --------------------------------------------------------------------------
+# Live state for the event stream's gap event (R-EVT-2)
+# --------------------------------------------------------------------------
+
+
+def run_live_state(run_id: uuid.UUID | str) -> dict[str, Any] | None:
+    """The run as PostgreSQL has it now, for a client whose live events were
+    trimmed (R-EVT-2), or ``None`` when the run does not exist.
+
+    Returns ``{status, error_type, usage, output_message_id, interrupts,
+    operations}``: ``usage`` is the run's total when it is terminal, else
+    the sum of its finished model calls so far (tokens; ``unknown_calls``
+    counts calls without usage); ``operations`` are the run's root model
+    and tool calls in sequence order — the ones the live events describe —
+    each ``{kind, operation_id, sequence, status, content, tool_calls,
+    tool_name, usage}`` (``content`` is empty while a model call runs: its
+    text travels only as live deltas). Raw tool output and lifecycle
+    metadata are not included; the caller already checked the reader may
+    see the run.
+    """
+    run = (
+        AgentRun.objects.filter(pk=run_id)
+        .only("status", "error_type", "usage", "output_message_id", "interrupts")
+        .first()
+    )
+    if run is None:
+        return None
+    rows = (
+        Message.objects.audit()
+        .filter(run_id=run.pk)
+        .order_by(Coalesce("sequence", Value(_NO_SEQUENCE)), "id")
+        .only(
+            "role",
+            "operation_id",
+            "sequence",
+            "execution_status",
+            "content",
+            "tool_calls",
+            "tool_name",
+            "usage",
+            "metadata",
+        )
+    )
+    operations = []
+    usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "unknown_calls": 0}
+    for row in rows:
+        if (row.metadata or {}).get("namespace"):
+            continue  # a subgraph's call: the live events show root calls only
+        is_tool = row.role == Message.Role.TOOL
+        operations.append(
+            {
+                "kind": "tool" if is_tool else "model",
+                "operation_id": row.operation_id,
+                "sequence": row.sequence,
+                "status": row.execution_status,
+                "content": row.content,
+                "tool_calls": row.tool_calls,
+                "tool_name": row.tool_name or None,
+                "usage": row.usage,
+            }
+        )
+        if not is_tool and row.execution_status != Message.ExecutionStatus.RUNNING:
+            if row.usage:
+                for key in ("input_tokens", "output_tokens", "total_tokens"):
+                    usage[key] += int(row.usage.get(key) or 0)
+            else:
+                usage["unknown_calls"] += 1
+    return {
+        "status": run.status,
+        "error_type": run.error_type,
+        "usage": run.usage if run.is_terminal and run.usage else usage,
+        "output_message_id": run.output_message_id,
+        "interrupts": run.interrupts if run.status == AgentRun.Status.INTERRUPTED else None,
+        "operations": operations,
+    }

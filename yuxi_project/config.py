@@ -56,6 +56,10 @@ class Config(BaseSettings):
     # Tool results longer than this many characters go to the thread
     # workspace instead of the graph State (R-TA-4).
     LARGE_TOOL_RESULT_CHARS: int = Field(default=4000, ge=1)
+    # Live events a run's Redis stream keeps (about: Redis trims in whole
+    # nodes); a reader that needs older ones gets a ``gap`` event with the
+    # run's state from PostgreSQL instead (R-EVT-2).
+    EVENT_STREAM_MAXLEN: int = Field(default=50_000, ge=1)
     WORKSPACE_ROOT: Path = BASE_DIR / "var" / "workspaces"
     CELERY_QUEUE: str = "agent-runs"
     LANGFUSE_PUBLIC_KEY: str = ""
