@@ -186,6 +186,7 @@ def test_a_nul_in_a_tool_argument_completes_R_RUN_11(user, staff_user, replay_mo
 @pytest.mark.django_db(transaction=True)
 def test_lone_surrogates_end_the_run_at_once_and_are_stored_escaped_R_RUN_11(user, staff_user, replay_models):
     run = _run(user, "unstorable_surrogates")
+    assert run.status == "completed", (run.error_type, run.error_message)
     _assert_ended_cleanly(run)
     row = Message.objects.model_calls().get(run=run)
     expected = "Half an emoji: \ud83d, a stray \udc00 and the literal text \\u0000."
