@@ -277,7 +277,7 @@ class RunExecutor:
                         status = await write_with_retry(_run_status, lease=self.lease)
                 except LeaseError as exc:
                     self._stop = _Outcome(None, exc.code, str(exc))
-                except AuditWriteFailed as exc:
+                except (AuditWriteFailed, AuditWriteRejected) as exc:
                     self._stop = _Outcome(Status.FAILED, exc.code, exc.message)
                 else:
                     if status == Status.CANCEL_REQUESTED:

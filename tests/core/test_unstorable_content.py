@@ -286,6 +286,49 @@ def test_a_refused_terminal_write_ends_the_run_at_once_with_its_cause_R_RUN_11(
     assert run_execute(run_id=following.id, owner="in-process") == "failed"
 
 
+@pytest.fixture
+def refuse_finished_model_rows():
+    """Plant a trigger that refuses (SQLSTATE 22000) every write that
+    completes a model row: the mid-run ``model_call_finish`` and the State
+    reconcile of the terminal transaction alike."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE OR REPLACE FUNCTION yx_test_refuse_model_finish() RETURNS trigger AS $$
+            BEGIN
+              IF NEW.role = 'assistant' AND NEW.execution_status = 'completed' THEN
+                RAISE EXCEPTION 'planted: model rows cannot complete' USING ERRCODE = '22000';
+              END IF;
+              RETURN NEW;
+            END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER yx_test_refuse_model_finish BEFORE UPDATE OR INSERT ON conversations_message
+              FOR EACH ROW EXECUTE FUNCTION yx_test_refuse_model_finish();
+            """
+        )
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER IF EXISTS yx_test_refuse_model_finish ON conversations_message")
+        cursor.execute("DROP FUNCTION IF EXISTS yx_test_refuse_model_finish()")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_mid_run_write_fails_the_run_at_once_naming_the_cause_R_RUN_11(
+    user, replay_models, refuse_finished_model_rows
+):
+    """``model_call_finish`` is refused: the run fails at once with the
+    refusal as its cause (not ``agent_error``, not retried), its open row
+    closed ``failed`` by the terminal transaction, lease released, the
+    call's usage unknown."""
+    run = _run(user, "unstorable_answer")
+    assert run.status == "failed"
+    assert run.error_type == "audit_write_rejected:DataError"
+    assert run.error_message.startswith("model_call_finish was refused by the database: DataError: planted")
+    _assert_ended_cleanly(run)
+    row = Message.objects.model_calls().get(run=run)
+    assert row.execution_status == "failed" and row.usage is None
+    assert run.usage["unknown_calls"] == 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_refused_audit_write_is_not_retried_and_names_the_cause_R_RUN_11(thread):
     calls = []
