@@ -362,6 +362,11 @@ class RunExecutor:
             except LeaseError as lease_exc:
                 log.warning("run %s could not be finished: %s", self.run.id, lease_exc)
                 return None
+            except AuditWriteRejected as refused:
+                # Nothing of the run's content is in this write; if even it
+                # is refused, only the sweeper can end the run.
+                log.error("run %s fallback write refused; the sweeper will end it: %s", self.run.id, refused)
+                return None
             except AuditWriteFailed as write_exc:
                 if time.monotonic() + 1.0 >= self.lease_deadline:
                     log.error("run %s fallback write failed; the sweeper will end it: %s", self.run.id, write_exc)

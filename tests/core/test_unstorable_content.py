@@ -14,7 +14,7 @@ import uuid
 import pytest
 from django.db import DataError, connection
 from django.test import Client
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.errors import AuditWriteRejected
@@ -343,3 +343,20 @@ def test_a_refused_audit_write_is_not_retried_and_names_the_cause_R_RUN_11(threa
     assert len(calls) == 1
     assert caught.value.code == "audit_write_rejected:DataError"
     assert isinstance(caught.value.__cause__, DataError)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | _TEXT,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_TEXT, children, max_size=4),
+    max_leaves=12,
+)
+
+
+@pytest.mark.django_db
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_TEXT, value=_JSON)
+def test_any_text_and_json_round_trip_through_postgresql_R_RUN_11(thread, text, value):
+    row = Message.objects.create(thread=thread, role=Message.Role.USER, content=text, metadata={"v": value})
+    again = Message.objects.get(pk=row.pk)
+    assert again.content == text and again.metadata == {"v": value}
+    assert list(Message.objects.filter(pk=row.pk).values_list("metadata__v", flat=True)) == [value]
