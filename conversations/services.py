@@ -9,6 +9,7 @@ from audit.agents.models import validate_model_name
 from audit.models import AgentRun
 from yuxi_project.config import get_config
 from yuxi_project.errors import InvalidInput
+from yuxi_project.storable import fit_text
 
 from .models import Conversation, Message, MessageFeedback
 from .selectors import message_feedback_of
@@ -24,7 +25,7 @@ def thread_create(*, user, agent_id: str, model: str | None = None, title: str =
     """
     validate_agent_id(agent_id)
     model = validate_model_name(model or get_config().DEFAULT_MODEL)
-    return Conversation.objects.create(user=user, agent_id=agent_id, model=model, title=title[:200])
+    return Conversation.objects.create(user=user, agent_id=agent_id, model=model, title=fit_text(title, 200))
 
 
 def message_feedback_submit(*, user, message_id: int, rating: str, reason: str = "") -> tuple[MessageFeedback, bool]:

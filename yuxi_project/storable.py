@@ -56,6 +56,8 @@ from django.db import models
 # A character PostgreSQL refuses, or a backslash that would start an escape.
 _ESCAPE = re.compile(r"[\x00\ud800-\udfff]|\\(?=u(?:0000|005c|d[89a-f][0-9a-f]{2}))")
 _DECODE = re.compile(r"\\u(0000|005c|d[89a-f][0-9a-f]{2})")
+# One character class: the fast test that almost every string passes.
+_MAYBE = re.compile(r"[\x00\\\ud800-\udfff]")
 # An escape inside JSON text: the backslash is itself escaped there.
 _JSON_MAYBE_ESCAPED = "\\\\u"
 
@@ -71,6 +73,8 @@ def _decode_char(match: re.Match) -> str:
 def escape_text(text: str) -> str:
     """``text`` in the stored form (see the module docstring). Pure, total,
     injective; ``decode_text(escape_text(s)) == s`` for every ``str``."""
+    if _MAYBE.search(text) is None:
+        return text
     return _ESCAPE.sub(_escape_char, text)
 
 
@@ -79,6 +83,18 @@ def decode_text(text: str) -> str:
     if "\\u" not in text:
         return text
     return _DECODE.sub(_decode_char, text)
+
+
+def fit_text(text: str, max_length: int) -> str:
+    """The longest prefix of ``text`` whose stored form has at most
+    ``max_length`` characters: for a :class:`StorableCharField` whose value
+    the caller truncates anyway (a thread title), so that escaping never
+    pushes it over the column's length."""
+    text = text[:max_length]
+    while len(escape_text(text)) > max_length:
+        # Each escaped character takes six; drop from the end until it fits.
+        text = text[: max(0, len(text) - max(1, (len(escape_text(text)) - max_length) // 6))]
+    return text
 
 
 def escape_json(value: Any) -> Any:

@@ -22,7 +22,7 @@ from audit.models import AgentRun
 from audit.runner import run_execute, write_with_retry
 from conversations.models import Conversation, Message
 from tests.conftest import bearer, make_run
-from yuxi_project.storable import decode_json, decode_text, escape_json, escape_text
+from yuxi_project.storable import decode_json, decode_text, escape_json, escape_text, fit_text
 
 # Every code point, lone surrogates included, with the characters of the
 # escapes themselves over-represented.
@@ -66,6 +66,23 @@ def test_documented_examples_R_RUN_11():
     assert escape_text("C:\\users\\x") == "C:\\users\\x"
     assert escape_json({"city\x00": ["Par\x00is", 1, None, True]}) == {"city\\u0000": ["Par\\u0000is", 1, None, True]}
     assert decode_json(escape_json({"k": "\\u005c\x00"})) == {"k": "\\u005c\x00"}
+
+
+@given(_TEXT, st.integers(0, 30))
+def test_fit_text_keeps_the_longest_prefix_whose_stored_form_fits_R_RUN_11(text, limit):
+    fitted = fit_text(text, limit)
+    assert text.startswith(fitted) and len(escape_text(fitted)) <= limit
+    if fitted != text:
+        assert len(escape_text(text[: len(fitted) + 1])) > limit
+
+
+@pytest.mark.django_db
+def test_a_title_of_nul_characters_fits_its_column_R_RUN_11(user):
+    response = Client(headers=bearer(user)).post(
+        "/api/threads", {"agent_id": "assistant", "title": "\x00" * 200}, content_type="application/json"
+    )
+    assert response.status_code == 201, response.content
+    assert Conversation.objects.get(pk=response.json()["thread_id"]).title == "\x00" * 33
 
 
 # --------------------------------------------------------------------------
