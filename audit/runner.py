@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, InterfaceError, OperationalError
+from django.db.models import Exists, OuterRef
 from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
@@ -39,11 +40,12 @@ from . import services
 from .agents.assistant import build_agent
 from .agents.tools import AgentContext
 from .cancellation import CancelSignalListener
+from .causes import failure_cause_send
 from .checkpoint import open_checkpointer, postgres_conninfo
-from .errors import AuditWriteFailed, LeaseError, LeaseLost, RunNotStartable
+from .errors import AuditWriteFailed, DatabaseUnavailable, LeaseError, LeaseLost, RunNotStartable
 from .events import RunEventPublisher
 from .lease import Lease
-from .models import AgentRun
+from .models import AgentRun, RunCancelRequest
 from .recorder import LifecycleRecorder
 from .services.trace import run_set_trace
 from .tracing import start_run_trace
@@ -124,6 +126,11 @@ def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
     acquired (not pending, already owned, or waiting behind an earlier run
     of its thread — R-RUN-2, R-RUN-3), or ``"lease_lost"`` when another
     owner took the run over mid-way.
+
+    Raises:
+        DatabaseUnavailable: PostgreSQL could not be reached at pickup; the
+            run is untouched (still ``pending``) and the task retries
+            (R-RUN-9).
     """
     config = get_config()
     owner = owner or worker_identity()
@@ -133,6 +140,11 @@ def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
     except (RunNotStartable, NotFound) as exc:
         log.info("run %s not started: %s", run_id, exc)
         return "skipped"
+    except (OperationalError, InterfaceError) as exc:
+        # Not "done": the run stays pending and the task is retried (and the
+        # dispatcher hands it over again in any case). A lease taken just
+        # before the connection broke expires and is swept.
+        raise DatabaseUnavailable(f"run {run_id} not picked up: {type(exc).__name__}: {exc}") from exc
     finally:
         release_connection()
     return asyncio.run(RunExecutor(lease=lease, run=run, conninfo=postgres_conninfo()).execute())
@@ -308,6 +320,8 @@ class RunExecutor:
                 # to the lease sweeper (R-RUN-7, R-RUN-8).
                 if time.monotonic() + 1.0 >= self.lease_deadline:
                     log.error("run %s terminal write failed; the lease sweeper will end it: %s", self.run.id, exc)
+                    # The sweeper names this cause, not lease_expired.
+                    failure_cause_send(run_id=self.run.id, error_type=exc.code, message=exc.message)
                     return "lease_lost"
                 log.warning("run %s terminal write failed, retrying while the lease lasts: %s", self.run.id, exc)
                 await asyncio.sleep(0.5)
@@ -328,10 +342,18 @@ def _run_status(*, lease: Lease) -> str:
     """The run's status, read without a lock; raises :class:`LeaseLost` when
     another owner or fencing token holds the run, so a worker notices a
     takeover within one poll even while no audit write is due (R-RUN-4)."""
-    status, owner, token = AgentRun.objects.values_list("status", "lease_owner", "fencing_token").get(pk=lease.run_id)
+    status, owner, token, cancel = (
+        AgentRun.objects.annotate(
+            cancel=Exists(RunCancelRequest.objects.filter(run_id=OuterRef("pk"), applied_at__isnull=True))
+        )
+        .values_list("status", "lease_owner", "fencing_token", "cancel")
+        .get(pk=lease.run_id)
+    )
     if owner != lease.owner or token != lease.fencing_token:
         raise LeaseLost(f"run {lease.run_id} is now held by {owner!r} with token {token}")
-    return status
+    # A cancel request recorded while a lock was held counts at once; the
+    # next renewal applies it to the row (R-RUN-10).
+    return Status.CANCEL_REQUESTED if cancel and status == Status.RUNNING else status
 
 
 def _error_type(exc: BaseException) -> str:
