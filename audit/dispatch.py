@@ -113,6 +113,6 @@ def cancel_requests_apply(*, limit: int = 200) -> int:
     )
     applied = 0
     for run_id in pending:
-        if cancel_request_apply(run_id=run_id, wait=False) is not None:
+        if cancel_request_apply(run_id=run_id) is not None:
             applied += 1
     return applied

@@ -42,7 +42,7 @@ from .agents.tools import AgentContext
 from .cancellation import CancelSignalListener
 from .causes import failure_cause_send
 from .checkpoint import open_checkpointer, postgres_conninfo
-from .errors import AuditWriteFailed, DatabaseUnavailable, LeaseError, LeaseLost, RunNotStartable
+from .errors import AuditWriteFailed, DatabaseUnavailable, LeaseError, LeaseExpired, LeaseLost, RunNotStartable
 from .events import RunEventPublisher
 from .lease import Lease
 from .models import AgentRun, RunCancelRequest
@@ -73,6 +73,10 @@ def _call_then_release(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
 
 _RETRYABLE = (OperationalError, InterfaceError, IntegrityError)
 
+# The last database error this process met (monotonic time, text): a lease
+# that expired while the database was unreachable names that cause.
+_last_database_error: dict[str, Any] = {"at": float("-inf"), "text": ""}
+
 
 async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     """Run one audit service call in its own short transaction, awaited.
@@ -87,6 +91,8 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         try:
             return await sync_to_async(_call_then_release)(fn, kwargs)
         except _RETRYABLE as exc:
+            if not isinstance(exc, IntegrityError):
+                _last_database_error.update(at=time.monotonic(), text=f"{type(exc).__name__}: {exc}")
             if attempt == attempts:
                 raise AuditWriteFailed(
                     f"{fn.__name__} failed {attempts} times: {type(exc).__name__}: {exc}",
@@ -294,8 +300,21 @@ class RunExecutor:
         finally:
             await listener.close()
 
+    def _leave_cause_if_database_was_lost(self, code: str) -> None:
+        """The lease expired while the database was unreachable: leave the
+        cause for the sweeper, which would otherwise say ``lease_expired``
+        (R-RUN-8)."""
+        recent = time.monotonic() - _last_database_error["at"] <= 2 * self.config.LEASE_TTL_SECONDS
+        if code == LeaseExpired.code and recent:
+            failure_cause_send(
+                run_id=self.run.id,
+                error_type=AuditWriteFailed.code,
+                message=f"the database was unreachable until the lease expired: {_last_database_error['text']}",
+            )
+
     async def _finish(self, outcome: _Outcome) -> str:
         if outcome.status is None:
+            self._leave_cause_if_database_was_lost(outcome.error_type)
             return "lease_lost"
         terminal = {
             "lease": self.lease,
@@ -313,6 +332,7 @@ class RunExecutor:
                 break
             except LeaseError as exc:
                 log.warning("run %s could not be finished: %s", self.run.id, exc)
+                self._leave_cause_if_database_was_lost(exc.code)
                 return "lease_lost"
             except AuditWriteFailed as exc:
                 # The terminal write is the one that must not be lost: keep
