@@ -45,11 +45,11 @@ PG_BIN = Path(sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p
 
 # Short leases and intervals: recovery within seconds, not minutes.
 FAST_SETTINGS = {
-    "LEASE_TTL_SECONDS": "6",
+    "LEASE_TTL_SECONDS": "8",
     "LEASE_SWEEP_INTERVAL_SECONDS": "0.5",
     "DISPATCH_GRACE_SECONDS": "2",
     "DISPATCH_INTERVAL_SECONDS": "0.5",
-    "WORKER_LOCK_TIMEOUT_MS": "1500",
+    "WORKER_LOCK_TIMEOUT_MS": "4000",
     "WORKER_STATEMENT_TIMEOUT_MS": "10000",
     "WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS": "2000",
     "WEB_LOCK_TIMEOUT_MS": "500",
@@ -370,6 +370,7 @@ def fault_stack(users: int = 6, workers: int = 2) -> FaultStack:
         for worker in launched:
             worker.wait_for_line(" ready.", timeout=180)
             stack.workers.append(worker)
+        warm_up(stack)
     except Exception:
         stack.stop()
         raise
@@ -433,6 +434,18 @@ class Batch:
         for n in range(turns_per_thread):
             for thread_id in created:
                 self.submit(thread_id, text=f"turn {n}")
+
+
+def warm_up(stack: FaultStack) -> None:
+    """One turn per worker slot before any fault: a fresh pool process's
+    first run pays for building the agent, which a loaded machine can
+    stretch past a short lease."""
+    batch = Batch(stack)
+    slots = 2 * len(stack.workers)
+    threads = [batch.new_thread(sorted(stack.tokens)[i % len(stack.tokens)]) for i in range(slots)]
+    for thread_id in threads:
+        batch.submit(thread_id, "warm up")
+    settle(stack, batch, timeout=180)
 
 
 def run_rows(stack: FaultStack) -> list[dict]:

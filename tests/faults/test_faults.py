@@ -174,14 +174,22 @@ def test_postgres_restarted_mid_batch_fails_runs_as_audit_write_failed_not_lease
     batch = Batch(stack)
     batch.spread(threads=6, turns_per_thread=2, models=["replay:slow_answer", "replay:tool_then_answer"])
     wait_until(lambda: running_count(stack, batch) >= 2)
+    with stack.db() as conn:
+        outage_began = conn.execute("SELECT now()").fetchone()[0]
     stack.pg.stop("fast")
-    time.sleep(8)  # longer than the 6 s lease
+    time.sleep(10)  # longer than the 8 s lease
     stack.pg.start()
     back_at = time.monotonic()
     settle(stack, batch, timeout=90)
     recovery = time.monotonic() - back_at
-    result = verify("postgres stop -m fast + start (8 s)", stack, batch, recovery)
-    assert not any("lease_expired" in outcome for outcome in result["outcomes"]), result["outcomes"]
+    verify("postgres stop -m fast + start (10 s)", stack, batch, recovery)
+    with stack.db() as conn:
+        mislabelled = conn.execute(
+            "SELECT id::text, error_message FROM audit_agentrun WHERE thread_id = ANY(%s::uuid[])"
+            " AND error_type = 'lease_expired' AND finished_at >= %s",
+            [list(batch.threads), outage_began],
+        ).fetchall()
+    assert not mislabelled, f"runs ended by the outage labelled lease_expired: {mislabelled}"
 
 
 # --------------------------------------------------------------------------
@@ -211,12 +219,14 @@ def test_a_worker_killed_mid_batch_is_swept_within_the_interval_while_the_other_
         ).fetchall()
     assert swept, "the killed worker's runs were swept"
     lateness = [(finished - _expiry(message)).total_seconds() for message, finished in swept]
-    log = stack.maintenance.output()
+    lines = stack.maintenance.output().splitlines()
+    received = sum("sweep_expired_leases" in line and "received" in line for line in lines)
+    succeeded = sum("sweep_expired_leases" in line and "succeeded" in line for line in lines)
+    discarded = sum("sweep_expired_leases" in line and "revoked" in line.lower() for line in lines)
     print(
         f"swept {len(swept)} run(s), at most {max(lateness):.2f} s after lease expiry "
-        f"(interval {stack.env['LEASE_SWEEP_INTERVAL_SECONDS']} s); sweeps received "
-        f"{log.count('audit.sweep_expired_leases') and log.count('received')}, "
-        f"discarded {log.lower().count('discarding')}"
+        f"(interval {stack.env['LEASE_SWEEP_INTERVAL_SECONDS']} s); sweeps received {received}, "
+        f"succeeded {succeeded}, discarded as expired {discarded}"
     )
     # Loose bound (a loaded 2-core machine): finding 7 saw 4-7 s.
     assert max(lateness) < 3.0
@@ -275,6 +285,7 @@ def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
     batch = Batch(stack)
     frozen_thread = batch.new_thread("user0", "replay:slow_lookup")
     others = [batch.new_thread(f"user{i}") for i in range(1, 5)]
+    baseline = _others_baseline(stack)
     target = batch.submit(frozen_thread, "archive?")
     # Wait for the slow tool; its end is followed by the next model call's
     # insert, which the lock below holds inside the worker's transaction.
@@ -284,12 +295,15 @@ def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
     blocker.execute("SELECT id FROM conversations_conversation WHERE id = %s FOR UPDATE", [frozen_thread])
     blocker_pid = blocker.info.backend_pid
     with stack.db() as conn:
-        wait_until(
+        blocked = wait_until(
             lambda: conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [blocker_pid]
-            ).fetchone()[0],
+                "SELECT pid, application_name, state, xact_start IS NOT NULL, left(query, 60)"
+                " FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                [blocker_pid],
+            ).fetchall(),
             timeout=30,
         )
+    print(f"blocked behind the thread lock: {blocked}")
     group = worker_pgid_of_run(stack, target.run_id)
     os.killpg(group, signal.SIGSTOP)
     frozen_at = time.monotonic()
@@ -297,12 +311,9 @@ def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
         blocker.rollback()
         blocker.close()
         with stack.db() as conn:
-            idle = wait_until(
-                lambda: conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND datname = 'yuxi'"
-                ).fetchone()[0],
-                timeout=5,
-            )
+            idle = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%%' AND datname = 'yuxi'"
+            ).fetchone()[0]
         # Traffic while the row is held: the cancel, nine more, others' reads.
         timings: list[tuple[str, int, float]] = []
 
@@ -333,7 +344,11 @@ def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
             f"others max {max(t[2] for t in other):.2f} s"
         )
         assert all(code == 202 and took < 2.0 for _, code, took in cancels), cancels
-        assert all(code == 200 and took < 1.0 for _, code, took in other), other
+        # < 1 s, or on a machine so loaded that the same reads take longer
+        # without any fault, within three times what they took before it.
+        bound = max(1.0, 3 * baseline)
+        print(f"others before the freeze: max {baseline:.2f} s; bound {bound:.2f} s")
+        assert all(code == 200 and took < bound for _, code, took in other), other
         # PostgreSQL ends the frozen transaction; the run is swept as asked.
         ended = wait_until(lambda: _status(stack, target.run_id) in ("cancelled", "failed"), timeout=30)
         swept_after = time.monotonic() - frozen_at
@@ -342,11 +357,26 @@ def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
                 "SELECT status, error_type, error_message FROM audit_agentrun WHERE id = %s", [target.run_id]
             ).fetchone()
         assert ended and status == "cancelled", (status, error_type, message)
+        # PostgreSQL itself ended the frozen worker's transaction.
+        ended_by_postgres = "idle-in-transaction timeout" in stack.pg.log.read_text(errors="replace")
+        print(f"PostgreSQL ended the frozen transaction: {ended_by_postgres}")
+        assert ended_by_postgres
     finally:
         os.killpg(group, signal.SIGCONT)
     settle(stack, batch, timeout=60)
     print(f"frozen run ended {swept_after:.1f} s after the freeze")
     verify("worker SIGSTOP inside a transaction", stack, batch, swept_after)
+
+
+def _others_baseline(stack: FaultStack) -> float:
+    """The slowest of the same reads of other users, without a fault."""
+    took = []
+    for path, user in (("/api/threads", "user1"), ("/api/dashboard/overview", None)) * 2:
+        with stack.client(user) as client:
+            began = time.monotonic()
+            assert client.get(path).status_code == 200
+            took.append(time.monotonic() - began)
+    return max(took)
 
 
 def _tool_running(stack: FaultStack, run_id: str) -> bool:
