@@ -286,13 +286,19 @@ def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
     frozen_thread = batch.new_thread("user0", "replay:slow_lookup")
     others = [batch.new_thread(f"user{i}") for i in range(1, 5)]
     baseline = _others_baseline(stack)
-    target = batch.submit(frozen_thread, "archive?")
-    # Wait for the slow tool; its end is followed by the next model call's
-    # insert, which the lock below holds inside the worker's transaction.
-    wait_until(lambda: _tool_running(stack, target.run_id), timeout=60)
+    # An uncommitted row with the key the worker's tool_call_start will
+    # insert makes that insert wait for us inside the worker's transaction,
+    # after it locked the run row (a unique-index wait; foreign keys are
+    # checked only at COMMIT). There the worker is frozen.
     blocker = stack.db()
     blocker.autocommit = False
-    blocker.execute("SELECT id FROM conversations_conversation WHERE id = %s FOR UPDATE", [frozen_thread])
+    target = batch.submit(frozen_thread, "archive?")
+    blocker.execute(
+        "INSERT INTO conversations_message (role, message_type, content, metadata, tool_name, created_at, updated_at,"
+        " thread_id, run_id, operation_id) VALUES ('tool', 'tool_audit', '', '{}', 'lookup_docs', now(), now(),"
+        " %s, %s, 'call_lookup_slow')",
+        [frozen_thread, target.run_id],
+    )
     blocker_pid = blocker.info.backend_pid
     with stack.db() as conn:
         blocked = wait_until(
@@ -301,9 +307,9 @@ def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
                 " FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
                 [blocker_pid],
             ).fetchall(),
-            timeout=30,
+            timeout=60,
         )
-    print(f"blocked behind the thread lock: {blocked}")
+    print(f"blocked behind the test's row: {blocked}")
     group = worker_pgid_of_run(stack, target.run_id)
     os.killpg(group, signal.SIGSTOP)
     frozen_at = time.monotonic()
@@ -311,9 +317,8 @@ def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
         blocker.rollback()
         blocker.close()
         with stack.db() as conn:
-            idle = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%%' AND datname = 'yuxi'"
-            ).fetchone()[0]
+            idle = conn.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", [blocked[0][0]]).fetchone()
+        print(f"the frozen worker's backend: {idle}")
         # Traffic while the row is held: the cancel, nine more, others' reads.
         timings: list[tuple[str, int, float]] = []
 
@@ -340,8 +345,7 @@ def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
         cancels = [t for t in timings if t[0].startswith("cancel")]
         other = [t for t in timings if not t[0].startswith("cancel")]
         print(
-            f"frozen holder: idle-in-transaction backends {idle}; cancel max {max(t[2] for t in cancels):.2f} s; "
-            f"others max {max(t[2] for t in other):.2f} s"
+            f"frozen holder: cancel max {max(t[2] for t in cancels):.2f} s; others max {max(t[2] for t in other):.2f} s"
         )
         assert all(code == 202 and took < 2.0 for _, code, took in cancels), cancels
         # < 1 s, or on a machine so loaded that the same reads take longer
@@ -377,17 +381,6 @@ def _others_baseline(stack: FaultStack) -> float:
             assert client.get(path).status_code == 200
             took.append(time.monotonic() - began)
     return max(took)
-
-
-def _tool_running(stack: FaultStack, run_id: str) -> bool:
-    with stack.db() as conn:
-        return bool(
-            conn.execute(
-                "SELECT count(*) FROM conversations_message WHERE run_id = %s AND role = 'tool' "
-                "AND execution_status = 'running'",
-                [run_id],
-            ).fetchone()[0]
-        )
 
 
 def _status(stack: FaultStack, run_id: str) -> str:
