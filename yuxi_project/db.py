@@ -21,8 +21,7 @@ def worker_session_options(config) -> str:
     of a worker frozen while it holds a run row, so PostgreSQL releases the
     lock and the sweeper and the dispatcher get to the run."""
     return (
-        "-c application_name=yuxi-worker"
-        f" -c lock_timeout={config.WORKER_LOCK_TIMEOUT_MS}"
+        f"-c lock_timeout={config.WORKER_LOCK_TIMEOUT_MS}"
         f" -c statement_timeout={config.WORKER_STATEMENT_TIMEOUT_MS}"
         f" -c idle_in_transaction_session_timeout={config.WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
     )
