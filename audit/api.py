@@ -22,9 +22,12 @@ from .schemas import RunIn, RunOut, RunResumeIn, TimelineOut, TimelineQuery
 router = Router(tags=["runs"])
 
 ERRORS = {401: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+# Writes that lock a thread or run row give up quickly with 503 run_busy
+# while a worker holds it (R-RUN-10).
+WRITE_ERRORS = {**ERRORS, 503: ErrorOut}
 
 
-@router.post("/threads/{thread_id}/runs", response={200: RunOut, 202: RunOut, **ERRORS})
+@router.post("/threads/{thread_id}/runs", response={200: RunOut, 202: RunOut, **WRITE_ERRORS})
 def submit_run(request, thread_id: uuid.UUID, payload: RunIn):
     """Submit a user turn (R-RUN-1): 202 with the new run; the same
     ``request_id`` again answers 200 with the same run and starts nothing."""
@@ -40,13 +43,15 @@ def get_run(request, run_id: uuid.UUID):
     return RunOut.from_run(selectors.run_of(request.auth, run_id))
 
 
-@router.post("/runs/{run_id}/cancel", response={202: RunOut, **ERRORS})
+@router.post("/runs/{run_id}/cancel", response={202: RunOut, **WRITE_ERRORS})
 def cancel_run(request, run_id: uuid.UUID):
-    """Request cancellation (R-RUN-6). A terminal run is returned unchanged."""
+    """Request cancellation (R-RUN-6). Answers at once, also while a worker
+    holds the run (R-RUN-10): the request is recorded and applied by the
+    worker or the dispatcher. A terminal run is returned unchanged."""
     return 202, RunOut.from_run(services.run_request_cancel(user=request.auth, run_id=run_id))
 
 
-@router.post("/runs/{run_id}/resume", response={200: RunOut, 202: RunOut, **ERRORS})
+@router.post("/runs/{run_id}/resume", response={200: RunOut, 202: RunOut, **WRITE_ERRORS})
 def resume_run(request, run_id: uuid.UUID, payload: RunResumeIn):
     """Answer a pending approval (R-TA-5): 202 with the new resume run of the
     same turn; the same ``request_id`` again answers 200 with the same run.

@@ -79,6 +79,22 @@ class AuditWriteRejected(ApplicationError):
         self.code = f"{type(self).code}:{cause}"[:100]
 
 
+class RunBusy(ApplicationError):
+    """A web request gave up waiting for a run or thread row that a worker
+    holds (R-RUN-10); nothing was changed, the client may retry."""
+
+    code = "run_busy"
+    http_status = 503
+
+
+class DatabaseUnavailable(ApplicationError):
+    """PostgreSQL could not be reached when a worker picked a run up; the
+    task is retried and the run stays ``pending`` (R-RUN-9)."""
+
+    code = "database_unavailable"
+    http_status = 503
+
+
 class ToolResultConflict(AuditConflict):
     """A tool lifecycle tried to close an already closed tool row with a
     different result (R-TA-2). The same result again is a no-op instead."""

@@ -8,6 +8,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from yuxi_project.storable import StorableCharField, StorableJSONField, StorableTextField
 
@@ -79,6 +80,11 @@ class AgentRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # When the run was last handed to the broker (submission, its thread's
+    # previous run ending, the dispatcher): a pending run at the head of its
+    # thread not acquired within DISPATCH_GRACE_SECONDS of it is handed over
+    # again (R-RUN-9).
+    dispatched_at = models.DateTimeField(null=True, blank=True, default=timezone.now)
 
     objects = AgentRunQuerySet.as_manager()
 
@@ -99,6 +105,8 @@ class AgentRun(models.Model):
             # its date filter and the dashboard's runs per day.
             models.Index(fields=["created_at"], name="run_created_idx"),
             models.Index(fields=["user", "-created_at"], name="run_user_created_idx"),
+            # Dispatcher: pending runs handed over longest ago (R-RUN-9).
+            models.Index(fields=["dispatched_at"], name="run_pending_dispatch_idx", condition=Q(status="pending")),
         ]
 
     def __str__(self) -> str:
@@ -107,3 +115,32 @@ class AgentRun(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL_STATUSES
+
+
+class RunCancelRequest(models.Model):
+    """A cancel request recorded without waiting for the run row's lock
+    (R-RUN-10). ``POST /api/runs/{id}/cancel`` inserts it and signals the
+    worker over Redis; the lock holder (the worker, at its next lease check),
+    the cancel request itself when the row is free, or the dispatcher applies
+    it to the run and sets ``applied_at``.
+
+    ``run`` has no foreign-key constraint on purpose: the constraint's check
+    takes a share lock on the run row, which a worker frozen inside a
+    transaction may hold; the insert must never wait for it. Deleting a run
+    still deletes its requests (Django's cascade).
+    """
+
+    run = models.OneToOneField(
+        AgentRun, on_delete=models.CASCADE, db_constraint=False, related_name="cancel_request", primary_key=True
+    )
+    requested_at = models.DateTimeField(default=timezone.now)
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # Dispatcher: requests not applied yet.
+            models.Index(fields=["requested_at"], name="cancel_unapplied_idx", condition=Q(applied_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"cancel request for run {self.run_id}"

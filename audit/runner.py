@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError
+from django.db.models import Exists, OuterRef
 from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
@@ -39,11 +40,20 @@ from . import services
 from .agents.assistant import build_agent
 from .agents.tools import AgentContext
 from .cancellation import CancelSignalListener
+from .causes import failure_cause_send
 from .checkpoint import open_checkpointer, postgres_conninfo
-from .errors import AuditWriteFailed, AuditWriteRejected, LeaseError, LeaseLost, RunNotStartable
+from .errors import (
+    AuditWriteFailed,
+    AuditWriteRejected,
+    DatabaseUnavailable,
+    LeaseError,
+    LeaseExpired,
+    LeaseLost,
+    RunNotStartable,
+)
 from .events import RunEventPublisher
 from .lease import Lease
-from .models import AgentRun
+from .models import AgentRun, RunCancelRequest
 from .recorder import LifecycleRecorder
 from .services.trace import run_set_trace
 from .tracing import start_run_trace
@@ -71,6 +81,10 @@ def _call_then_release(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
 
 _RETRYABLE = (OperationalError, InterfaceError, IntegrityError)
 
+# The last database error this process met (monotonic time, text): a lease
+# that expired while the database was unreachable names that cause.
+_last_database_error: dict[str, Any] = {"at": float("-inf"), "text": ""}
+
 
 async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     """Run one audit service call in its own short transaction, awaited.
@@ -88,6 +102,8 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         try:
             return await sync_to_async(_call_then_release)(fn, kwargs)
         except _RETRYABLE as exc:
+            if not isinstance(exc, IntegrityError):
+                _last_database_error.update(at=time.monotonic(), text=f"{type(exc).__name__}: {exc}")
             if attempt == attempts:
                 raise AuditWriteFailed(
                     f"{fn.__name__} failed {attempts} times: {type(exc).__name__}: {exc}",
@@ -132,6 +148,11 @@ def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
     acquired (not pending, already owned, or waiting behind an earlier run
     of its thread — R-RUN-2, R-RUN-3), or ``"lease_lost"`` when another
     owner took the run over mid-way.
+
+    Raises:
+        DatabaseUnavailable: PostgreSQL could not be reached at pickup; the
+            run is untouched (still ``pending``) and the task retries
+            (R-RUN-9).
     """
     config = get_config()
     owner = owner or worker_identity()
@@ -141,6 +162,11 @@ def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
     except (RunNotStartable, NotFound) as exc:
         log.info("run %s not started: %s", run_id, exc)
         return "skipped"
+    except (OperationalError, InterfaceError) as exc:
+        # Not "done": the run stays pending and the task is retried (and the
+        # dispatcher hands it over again in any case). A lease taken just
+        # before the connection broke expires and is swept.
+        raise DatabaseUnavailable(f"run {run_id} not picked up: {type(exc).__name__}: {exc}") from exc
     finally:
         release_connection()
     return asyncio.run(RunExecutor(lease=lease, run=run, conninfo=postgres_conninfo()).execute())
@@ -290,8 +316,21 @@ class RunExecutor:
         finally:
             await listener.close()
 
+    def _leave_cause_if_database_was_lost(self, code: str) -> None:
+        """The lease expired while the database was unreachable: leave the
+        cause for the sweeper, which would otherwise say ``lease_expired``
+        (R-RUN-8)."""
+        recent = time.monotonic() - _last_database_error["at"] <= 2 * self.config.LEASE_TTL_SECONDS
+        if code == LeaseExpired.code and recent:
+            failure_cause_send(
+                run_id=self.run.id,
+                error_type=AuditWriteFailed.code,
+                message=f"the database was unreachable until the lease expired: {_last_database_error['text']}",
+            )
+
     async def _finish(self, outcome: _Outcome) -> str:
         if outcome.status is None:
+            self._leave_cause_if_database_was_lost(outcome.error_type)
             return "lease_lost"
         terminal = {
             "lease": self.lease,
@@ -309,6 +348,7 @@ class RunExecutor:
                 break
             except LeaseError as exc:
                 log.warning("run %s could not be finished: %s", self.run.id, exc)
+                self._leave_cause_if_database_was_lost(exc.code)
                 return "lease_lost"
             except AuditWriteFailed as exc:
                 # The terminal write is the one that must not be lost: keep
@@ -316,6 +356,8 @@ class RunExecutor:
                 # to the lease sweeper (R-RUN-7, R-RUN-8).
                 if time.monotonic() + 1.0 >= self.lease_deadline:
                     log.error("run %s terminal write failed; the lease sweeper will end it: %s", self.run.id, exc)
+                    # The sweeper names this cause, not lease_expired.
+                    failure_cause_send(run_id=self.run.id, error_type=exc.code, message=exc.message)
                     return "lease_lost"
                 log.warning("run %s terminal write failed, retrying while the lease lasts: %s", self.run.id, exc)
                 await asyncio.sleep(0.5)
@@ -378,10 +420,18 @@ def _run_status(*, lease: Lease) -> str:
     """The run's status, read without a lock; raises :class:`LeaseLost` when
     another owner or fencing token holds the run, so a worker notices a
     takeover within one poll even while no audit write is due (R-RUN-4)."""
-    status, owner, token = AgentRun.objects.values_list("status", "lease_owner", "fencing_token").get(pk=lease.run_id)
+    status, owner, token, cancel = (
+        AgentRun.objects.annotate(
+            cancel=Exists(RunCancelRequest.objects.filter(run_id=OuterRef("pk"), applied_at__isnull=True))
+        )
+        .values_list("status", "lease_owner", "fencing_token", "cancel")
+        .get(pk=lease.run_id)
+    )
     if owner != lease.owner or token != lease.fencing_token:
         raise LeaseLost(f"run {lease.run_id} is now held by {owner!r} with token {token}")
-    return status
+    # A cancel request recorded while a lock was held counts at once; the
+    # next renewal applies it to the row (R-RUN-10).
+    return Status.CANCEL_REQUESTED if cancel and status == Status.RUNNING else status
 
 
 def _error_type(exc: BaseException) -> str:

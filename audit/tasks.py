@@ -1,23 +1,46 @@
-"""Celery tasks: thin interfaces that take ids and call one service."""
+"""Celery tasks: thin interfaces that take ids, call one service and apply
+the retry policy."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
+from .errors import DatabaseUnavailable
 from .runner import run_execute
 
+# Pickup retries while PostgreSQL is unreachable: 1, 2, 4 … 30 s apart, for
+# about ten minutes; the dispatcher hands the run over again after that
+# in any case (R-RUN-9).
+PICKUP_RETRY_MAX = 25
 
-@shared_task(name="audit.execute_run", acks_late=True)
-def execute_run(run_id: str) -> str:
+
+@shared_task(name="audit.execute_run", bind=True, acks_late=True, max_retries=PICKUP_RETRY_MAX)
+def execute_run(self, run_id: str) -> str:
     """Execute one agent run under a lease (R-RUN-3). A second delivery of
-    the same run does nothing."""
-    return run_execute(run_id=run_id)
+    the same run does nothing. When PostgreSQL cannot be reached at pickup
+    the task is retried with backoff instead of being acked as done
+    (R-RUN-9)."""
+    try:
+        return run_execute(run_id=run_id)
+    except DatabaseUnavailable as exc:
+        raise self.retry(exc=exc, countdown=min(30, 2 ** min(self.request.retries, 5))) from None
 
 
 @shared_task(name="audit.sweep_expired_leases", acks_late=False, ignore_result=True)
 def sweep_expired_leases() -> int:
-    """Fail the runs whose lease expired (R-RUN-7); scheduled by Celery beat
-    every ``LEASE_SWEEP_INTERVAL_SECONDS``. Returns how many it failed."""
+    """End the runs whose lease expired (R-RUN-7); scheduled by Celery beat
+    every ``LEASE_SWEEP_INTERVAL_SECONDS`` on the maintenance queue.
+    Returns how many it ended."""
     from .services import run_sweep_expired_leases
 
     return len(run_sweep_expired_leases())
+
+
+@shared_task(name="audit.dispatch_runs", acks_late=False, ignore_result=True)
+def dispatch_runs() -> dict[str, int]:
+    """Hand over again the pending runs whose broker message may be lost and
+    apply recorded cancel requests (R-RUN-9, R-RUN-10); scheduled by Celery
+    beat every ``DISPATCH_INTERVAL_SECONDS`` on the maintenance queue."""
+    from .dispatch import runs_dispatch
+
+    return runs_dispatch()

@@ -14,7 +14,7 @@ app.autodiscover_tasks()
 
 @worker_init.connect
 def refuse_mismatched_schema(**_kwargs) -> None:
-    """Stop the worker before it consumes anything when the database schema
+    """Configure the worker's database connections, then stop the worker before it consumes anything when the database schema
     does not match the code (R-SCH-1). Celery logs and swallows exceptions
     of signal handlers, so the refusal is a ``SystemExit``."""
     import sys
@@ -22,10 +22,23 @@ def refuse_mismatched_schema(**_kwargs) -> None:
     import django
 
     django.setup()
+    from django.db import connections
+
+    from yuxi_project.config import get_config
+    from yuxi_project.db import configure_worker_database
     from yuxi_project.schema_guard import SchemaMismatch, ensure_schema_matches
 
+    # Before the first connection: worker connections get bounded waits
+    # (R-RUN-10) and a pool wait that fits inside the lease (R-RUN-8).
+    configure_worker_database(connections["default"].settings_dict, get_config())
     try:
         ensure_schema_matches()
     except SchemaMismatch as exc:
         print(str(exc), file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    finally:
+        # The pool the check opened must not be inherited by the forked
+        # pool processes (they would share its sockets): each opens its own.
+        close_pool = getattr(connections["default"], "close_pool", None)
+        if close_pool is not None:
+            close_pool()

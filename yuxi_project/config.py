@@ -53,6 +53,26 @@ class Config(BaseSettings):
     DB_POOL_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0)
     # Attempts for one critical audit write before the run fails (R-RUN-8).
     AUDIT_WRITE_ATTEMPTS: int = Field(default=3, ge=1, le=20)
+    # --- dispatch from PostgreSQL (R-RUN-9) ---
+    # Seconds a run may wait at the head of its thread's queue, handed to
+    # the broker, before the dispatcher hands it over again (its message may
+    # be lost). A normal pickup takes well under a second.
+    DISPATCH_GRACE_SECONDS: float = Field(default=10.0, gt=0)
+    # Seconds between two runs of the dispatcher (Celery beat).
+    DISPATCH_INTERVAL_SECONDS: float = Field(default=5.0, gt=0)
+    # The queue of the dispatcher and the lease sweeper. Its own queue, served
+    # by its own worker, so that busy run workers cannot starve them.
+    CELERY_MAINTENANCE_QUEUE: str = "agent-maintenance"
+    # --- bounded waits (R-RUN-10) ---
+    # Milliseconds a web request waits for a run or thread row lock before it
+    # answers 503 ``run_busy``.
+    WEB_LOCK_TIMEOUT_MS: int = Field(default=1000, ge=1)
+    # Worker connections: lock wait, statement time and idle time inside a
+    # transaction after which PostgreSQL gives up (the last one ends a frozen
+    # worker's transaction and releases its row lock).
+    WORKER_LOCK_TIMEOUT_MS: int = Field(default=5000, ge=1)
+    WORKER_STATEMENT_TIMEOUT_MS: int = Field(default=30000, ge=1)
+    WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS: int = Field(default=5000, ge=1)
     # Tool results longer than this many characters go to the thread
     # workspace instead of the graph State (R-TA-4).
     LARGE_TOOL_RESULT_CHARS: int = Field(default=4000, ge=1)

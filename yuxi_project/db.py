@@ -12,3 +12,32 @@ def release_connection() -> None:
     stream calls it so that it holds no connection while it waits (R-EVT-1)."""
     if not connection.in_atomic_block:
         connection.close()
+
+
+def worker_session_options(config) -> str:
+    """The libpq ``options`` of a worker's connections (R-RUN-10):
+    ``lock_timeout`` (no lock wait without bound), ``statement_timeout`` and
+    ``idle_in_transaction_session_timeout`` — the last ends the transaction
+    of a worker frozen while it holds a run row, so PostgreSQL releases the
+    lock and the sweeper and the dispatcher get to the run."""
+    return (
+        f"-c lock_timeout={config.WORKER_LOCK_TIMEOUT_MS}"
+        f" -c statement_timeout={config.WORKER_STATEMENT_TIMEOUT_MS}"
+        f" -c idle_in_transaction_session_timeout={config.WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
+    )
+
+
+def configure_worker_database(settings_dict: dict, config) -> None:
+    """Give a Celery worker's database connections their session limits and
+    a pool wait that fits inside the lease: ``AUDIT_WRITE_ATTEMPTS`` waits of
+    at most a sixth of the lease each (R-RUN-8), so a run that loses the
+    database fails ``audit_write_failed`` while its lease still holds.
+    Call before the process opens its first connection."""
+    options = settings_dict.setdefault("OPTIONS", {})
+    if "pool" not in options:  # not PostgreSQL
+        return
+    existing = options.get("options", "")
+    options["options"] = f"{existing} {worker_session_options(config)}".strip()
+    pool = options["pool"] if isinstance(options["pool"], dict) else {}
+    bounded = config.LEASE_TTL_SECONDS / (2 * config.AUDIT_WRITE_ATTEMPTS)
+    options["pool"] = {**pool, "timeout": max(0.5, min(config.DB_POOL_TIMEOUT_SECONDS, bounded))}

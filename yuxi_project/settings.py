@@ -71,6 +71,10 @@ if CONFIG.DATABASE_URL and not CONFIG.DATABASE_URL.startswith("sqlite"):
     # transaction hands it back to the pool instead of tearing it down
     # (R-RUN-5). CONN_MAX_AGE must be 0 with the pool.
     _db["CONN_MAX_AGE"] = 0
+    # The pool checks a connection before handing it out, so connections
+    # that died in a PostgreSQL restart are replaced instead of failing the
+    # next request or audit write (one empty round trip per checkout).
+    _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 8, "timeout": CONFIG.DB_POOL_TIMEOUT_SECONDS}
     _db["TEST"] = {"NAME": _db["NAME"] + "_test"}
     DATABASES = {"default": _db}
@@ -116,22 +120,71 @@ else:
     CELERY_BROKER_URL = "memory://"
     CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_DEFAULT_QUEUE = CONFIG.CELERY_QUEUE
-# A task is acknowledged only after it ran, so a crashed worker's task is
-# delivered again; the lease makes the second delivery harmless (R-RUN-3).
+# At-least-once delivery; PostgreSQL, not the broker, is the source of truth
+# for what must run (R-RUN-9): the dispatcher re-enqueues any pending run
+# whose message is lost, and the lease makes every duplicate harmless
+# (R-RUN-3). Each choice below says why.
+#
+# Acknowledge a task only after it ran, so a worker that dies mid-run does
+# not take the message with it.
 CELERY_TASK_ACKS_LATE = True
+# A pool process killed (SIGKILL, OOM) hands its message back at once
+# instead of acking it as failed; the redelivery finds the run leased or
+# swept and starts nothing twice.
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# One message per free slot: a busy worker does not sit on messages another
+# worker could start.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
+# Reconnect to the broker forever, at start-up and after losing it: a Redis
+# restart must not end the worker (finding: broker restarted empty).
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# Runs keep going when the broker goes away: their lease lives in
+# PostgreSQL, and cancelling them would throw work away.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # Redis redelivers an unacked message after this long. It is only a
+    # last resort (the dispatcher re-enqueues a lost run within
+    # DISPATCH_GRACE_SECONDS) and must stay well above the lease TTL and a
+    # long run's duration, or live runs get redundant duplicates.
+    "visibility_timeout": max(3600, int(CONFIG.LEASE_TTL_SECONDS * 10)),
+    # A dead or frozen Redis fails a publish in seconds, not minutes: the
+    # submission has committed and answers 202 either way.
+    "socket_connect_timeout": 3,
+    "socket_timeout": 10,
+    "retry_on_timeout": True,
+    "health_check_interval": 10,
+}
+# Publishing (submit, dispatcher) retries briefly, then gives up: the run
+# is in PostgreSQL and the dispatcher hands it over later (R-RUN-9).
+CELERY_TASK_PUBLISH_RETRY = True
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-# The lease sweeper (R-RUN-7). Run beat once per deployment (`celery -A
-# yuxi_project beat`, or `worker -B` on one worker); several beats are
-# harmless: the sweep claims runs with SKIP LOCKED.
+# The dispatcher (R-RUN-9) and the lease sweeper (R-RUN-7) go to their own
+# queue, consumed by its own worker (`celery -A yuxi_project worker -Q
+# agent-maintenance`), so that run workers with every slot busy cannot
+# starve them. Run beat once per deployment (`celery -A yuxi_project
+# beat`); several beats are harmless: both claim rows with SKIP LOCKED.
+# A message that waited for several intervals is dropped: the next one
+# does the same work.
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {
         "task": "audit.sweep_expired_leases",
         "schedule": CONFIG.LEASE_SWEEP_INTERVAL_SECONDS,
-        "options": {"expires": CONFIG.LEASE_SWEEP_INTERVAL_SECONDS},
+        "options": {
+            "queue": CONFIG.CELERY_MAINTENANCE_QUEUE,
+            "expires": max(30.0, 5 * CONFIG.LEASE_SWEEP_INTERVAL_SECONDS),
+        },
+    },
+    "dispatch-runs": {
+        "task": "audit.dispatch_runs",
+        "schedule": CONFIG.DISPATCH_INTERVAL_SECONDS,
+        "options": {
+            "queue": CONFIG.CELERY_MAINTENANCE_QUEUE,
+            "expires": max(30.0, 5 * CONFIG.DISPATCH_INTERVAL_SECONDS),
+        },
     },
 }
 # The schedule is one fixed interval task, so beat keeps it in memory: the

@@ -17,7 +17,8 @@ from yuxi_project.errors import Conflict, InvalidInput, NotFound
 from ..cancellation import cancel_signal_send
 from ..errors import RunNotResumable, RunNotStartable
 from ..lease import Lease, lock_run
-from ..models import AgentRun
+from ..locks import web_lock_wait
+from ..models import AgentRun, RunCancelRequest
 from .terminal import _terminate, pending_action_requests
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
     if existing is not None:
         return existing, False
     try:
-        with transaction.atomic():
+        with web_lock_wait():
             # Serialises submissions of one thread, so the interrupt check
             # and FIFO order see every earlier run.
             thread = _lock_thread(user=user, thread_id=thread_id)
@@ -90,7 +91,10 @@ def _existing_submission(*, user, thread_id: uuid.UUID, request_id: str) -> Agen
 
 
 def _lock_thread(*, user, thread_id: uuid.UUID) -> Conversation:
-    thread = Conversation.objects.select_for_update().filter(pk=thread_id, user=user).first()
+    # NO KEY UPDATE: a worker's message insert holds KEY SHARE on the thread
+    # row (its foreign key) until its transaction ends; submissions must not
+    # queue behind it (R-RUN-10), only behind each other.
+    thread = Conversation.objects.select_for_update(no_key=True).filter(pk=thread_id, user=user).first()
     if thread is None:
         raise NotFound("thread not found")
     return thread
@@ -197,7 +201,8 @@ def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
 def lease_renew(*, lease: Lease, ttl_seconds: float, now: datetime | None = None) -> str:
     """Extend the caller's lease to ``now + ttl_seconds``.
 
-    Returns the run's status, so the owner learns of ``cancel_requested``.
+    Returns the run's status, so the owner learns of ``cancel_requested``;
+    applies a cancel request recorded while the row was held (R-RUN-10).
     Raises what :func:`lock_run` raises. Implements R-RUN-7 (the owner
     renews while it works).
     """
@@ -205,6 +210,12 @@ def lease_renew(*, lease: Lease, ttl_seconds: float, now: datetime | None = None
     with transaction.atomic():
         run = lock_run(lease, now=now)
         AgentRun.objects.filter(pk=run.pk).update(lease_expires_at=now + timedelta(seconds=ttl_seconds))
+        # The holder applies a cancel request recorded while it held the
+        # row (R-RUN-10).
+        if RunCancelRequest.objects.filter(run_id=run.pk, applied_at__isnull=True).update(applied_at=now):
+            if run.status == Status.RUNNING:
+                AgentRun.objects.filter(pk=run.pk).update(status=Status.CANCEL_REQUESTED, cancel_requested_at=now)
+            return Status.CANCEL_REQUESTED
         return run.status
 
 
@@ -214,32 +225,84 @@ def lease_renew(*, lease: Lease, ttl_seconds: float, now: datetime | None = None
 
 
 def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
-    """Ask for a run to stop.
+    """Ask for a run to stop, without waiting for its row lock.
 
-    A pending run is cancelled at once (it never starts). A running run
-    becomes ``cancel_requested``; its worker stops at the next event
-    boundary and ends it ``cancelled``. An ``interrupted`` run that was not
-    resumed is cancelled at once, which lets the thread take new turns
-    again. Any other terminal run is returned unchanged.
+    The request is recorded first, in its own table, by an insert that
+    needs no lock on the run row (:class:`~audit.models.RunCancelRequest`),
+    and the worker is signalled over Redis. Then it is applied at once if
+    the run row is free (``SKIP LOCKED``): a pending run is cancelled (it
+    never starts); a running run becomes ``cancel_requested`` and its worker
+    ends it ``cancelled`` at the next event boundary; an ``interrupted`` run
+    that was not resumed is cancelled, which lets the thread take new turns
+    again. When a worker holds the row, the worker (at its next lease check)
+    or the dispatcher applies the request; the returned run then shows
+    ``cancel_requested``. Any other terminal run is returned unchanged.
+
+    Answers without waiting on any row lock (R-RUN-10).
 
     Raises:
         NotFound: no such run for this user (R-READ-5).
+
+    Implements R-RUN-6 and R-RUN-10.
+    """
+    run = AgentRun.objects.filter(pk=run_id, user=user).first()
+    if run is None:
+        raise NotFound("run not found")
+    if run.is_terminal and not _awaits_approval(run):
+        return run
+    now = timezone.now()
+    RunCancelRequest.objects.bulk_create(
+        [RunCancelRequest(run_id=run.id, requested_at=now, applied_at=None)],
+        update_conflicts=True,
+        unique_fields=["run"],
+        update_fields=["requested_at", "applied_at"],
+    )
+    if run.status in (Status.RUNNING, Status.CANCEL_REQUESTED):
+        # Wake the worker now rather than at its next database poll; the
+        # recorded request stays the source of truth.
+        cancel_signal_send(run_id=run.id)
+    applied = cancel_request_apply(run_id=run.id)
+    if applied is not None:
+        return applied
+    # A worker holds the row: the request is recorded, it will apply it.
+    if run.status in (Status.PENDING, Status.RUNNING):
+        run.status = Status.CANCEL_REQUESTED
+        run.cancel_requested_at = now
+    return run
+
+
+def _awaits_approval(run: AgentRun) -> bool:
+    return run.status == Status.INTERRUPTED and not AgentRun.objects.filter(resumed_from=run).exists()
+
+
+def cancel_request_apply(*, run_id: uuid.UUID) -> AgentRun | None:
+    """Apply the run's cancel request if the run row is free now.
+
+    Locks the row with ``FOR NO KEY UPDATE SKIP LOCKED``; returns None,
+    changing nothing, when another transaction holds it. Otherwise: a
+    pending run, or an interrupted run awaiting approval, is cancelled; a
+    running run becomes ``cancel_requested`` (its worker is signalled after
+    commit); then the request is marked applied. Returns the run.
+    Implements R-RUN-6, R-RUN-10.
     """
     with transaction.atomic():
         # Lock before the state change: the worker's lease checks take the
         # same lock, so the status it reads next is this one.
-        run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=run_id, user=user).first()
+        run = AgentRun.objects.select_for_update(no_key=True, skip_locked=True, of=("self",)).filter(pk=run_id).first()
         if run is None:
-            raise NotFound("run not found")
+            if not AgentRun.objects.filter(pk=run_id).exists():
+                RunCancelRequest.objects.filter(run_id=run_id).delete()
+            return None
+        now = timezone.now()
         # Giving up on a pending approval releases the thread for new turns
         # (R-TA-5); the interrupted run has no running rows left, but the
         # same terminal path would close any.
-        awaits_approval = run.status == Status.INTERRUPTED and not AgentRun.objects.filter(resumed_from=run).exists()
+        awaits_approval = _awaits_approval(run)
         if run.status == Status.PENDING or awaits_approval:
             _terminate(
                 run,
                 status=Status.CANCELLED,
-                now=timezone.now(),
+                now=now,
                 error_type="cancelled",
                 error_message="cancelled while waiting for approval"
                 if awaits_approval
@@ -249,11 +312,10 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
                 _give_up_approval(run.resumed_from_id)
         elif run.status == Status.RUNNING:
             run.status = Status.CANCEL_REQUESTED
-            run.cancel_requested_at = timezone.now()
+            run.cancel_requested_at = now
             run.save(update_fields=["status", "cancel_requested_at", "updated_at"])
-            # Wake the worker now rather than at its next database poll; the
-            # status just committed stays the source of truth.
             transaction.on_commit(lambda: cancel_signal_send(run_id=run.id))
+        RunCancelRequest.objects.filter(run_id=run_id, applied_at__isnull=True).update(applied_at=now)
         return run
 
 
@@ -283,38 +345,52 @@ def _give_up_approval(interrupted_run_id: uuid.UUID) -> None:
 
 
 def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -> list[uuid.UUID]:
-    """Fail the runs whose owner stopped renewing its lease (a crashed or
-    cut-off worker).
+    """End the runs whose owner stopped renewing its lease (a crashed,
+    frozen or cut-off worker).
 
     Each run with status ``running``/``cancel_requested`` and
-    ``lease_expires_at <= now`` becomes ``failed`` with error type
-    ``lease_expired`` in the same transaction that closes its running audit
-    rows (``failed``, usage unknown) and releases the lease. Rows are
-    claimed with ``SELECT … FOR UPDATE SKIP LOCKED``: a run whose owner is
+    ``lease_expires_at <= now`` becomes terminal in the same transaction
+    that closes its running audit rows and releases the lease: ``failed``
+    with error type ``lease_expired`` — or the cause its worker reported
+    before it lost the database (``audit_write_failed``, see
+    :mod:`audit.causes`) — and ``cancelled`` when a cancel was requested
+    (the user's request is honoured; the worker is gone). Rows are claimed
+    with ``SELECT … FOR NO KEY UPDATE SKIP LOCKED``: a run whose owner is
     writing right now (holding the row lock) is skipped and looked at by a
-    later sweep, and concurrent sweepers never wait on each other.
+    later sweep — PostgreSQL ends a frozen holder's transaction after
+    ``WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS`` (R-RUN-10) — and concurrent
+    sweepers never wait on each other.
 
     Afterwards the old owner's writes fail :func:`~audit.lease.lock_run`
-    with ``RunTerminal``. Returns the ids of the runs it failed (at most
-    ``limit``). Implements R-RUN-7.
+    with ``RunTerminal``. Returns the ids of the runs it ended (at most
+    ``limit``). Implements R-RUN-7, R-RUN-10.
     """
+    from ..causes import failure_causes
+
     now = now or timezone.now()
     with transaction.atomic():
         # Index run_lease_expiry_idx serves this query.
         expired = list(
-            AgentRun.objects.select_for_update(skip_locked=True, of=("self",))
+            AgentRun.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
             .filter(status__in=(Status.RUNNING, Status.CANCEL_REQUESTED), lease_expires_at__lte=now)
             .order_by("lease_expires_at")[:limit]
         )
+        cancels = set(
+            RunCancelRequest.objects.filter(run_id__in=[run.pk for run in expired]).values_list("run_id", flat=True)
+        )
+        causes = failure_causes([run.pk for run in expired]) if expired else {}
         for run in expired:
-            _terminate(
-                run,
-                status=Status.FAILED,
-                now=now,
-                error_type="lease_expired",
-                error_message=f"lease of {run.lease_owner} expired at {run.lease_expires_at.isoformat()}",
-            )
-            log.warning("run %s failed: lease of %s expired", run.id, run.lease_owner)
+            expiry = f"lease of {run.lease_owner} expired at {run.lease_expires_at.isoformat()}"
+            if run.status == Status.CANCEL_REQUESTED or run.pk in cancels:
+                status, error_type, message = Status.CANCELLED, "cancelled", f"cancelled on request; {expiry}"
+            elif run.pk in causes:
+                status, error_type = Status.FAILED, causes[run.pk][0]
+                message = f"{causes[run.pk][1]}; {expiry}"
+            else:
+                status, error_type, message = Status.FAILED, "lease_expired", expiry
+            _terminate(run, status=status, now=now, error_type=error_type, error_message=message)
+            log.warning("run %s ended %s (%s): %s", run.id, status, error_type, expiry)
+        RunCancelRequest.objects.filter(run_id__in=cancels, applied_at__isnull=True).update(applied_at=now)
     return [run.id for run in expired]
 
 
@@ -362,13 +438,13 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
             raise Conflict("request_id was already used for another submission", extra={"reason": "request_id_reused"})
         return existing, False
     try:
-        with transaction.atomic():
+        with web_lock_wait():
             # Lock order as in run_submit (thread, then run): a new turn and
             # a resume of the same thread are serialised.
             interrupted = AgentRun.objects.filter(pk=run_id, user=user).only("thread_id").first()
             if interrupted is None:
                 raise NotFound("run not found")
-            Conversation.objects.select_for_update().filter(pk=interrupted.thread_id).first()
+            Conversation.objects.select_for_update(no_key=True).filter(pk=interrupted.thread_id).first()
             interrupted = AgentRun.objects.select_for_update(no_key=True, of=("self",)).get(pk=run_id)
             if interrupted.status != Status.INTERRUPTED:
                 raise RunNotResumable(

@@ -391,6 +391,16 @@ def _terminate(
     run.interrupts = interrupts if status == Status.INTERRUPTED else None
     run.save()
     thread_id = run.thread_id
+    # The next runs are handed over after commit; the dispatcher's grace
+    # counts from now, in case that message is lost (R-RUN-9). SKIP LOCKED:
+    # never wait for (or deadlock with) a cancel holding a pending run; a
+    # skipped run is at worst handed over once more, harmlessly.
+    following = (
+        AgentRun.objects.select_for_update(no_key=True, skip_locked=True)
+        .filter(thread_id=thread_id, status=Status.PENDING)
+        .values_list("pk", flat=True)
+    )
+    AgentRun.objects.filter(pk__in=list(following)).update(dispatched_at=now)
     transaction.on_commit(lambda: _enqueue_next_in_thread(thread_id))
 
 

@@ -147,7 +147,12 @@ class Stack:
         lease sweeper (R-RUN-7); several beats are harmless. ``env``
         overrides the stack's environment for this worker only."""
         name = name or f"worker-{len(self.workers) + 1}"
+        # With beat, this worker also serves the maintenance queue (the
+        # dispatcher and the sweeper, R-RUN-9, R-RUN-7).
         beat_args = ["-B"] if beat else []
+        queues = (
+            f"{self.env['CELERY_QUEUE']},{self.env['CELERY_MAINTENANCE_QUEUE']}" if beat else self.env["CELERY_QUEUE"]
+        )
         worker = start(
             name,
             [
@@ -158,7 +163,7 @@ class Stack:
                 "yuxi_project",
                 "worker",
                 "-Q",
-                self.env["CELERY_QUEUE"],
+                queues,
                 "-n",
                 f"{name}-{uuid.uuid4().hex[:6]}@%h",
                 "--pool=prefork",
@@ -192,6 +197,9 @@ def start_stack(*, database_url: str, redis_url: str, lease_ttl: float = 6.0, wo
         "REPLAY_MODEL_URL": f"http://127.0.0.1:{replay_port}/v1",
         "LEASE_TTL_SECONDS": str(lease_ttl),
         "LEASE_SWEEP_INTERVAL_SECONDS": "1",
+        "CELERY_MAINTENANCE_QUEUE": f"e2e-maintenance-{uuid.uuid4().hex[:8]}",
+        "DISPATCH_INTERVAL_SECONDS": "1",
+        "DISPATCH_GRACE_SECONDS": "5",
         "WORKSPACE_ROOT": str(ARTIFACTS / "workspaces"),
         "PYTHONUNBUFFERED": "1",
         "PYTHONWARNINGS": "ignore",
