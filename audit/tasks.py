@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from ops import logcontext
+
 from .runner import run_execute
 
 
@@ -11,7 +13,8 @@ from .runner import run_execute
 def execute_run(run_id: str) -> str:
     """Execute one agent run under a lease (R-RUN-3). A second delivery of
     the same run does nothing."""
-    return run_execute(run_id=run_id)
+    with logcontext.scope(run_id=run_id):
+        return run_execute(run_id=run_id)
 
 
 @shared_task(name="audit.sweep_expired_leases", acks_late=False, ignore_result=True)

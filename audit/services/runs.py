@@ -12,6 +12,7 @@ from django.db.models import Min, Q
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
+from ops import metrics
 from yuxi_project.errors import Conflict, InvalidInput, NotFound
 
 from ..cancellation import cancel_signal_send
@@ -158,6 +159,7 @@ def run_acquire(*, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datet
         run.save(
             update_fields=["status", "lease_owner", "fencing_token", "lease_expires_at", "started_at", "updated_at"]
         )
+        metrics.lease_acquired(run)
     return Lease(
         run_id=run.id,
         request_id=run.request_id,
@@ -194,6 +196,7 @@ def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
     return min(earlier, key=lambda other: turn_starts[other.turn_id]) if earlier else None
 
 
+@metrics.audit_write("lease_renew")
 def lease_renew(*, lease: Lease, ttl_seconds: float, now: datetime | None = None) -> str:
     """Extend the caller's lease to ``now + ttl_seconds``.
 
@@ -205,6 +208,7 @@ def lease_renew(*, lease: Lease, ttl_seconds: float, now: datetime | None = None
     with transaction.atomic():
         run = lock_run(lease, now=now)
         AgentRun.objects.filter(pk=run.pk).update(lease_expires_at=now + timedelta(seconds=ttl_seconds))
+        metrics.lease_renewed()
         return run.status
 
 
@@ -315,6 +319,7 @@ def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -
                 error_message=f"lease of {run.lease_owner} expired at {run.lease_expires_at.isoformat()}",
             )
             log.warning("run %s failed: lease of %s expired", run.id, run.lease_owner)
+            metrics.lease_expired()
     return [run.id for run in expired]
 
 
