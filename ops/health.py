@@ -30,7 +30,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import redis
+from django.db import connection
+
+from yuxi_project.celery import app as celery_app
 from yuxi_project.config import get_config
+from yuxi_project.schema_guard import schema_problems
 
 CHECKS = ("database", "migrations", "redis", "worker")
 
@@ -85,8 +90,6 @@ def _timed(check: Callable[[], str]) -> CheckResult:
 
 
 def check_database() -> str:
-    from django.db import connection
-
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         cursor.fetchone()
@@ -94,8 +97,6 @@ def check_database() -> str:
 
 
 def check_migrations() -> str:
-    from yuxi_project.schema_guard import schema_problems
-
     problems = schema_problems()
     if problems:
         raise RuntimeError("; ".join(problems))
@@ -103,8 +104,6 @@ def check_migrations() -> str:
 
 
 def check_redis(url: str, timeout: float) -> str:
-    import redis
-
     client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
         client.ping()
@@ -114,17 +113,13 @@ def check_redis(url: str, timeout: float) -> str:
 
 
 def check_worker(timeout: float) -> str:
-    from yuxi_project.celery import app
-
-    replies = app.control.ping(timeout=timeout, limit=1)
+    replies = celery_app.control.ping(timeout=timeout, limit=1)
     if not replies:
         raise RuntimeError(f"no Celery worker answered a ping within {timeout:g}s")
     return ", ".join(sorted(name for reply in replies for name in reply))
 
 
 def _database_pair(results: dict[str, CheckResult]) -> None:
-    from django.db import connection
-
     try:
         results["database"] = _timed(check_database)
         if results["database"].ok:

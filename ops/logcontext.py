@@ -37,6 +37,11 @@ def bind(**values: Any) -> None:
     _context.set({**_context.get(), **{key: str(value) for key, value in values.items() if value is not None}})
 
 
+def start(**values: Any) -> None:
+    """Replace the current ids with ``values`` (a new request begins)."""
+    _context.set({key: str(value) for key, value in values.items() if value is not None})
+
+
 @contextlib.contextmanager
 def scope(**values: Any) -> Iterator[None]:
     """A fresh context for one task or request: ids bound inside are gone

@@ -36,21 +36,30 @@ class RequestContextMiddleware:
         if self.is_async:
             markcoroutinefunction(self)
 
+    # The ids are not unbound when the response returns: Django logs a 4xx
+    # or 5xx response ("Not Found: …") after the middleware chain, and that
+    # line must carry them too. Each request starts from a fresh context, so
+    # nothing carries over to the next request of a thread.
+
     def __call__(self, request):
         if self.is_async:
             return self.__acall__(request)
-        request_id = request_id_of(request)
-        with logcontext.scope(request_id=request_id):
-            response = self.get_response(request)
+        request_id = self._start(request)
+        response = self.get_response(request)
         response[REQUEST_ID_HEADER] = request_id
         return response
 
     async def __acall__(self, request):
-        request_id = request_id_of(request)
-        with logcontext.scope(request_id=request_id):
-            response = await self.get_response(request)
+        request_id = self._start(request)
+        response = await self.get_response(request)
         response[REQUEST_ID_HEADER] = request_id
         return response
+
+    @staticmethod
+    def _start(request) -> str:
+        request_id = request_id_of(request)
+        logcontext.start(request_id=request_id)
+        return request_id
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         ids = {key: view_kwargs.get(key) for key in ("run_id", "thread_id")}
