@@ -263,3 +263,19 @@ def test_a_failing_metric_is_logged_and_never_raised_into_the_caller_R_OPS_1(cap
 
     assert metrics._safely(broken)() is None
     assert "metrics: broken failed" in caplog.text
+
+
+def test_the_grafana_dashboard_uses_only_metrics_that_are_exposed_R_OPS_1():
+    import json
+    import re
+    from pathlib import Path
+
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used = {re.sub(r"_(bucket|total|count|sum)$", "", name) for e in exprs for name in re.findall(r"yuxi_\w+", e)}
+    exposed = {
+        re.sub(r"_(bucket|total|count|sum)$", "", line.split()[2])
+        for line in metrics.render().decode().splitlines()
+        if line.startswith("# HELP yuxi_")
+    }
+    assert used and used <= exposed, used - exposed
