@@ -143,11 +143,39 @@ def _redis_pair(results: dict[str, CheckResult], timeout: float) -> None:
         results["worker"] = CheckResult(False, "not checked: Redis is down")
 
 
+# One probe at a time per process, and a result is reused for a second: the
+# endpoint is open to anonymous callers, and a flood of probes must not take
+# the database pool's connections from the API.
+_probe_lock = threading.Lock()
+_last: tuple[float, Readiness] | None = None
+REUSE_SECONDS = 1.0
+
+
 def readiness(timeout: float | None = None) -> Readiness:
-    """Run the four checks at once, each pair in its own thread; anything
-    unanswered after ``timeout`` seconds (``READYZ_TIMEOUT_SECONDS``) counts
-    as down. Never raises."""
+    """The current readiness: a result younger than ``REUSE_SECONDS``, or a
+    new probe (:func:`probe`). Concurrent callers wait for the one probe in
+    flight (at most ``timeout`` seconds). Never raises."""
+    global _last
     timeout = timeout or get_config().READYZ_TIMEOUT_SECONDS
+    if not _probe_lock.acquire(timeout=timeout):
+        return _last[1] if _last else _all_down(f"timed out after {timeout:g}s waiting for another probe")
+    try:
+        if _last is not None and time.monotonic() - _last[0] < REUSE_SECONDS:
+            return _last[1]
+        report = probe(timeout)
+        _last = (time.monotonic(), report)
+        return report
+    finally:
+        _probe_lock.release()
+
+
+def _all_down(detail: str) -> Readiness:
+    return Readiness({name: CheckResult(False, detail) for name in CHECKS})
+
+
+def probe(timeout: float) -> Readiness:
+    """Run the four checks at once, each pair in its own thread; anything
+    unanswered after ``timeout`` seconds counts as down. Never raises."""
     results: dict[str, CheckResult] = {}
     threads = [
         threading.Thread(target=_database_pair, args=(results,), daemon=True, name="readyz-database"),

@@ -16,13 +16,19 @@ from django.db import connection
 from django.http import HttpResponse
 from django.test import RequestFactory
 
-from ops import logcontext
+from ops import health, logcontext
 from ops.middleware import RequestContextMiddleware
 from tests.conftest import bearer
 from tests.e2e.stack import free_port
 from yuxi_project.config import get_config
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe(monkeypatch):
+    """Each test probes anew (a probe's result is reused for a second)."""
+    monkeypatch.setattr(health, "_last", None)
 
 
 # --------------------------------------------------------------------------
@@ -106,6 +112,21 @@ def test_readyz_names_the_migrations_when_the_schema_guard_objects_R_OPS_1(clien
     assert "migrations" in body["down"]
     assert "audit.9999_from_the_future" in body["checks"]["migrations"]["detail"]
     assert body["checks"]["database"]["ok"]
+
+
+def test_concurrent_probes_share_one_probe_and_reuse_it_for_a_second_R_OPS_1(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(get_config(), "REDIS_URL", "")
+    reports = []
+    callers = [threading.Thread(target=lambda: reports.append(health.readiness())) for _ in range(8)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert len(reports) == 8 and all(report is reports[0] for report in reports)
+    monkeypatch.setattr(health, "_last", (health._last[0] - health.REUSE_SECONDS, health._last[1]))
+    assert health.readiness() is not reports[0]
 
 
 def test_readyz_passes_redis_and_worker_under_the_embedded_defaults_R_OPS_1(client, monkeypatch):
