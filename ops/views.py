@@ -13,7 +13,7 @@ import hmac
 
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_safe
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from yuxi_project.config import get_config
@@ -64,14 +64,14 @@ def metrics_view(request):
 
 
 @never_cache
-@require_GET
+@require_safe
 def healthz(request):
     """Liveness: the process answers. Touches nothing else."""
     return JsonResponse({"status": "ok"})
 
 
 @never_cache
-@require_GET
+@require_safe
 def readyz(request):
     """Readiness: 200 when PostgreSQL, the migrations, Redis and a Celery
     worker are all fine, else 503; the body names what is down

@@ -82,6 +82,8 @@ def _auth(headers: dict[str, str]) -> dict[str, str]:
 def test_healthz_answers_without_credentials_R_OPS_1(client):
     response = client.get("/healthz")
     assert response.status_code == 200 and response.json() == {"status": "ok"}
+    assert client.head("/healthz").status_code == 200  # load balancers probe with HEAD too
+    assert client.post("/healthz").status_code == 405
 
 
 def test_readyz_names_redis_and_the_worker_when_redis_does_not_answer_R_OPS_1(client, monkeypatch):
