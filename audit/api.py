@@ -10,6 +10,7 @@ from ninja import Query, Router
 
 from conversations.models import Conversation
 from conversations.schemas import ErrorOut
+from ops.metrics import track_sse
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
 from yuxi_project.errors import InvalidInput, NotFound, PermissionDenied
@@ -171,7 +172,7 @@ async def run_events(request, run_id: uuid.UUID):
         raise InvalidInput("Last-Event-ID must be a non-negative integer", extra={"reason": "bad_last_event_id"})
     run_id = await sync_to_async(_owned_run_id)(request.auth, run_id)
     response = StreamingHttpResponse(
-        run_event_stream(run_id, last_event_id=int(raw), redis_url=get_config().REDIS_URL or None),
+        track_sse(run_event_stream(run_id, last_event_id=int(raw), redis_url=get_config().REDIS_URL or None)),
         content_type="text/event-stream",
     )
     response["Cache-Control"] = "no-cache"

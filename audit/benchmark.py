@@ -8,7 +8,10 @@ Measures, in one run against the configured database:
 * latency of the equivalent raw SQL transaction (the same lock, checks and
   insert written by hand), and the ratio of the two;
 * service writes per second with 1 and with N threads, each thread writing
-  into its own run as one worker per run does.
+  into its own run as one worker per run does;
+* the cost of the Prometheus metrics on a write (R-OPS-1): the service
+  write with metrics switched off, measured alternately with the others,
+  and the time of the metric update itself, per write.
 
 It creates a throw-away user, thread and runs and deletes them at the end.
 This is a benchmark, not a test: it prints figures and asserts nothing.
@@ -29,6 +32,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
+from ops import metrics
 
 from .errors import LeaseLost, RunTerminal
 from .lease import Lease
@@ -52,6 +56,9 @@ class BenchResult:
     ratio_median: float
     ratio_p95: float
     writes_per_second: dict[int, float]  # threads -> service writes per second
+    service_metrics_off: LatencySummary
+    metrics_update_us: float  # one write's metric update, microseconds
+    metrics_mode: str  # "multiprocess (<dir>)" or "single process"
 
 
 def summarize(samples_s: list[float]) -> LatencySummary:
@@ -143,6 +150,25 @@ def _timed(fn: Callable[[], None]) -> float:
     return time.perf_counter() - began
 
 
+def _timed_metrics_off(fn: Callable[[], None]) -> float:
+    previous, metrics.enabled = metrics.enabled, False
+    try:
+        return _timed(fn)
+    finally:
+        metrics.enabled = previous
+
+
+def _metric_update_us(samples: int = 20_000) -> float:
+    """Microseconds of what :func:`ops.metrics.audit_write` adds to one
+    write: two clock reads and one histogram observation."""
+    histogram = metrics.AUDIT_WRITE_DURATION.labels("bench")
+    began = time.perf_counter()
+    for _ in range(samples):
+        start = time.perf_counter()
+        histogram.observe(time.perf_counter() - start)
+    return (time.perf_counter() - began) / samples * 1e6
+
+
 def _throughput(fixture: _Fixture, threads: int, writes_per_thread: int) -> float:
     """Service writes per second with ``threads`` threads, one run each."""
     barrier = threading.Barrier(threads + 1)
@@ -181,20 +207,23 @@ def bench_audit_writes(*, writes: int = 500, warmup: int = 50, thread_counts: tu
         warmup: unmeasured writes per path first (connection, caches).
         thread_counts: thread counts for the throughput figures.
 
-    The service and raw SQL writes alternate, so both see the same
-    database state and load. Returns the figures; prints nothing.
+    The service writes with metrics on and off and the raw SQL writes
+    alternate, so all see the same database state and load. Returns the
+    figures; prints nothing.
     """
-    fixture = _Fixture(runs=max(2, *thread_counts))
+    fixture = _Fixture(runs=max(3, *thread_counts))
     try:
-        service_lease, raw_lease = fixture.leases[0], fixture.leases[1]
+        service_lease, raw_lease, off_lease = fixture.leases[0], fixture.leases[1], fixture.leases[2]
         for i in range(warmup):
             _service_write(service_lease, f"warm-s-{i}", i + 1)
             _raw_sql_write(raw_lease, f"warm-r-{i}", i + 1)
-        service, raw = [], []
+            _timed_metrics_off(partial(_service_write, off_lease, f"warm-o-{i}", i + 1))
+        service, raw, off = [], [], []
         for i in range(writes):
             seq = warmup + i + 1
             service.append(_timed(partial(_service_write, service_lease, f"s-{i}", seq)))
             raw.append(_timed(partial(_raw_sql_write, raw_lease, f"r-{i}", seq)))
+            off.append(_timed_metrics_off(partial(_service_write, off_lease, f"o-{i}", seq)))
         service_summary, raw_summary = summarize(service), summarize(raw)
         connection.close()  # the threads below take their own connections
         per_second = {n: _throughput(fixture, n, writes) for n in thread_counts}
@@ -204,6 +233,11 @@ def bench_audit_writes(*, writes: int = 500, warmup: int = 50, thread_counts: tu
             ratio_median=service_summary.median_ms / raw_summary.median_ms,
             ratio_p95=service_summary.p95_ms / raw_summary.p95_ms,
             writes_per_second=per_second,
+            service_metrics_off=summarize(off),
+            metrics_update_us=_metric_update_us(),
+            metrics_mode=f"multiprocess ({metrics.multiprocess_dir()})"
+            if metrics.multiprocess_dir()
+            else "single process",
         )
     finally:
         fixture.delete()

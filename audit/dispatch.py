@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from ops import metrics
 from yuxi_project.config import get_config
 
 from .models import AgentRun, RunCancelRequest
@@ -96,6 +97,7 @@ def runs_dispatch(*, now: datetime | None = None, limit: int = 200) -> dict[str,
             "dispatcher: run %s waited at the head of its thread since %s; handing it over", run.id, run.dispatched_at
         )
         enqueue_run(run.id)
+        metrics.record_reenqueue("stale")
     applied = cancel_requests_apply(limit=limit)
     return {"dispatched": len(due), "cancels_applied": applied}
 

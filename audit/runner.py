@@ -32,6 +32,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
 from conversations.selectors import thread_memory_messages
+from ops import logcontext
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
 from yuxi_project.errors import ApplicationError, NotFound
@@ -169,6 +170,7 @@ def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
         raise DatabaseUnavailable(f"run {run_id} not picked up: {type(exc).__name__}: {exc}") from exc
     finally:
         release_connection()
+    logcontext.bind(run_id=lease.run_id, thread_id=lease.thread_id, worker=owner)
     return asyncio.run(RunExecutor(lease=lease, run=run, conninfo=postgres_conninfo()).execute())
 
 

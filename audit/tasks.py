@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from ops import logcontext
+
 from .errors import DatabaseUnavailable
 from .runner import run_execute
 
@@ -21,7 +23,8 @@ def execute_run(self, run_id: str) -> str:
     the task is retried with backoff instead of being acked as done
     (R-RUN-9)."""
     try:
-        return run_execute(run_id=run_id)
+        with logcontext.scope(run_id=run_id):
+            return run_execute(run_id=run_id)
     except DatabaseUnavailable as exc:
         raise self.retry(exc=exc, countdown=min(30, 2 ** min(self.request.retries, 5))) from None
 

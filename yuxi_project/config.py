@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -85,6 +85,20 @@ class Config(BaseSettings):
     LANGFUSE_PUBLIC_KEY: str = ""
     LANGFUSE_SECRET_KEY: str = ""
     LANGFUSE_HOST: str = ""
+    # Operations (R-OPS-1, ops/). A bearer token for Prometheus scrapers of
+    # GET /metrics; empty: staff only (session or staff API token).
+    METRICS_TOKEN: str = ""
+    # False: record no metrics (the endpoint still answers).
+    METRICS_ENABLED: bool = True
+    # prometheus-client's multiprocess directory, read by the client from
+    # the environment itself; validated here. The same empty directory for
+    # the web and every worker process of a deployment.
+    PROMETHEUS_MULTIPROC_DIR: str = ""
+    # plain (human-readable) or json (one JSON object per line with
+    # run_id, thread_id, request_id, worker).
+    LOG_FORMAT: Literal["plain", "json"] = "plain"
+    # Seconds GET /readyz waits for its checks in all.
+    READYZ_TIMEOUT_SECONDS: float = Field(default=2.0, gt=0, le=30)
 
     @field_validator("ALLOWED_HOSTS", "MODELS", mode="before")
     @classmethod
@@ -99,6 +113,18 @@ class Config(BaseSettings):
         if value and value.split("://", 1)[0] not in {"postgres", "postgresql", "sqlite"}:
             raise ValueError("must start with postgres://, postgresql:// or sqlite://")
         return value
+
+    @field_validator("PROMETHEUS_MULTIPROC_DIR")
+    @classmethod
+    def _writable_directory(cls, value: str) -> str:
+        if value and not Path(value).is_dir():
+            raise ValueError("must be an existing directory (create it, empty, before starting the processes)")
+        return value
+
+    @field_validator("LOG_FORMAT", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("REDIS_URL")
     @classmethod

@@ -29,6 +29,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so every line logged for the request carries its id (R-OPS-1).
+    "ops.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves admin CSS/JS and the vendored chart library from the ASGI
     # process itself (uvicorn has no static file handler).
@@ -192,11 +194,17 @@ CELERY_BEAT_SCHEDULE = {
 # 3.13 (dbm.sqlite3), can die at start-up, silently stopping the sweeper.
 CELERY_BEAT_SCHEDULER = "celery.beat:Scheduler"
 
+# LOG_FORMAT=json: one JSON object per line; every line carries run_id,
+# thread_id, request_id and worker (ops.logcontext, R-OPS-1).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "ops.logcontext.ContextFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "ops.logcontext.json_formatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": CONFIG.LOG_FORMAT, "filters": ["context"]}},
     "root": {"handlers": ["console"], "level": "INFO"},
     "loggers": {"httpx": {"level": "WARNING"}, "openai": {"level": "WARNING"}},
 }

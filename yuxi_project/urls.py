@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import path
 
 from dashboard.views import dashboard_page
+from ops.views import healthz, metrics_view, readyz
 
 from .api import api
 
@@ -10,4 +11,8 @@ urlpatterns = [
     path("admin/dashboard/", admin.site.admin_view(dashboard_page), name="admin-dashboard"),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
+    # Operations (R-OPS-1): Prometheus scrape, liveness, readiness.
+    path("metrics", metrics_view, name="metrics"),
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
 ]

@@ -9,6 +9,7 @@ from typing import Any
 from django.db import transaction
 
 from conversations.models import Message
+from ops import metrics
 
 from ..errors import AuditConflict
 from ..lease import Lease, lock_run
@@ -25,6 +26,7 @@ ExecStatus = Message.ExecutionStatus
 # --------------------------------------------------------------------------
 
 
+@metrics.audit_write("model_start")
 def model_call_start(
     *,
     lease: Lease,
@@ -72,6 +74,7 @@ def model_call_start(
         )
 
 
+@metrics.audit_write("model_finish")
 def model_call_finish(
     *,
     lease: Lease,

@@ -12,6 +12,7 @@ from django.db.models import Min, Q
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
+from ops import metrics
 from yuxi_project.errors import Conflict, InvalidInput, NotFound
 
 from ..cancellation import cancel_signal_send
@@ -162,6 +163,7 @@ def run_acquire(*, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datet
         run.save(
             update_fields=["status", "lease_owner", "fencing_token", "lease_expires_at", "started_at", "updated_at"]
         )
+        metrics.lease_acquired(run)
     return Lease(
         run_id=run.id,
         request_id=run.request_id,
@@ -198,6 +200,7 @@ def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
     return min(earlier, key=lambda other: turn_starts[other.turn_id]) if earlier else None
 
 
+@metrics.audit_write("lease_renew")
 def lease_renew(*, lease: Lease, ttl_seconds: float, now: datetime | None = None) -> str:
     """Extend the caller's lease to ``now + ttl_seconds``.
 
@@ -210,6 +213,7 @@ def lease_renew(*, lease: Lease, ttl_seconds: float, now: datetime | None = None
     with transaction.atomic():
         run = lock_run(lease, now=now)
         AgentRun.objects.filter(pk=run.pk).update(lease_expires_at=now + timedelta(seconds=ttl_seconds))
+        metrics.lease_renewed()
         # The holder applies a cancel request recorded while it held the
         # row (R-RUN-10).
         if RunCancelRequest.objects.filter(run_id=run.pk, applied_at__isnull=True).update(applied_at=now):
@@ -390,6 +394,7 @@ def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -
                 status, error_type, message = Status.FAILED, "lease_expired", expiry
             _terminate(run, status=status, now=now, error_type=error_type, error_message=message)
             log.warning("run %s ended %s (%s): %s", run.id, status, error_type, expiry)
+            metrics.lease_expired()
         RunCancelRequest.objects.filter(run_id__in=cancels, applied_at__isnull=True).update(applied_at=now)
     return [run.id for run in expired]
 

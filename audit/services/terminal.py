@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from conversations.models import Message
+from ops import metrics
 from yuxi_project.errors import InvalidInput
 
 from ..lease import Lease, lock_run
@@ -48,6 +49,7 @@ class StateMessage:
     namespace: tuple[str, ...] = ()
 
 
+@metrics.audit_write("run_finish")
 def run_finish(
     *,
     lease: Lease,
@@ -390,6 +392,7 @@ def _terminate(
     run.error_message = error_message
     run.interrupts = interrupts if status == Status.INTERRUPTED else None
     run.save()
+    metrics.run_ended(run)
     thread_id = run.thread_id
     # The next runs are handed over after commit; the dispatcher's grace
     # counts from now, in case that message is lost (R-RUN-9). SKIP LOCKED:

@@ -9,6 +9,7 @@ from typing import Any
 from django.db import transaction
 
 from conversations.models import Message
+from ops import metrics
 from yuxi_project.errors import InvalidInput
 
 from ..errors import AuditConflict, ToolResultConflict
@@ -26,6 +27,7 @@ ExecStatus = Message.ExecutionStatus
 # --------------------------------------------------------------------------
 
 
+@metrics.audit_write("tool_start")
 def tool_call_start(
     *,
     lease: Lease,
@@ -77,6 +79,7 @@ def tool_call_start(
         )
 
 
+@metrics.audit_write("tool_finish")
 def tool_call_finish(
     *,
     lease: Lease,
@@ -129,6 +132,7 @@ def tool_call_finish(
         return row
 
 
+@metrics.audit_write("tool_error")
 def tool_call_error(*, lease: Lease, tool_call_id: str, error: str) -> Message:
     """Record a bare tool-error: the row stays ``running`` with the mark
     ``awaiting_run_terminal``, to be closed by the run's terminal transaction

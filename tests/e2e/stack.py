@@ -186,8 +186,11 @@ class Stack:
             process.stop()
 
 
-def start_stack(*, database_url: str, redis_url: str, lease_ttl: float = 6.0, workers: int = 1) -> Stack:
-    """Start replay server, web server and ``workers`` Celery workers."""
+def start_stack(
+    *, database_url: str, redis_url: str, lease_ttl: float = 6.0, workers: int = 1, env: dict[str, str] | None = None
+) -> Stack:
+    """Start replay server, web server and ``workers`` Celery workers;
+    ``env`` adds to or overrides the processes' environment."""
     replay_port, web_port = free_port(), free_port()
     env = {
         **os.environ,
@@ -203,6 +206,7 @@ def start_stack(*, database_url: str, redis_url: str, lease_ttl: float = 6.0, wo
         "WORKSPACE_ROOT": str(ARTIFACTS / "workspaces"),
         "PYTHONUNBUFFERED": "1",
         "PYTHONWARNINGS": "ignore",
+        **(env or {}),
     }
     replay = start("replay", [sys.executable, "manage.py", "replay_model_server", "--port", str(replay_port)], env)
     replay.wait_for_line("replay model server listening", timeout=60)

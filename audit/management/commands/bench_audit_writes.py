@@ -35,3 +35,9 @@ class Command(BaseCommand):
         out(f"  ratio service / raw:        median {result.ratio_median:.2f}x  p95 {result.ratio_p95:.2f}x")
         for n, per_second in result.writes_per_second.items():
             out(f"  service writes per second with {n} thread(s), one run each: {per_second:.0f}")
+        off = result.service_metrics_off
+        out(f"Prometheus metrics on a write, {result.metrics_mode} (R-OPS-1):")
+        out(f"  service, metrics off:       median {off.median_ms:.3f}  p95 {off.p95_ms:.3f}")
+        out(f"  metrics on / off:           median {result.service.median_ms / off.median_ms:.3f}x")
+        share = result.metrics_update_us / 1000 / off.median_ms * 100
+        out(f"  metric update per write:    {result.metrics_update_us:.2f} us = {share:.2f}% of the median write")

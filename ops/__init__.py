@@ -1,0 +1,7 @@
+"""Operations (R-OPS-1): Prometheus metrics (:mod:`ops.metrics`), health and
+readiness probes (:mod:`ops.health`), request and run ids on every log line
+(:mod:`ops.logcontext`), and their HTTP views (:mod:`ops.views`).
+
+The rest of the product calls this package through one-line hooks; nothing
+here ever fails a run or a request because metrics or logging went wrong.
+"""

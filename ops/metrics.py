@@ -1,0 +1,481 @@
+"""Prometheus metrics of runs, audit writes, leases, tools and live streams (R-OPS-1).
+
+Processes: the web server and every Celery worker process record into
+``prometheus_client``. With ``PROMETHEUS_MULTIPROC_DIR`` set (the same empty
+directory for every process of one deployment, emptied before they start)
+the client keeps each process's values in files there, and ``GET /metrics``
+on any web process sums them, so prefork children, several workers and the
+web report together. Without it each process keeps its own values and
+``/metrics`` shows only the web process's (fine for a first look, wrong for
+a deployment: the workers' counters are missing).
+
+What is counted where:
+
+* Run ends, run duration, model calls (duration, tokens, cost) and tool
+  executions are recorded once per run, after the run's terminal
+  transaction committed (:func:`run_ended`), from the run's audit rows in
+  PostgreSQL. So they agree with the audit exactly — also for rows the
+  terminal transaction closed or reconciled and for runs the lease sweeper
+  ended — and a rolled-back terminal write counts nothing.
+* Audit-write latency and refusals: every lease-checked service call
+  (:func:`audit_write`, a decorator), measured around its transaction.
+* Lease acquisitions, renewals, expiries and takeovers: after commit.
+* Pending-queue depth, age of the oldest startable pending run, active
+  runs: read from PostgreSQL at scrape time (:class:`QueueCollector`).
+* Open SSE streams (:func:`track_sse`) and dispatcher re-enqueues
+  (:func:`record_reenqueue`).
+
+Labels are bounded: status, error type (its part before ``:``), the run's
+configured model name (unknown names become ``other``), tool name, write
+kind. No run, thread or user id is ever a label.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import GaugeMetricFamily
+
+from yuxi_project.config import get_config
+
+log = logging.getLogger(__name__)
+
+# ``_created`` series double every counter for no use on a dashboard (and do
+# not exist in multiprocess mode): the same output in both modes.
+disable_created_metrics()
+
+#: False switches every recording function off (``METRICS_ENABLED=false``,
+#: and the benchmark's "metrics off" half). Scrapes still answer.
+enabled = get_config().METRICS_ENABLED
+
+_RUN_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+_MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+_WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+
+RUNS_FINISHED = Counter(
+    "yuxi_runs_finished",
+    "Runs that reached a terminal status, by status, error type and model.",
+    ["status", "error_type", "model"],
+)
+RUN_DURATION = Histogram(
+    "yuxi_run_duration_seconds",
+    "Wall time of a run from its lease acquisition to its terminal transaction, by model and status.",
+    ["model", "status"],
+    buckets=_RUN_BUCKETS,
+)
+MODEL_CALLS = Counter(
+    "yuxi_model_calls",
+    "Model calls (model_audit rows) of ended runs, by model and row status.",
+    ["model", "status"],
+)
+MODEL_CALL_DURATION = Histogram(
+    "yuxi_model_call_duration_seconds",
+    "Duration of a model call from message-start to message-finish, by model.",
+    ["model"],
+    buckets=_MODEL_BUCKETS,
+)
+MODEL_TOKENS = Counter(
+    "yuxi_model_tokens",
+    "Tokens reported by the provider, by model and kind "
+    "(input, output, cache_read, cache_creation, reasoning; details are part of input/output).",
+    ["model", "kind"],
+)
+MODEL_CALLS_USAGE_UNKNOWN = Counter(
+    "yuxi_model_calls_usage_unknown",
+    "Model calls closed without usage (cut off before the provider reported it), by model.",
+    ["model"],
+)
+MODEL_COST = Counter(
+    "yuxi_model_cost_usd",
+    "Cost in USD of model calls with a known cost, by model (present once model rows carry cost_usd).",
+    ["model"],
+)
+MODEL_CALLS_COST_UNKNOWN = Counter(
+    "yuxi_model_calls_cost_unknown",
+    "Model calls whose cost is unknown (no usage or no price), by model.",
+    ["model"],
+)
+TOOL_EXECUTIONS = Counter(
+    "yuxi_tool_executions",
+    "Tool executions (tool rows that started) of ended runs, by tool and final status.",
+    ["tool", "status"],
+)
+TOOL_DURATION = Histogram(
+    "yuxi_tool_execution_duration_seconds",
+    "Duration of a tool execution from tool-started to tool-finished, by tool.",
+    ["tool"],
+    buckets=_MODEL_BUCKETS,
+)
+AUDIT_WRITE_DURATION = Histogram(
+    "yuxi_audit_write_duration_seconds",
+    "Latency of one lease-checked audit write (its whole transaction), by write kind.",
+    ["kind"],
+    buckets=_WRITE_BUCKETS,
+)
+AUDIT_WRITE_ERRORS = Counter(
+    "yuxi_audit_write_errors",
+    "Lease-checked audit writes that raised, by write kind and error class "
+    "(database errors are retried; LeaseLost/LeaseExpired/RunTerminal refuse a stale worker).",
+    ["kind", "error"],
+)
+LEASE_ACQUISITIONS = Counter("yuxi_lease_acquisitions", "Leases taken on pending runs (run starts).")
+LEASE_RENEWALS = Counter("yuxi_lease_renewals", "Lease renewals by the owning worker.")
+LEASE_EXPIRIES = Counter("yuxi_lease_expiries", "Runs failed by the lease sweeper because their lease expired.")
+LEASE_TAKEOVERS = Counter(
+    "yuxi_lease_takeovers",
+    "Acquisitions of a run that an earlier owner had held (fencing token above 1).",
+)
+SSE_STREAMS_OPEN = Gauge(
+    "yuxi_sse_streams_open",
+    "Server-Sent Event streams open now (GET /api/runs/{id}/events).",
+    multiprocess_mode="livesum",
+)
+SSE_STREAMS = Counter("yuxi_sse_streams", "Server-Sent Event streams opened.")
+DISPATCHER_REENQUEUES = Counter(
+    "yuxi_dispatcher_reenqueues",
+    "Runs the dispatcher enqueued again (lost task, stale pending run), by reason.",
+    ["reason"],
+)
+
+#: Label used for a model name that is not a configured one.
+OTHER = "other"
+_LABEL_MAX = 100
+
+
+def multiprocess_dir() -> str | None:
+    """The multiprocess directory, or None in single-process mode."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+# --------------------------------------------------------------------------
+# Labels
+# --------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _known_models() -> frozenset[str]:
+    from audit.agents.models import available_models
+
+    return frozenset(available_models())
+
+
+def model_label(name: str | None) -> str:
+    """The run's configured model name, or ``other`` for any name that is
+    not configured (bounded label cardinality)."""
+    return name if name and name in _known_models() else OTHER
+
+
+def error_type_label(error_type: str | None) -> str:
+    """``agent_error:ValueError`` → ``agent_error``: the stable part."""
+    return (error_type or "").split(":", 1)[0][:_LABEL_MAX]
+
+
+def _label(value: str | None) -> str:
+    return (value or "")[:_LABEL_MAX]
+
+
+def _safely[F: Callable[..., Any]](fn: F) -> F:
+    """Metrics never fail the caller: errors are logged and swallowed."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not enabled:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            log.exception("metrics: %s failed", fn.__name__)
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _after_commit(fn: Callable[[], None]) -> None:
+    """Run ``fn`` after the current transaction commits (at once outside
+    one); a failure is logged, never raised into the committer."""
+    from django.db import transaction
+
+    transaction.on_commit(_safely(fn), robust=True)
+
+
+# --------------------------------------------------------------------------
+# Hooks called by the product (each a one-liner at its call site)
+# --------------------------------------------------------------------------
+
+
+def audit_write[F: Callable[..., Any]](kind: str) -> Callable[[F], F]:
+    """Decorate a lease-checked service: observe the latency (seconds) of
+    each call that returns into ``yuxi_audit_write_duration_seconds{kind}``
+    and count each call that raises into
+    ``yuxi_audit_write_errors_total{kind, error}`` (the error's class name),
+    then re-raise. ``kind`` is a fixed name per service
+    (``model_start``, ``tool_finish``, ``lease_renew``, ``run_finish``…)."""
+
+    def decorate(fn: F) -> F:
+        histogram = AUDIT_WRITE_DURATION.labels(kind)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not enabled:
+                return fn(*args, **kwargs)
+            began = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                _count_write_error(kind, exc)
+                raise
+            histogram.observe(time.perf_counter() - began)
+            return result
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+@_safely
+def _count_write_error(kind: str, exc: BaseException) -> None:
+    AUDIT_WRITE_ERRORS.labels(kind, type(exc).__name__[:_LABEL_MAX]).inc()
+
+
+@_safely
+def lease_acquired(run) -> None:
+    """After commit: one acquisition; a takeover when ``run.fencing_token``
+    (already incremented) shows an earlier owner. Call inside the
+    acquiring transaction."""
+    takeover = run.fencing_token > 1
+
+    def record() -> None:
+        LEASE_ACQUISITIONS.inc()
+        if takeover:
+            LEASE_TAKEOVERS.inc()
+
+    _after_commit(record)
+
+
+@_safely
+def lease_renewed() -> None:
+    """After commit: one lease renewal."""
+    _after_commit(LEASE_RENEWALS.inc)
+
+
+@_safely
+def lease_expired() -> None:
+    """After commit: one run failed by the lease sweeper."""
+    _after_commit(LEASE_EXPIRIES.inc)
+
+
+@_safely
+def record_lease_takeover() -> None:
+    """For a component that takes a run over from a dead owner by another
+    path than :func:`lease_acquired` (after its commit)."""
+    LEASE_TAKEOVERS.inc()
+
+
+@_safely
+def record_reenqueue(reason: str = "stale") -> None:
+    """The dispatcher enqueued a run again; ``reason`` is a fixed word
+    (``stale``, ``lost_task``…), never an id."""
+    DISPATCHER_REENQUEUES.labels(_label(reason)).inc()
+
+
+@_safely
+def run_ended(run) -> None:
+    """Call inside the terminal transaction, with ``run`` already given its
+    terminal status, error type and ``finished_at``. After commit, records
+    the run end, its duration, and — from its audit rows — its model calls
+    (count, duration, tokens, cost) and tool executions (R-OPS-1)."""
+    snapshot = {
+        "run_id": run.pk,
+        "status": run.status,
+        "error_type": error_type_label(run.error_type),
+        "model": model_label(run.model),
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+    }
+    _after_commit(lambda: _record_run_end(**snapshot))
+
+
+def _record_run_end(
+    *,
+    run_id,
+    status: str,
+    error_type: str,
+    model: str,
+    started_at: datetime | None,
+    finished_at: datetime | None,
+) -> None:
+    from conversations.models import Message
+
+    RUNS_FINISHED.labels(status, error_type, model).inc()
+    if started_at and finished_at:
+        RUN_DURATION.labels(model, status).observe(max(0.0, (finished_at - started_at).total_seconds()))
+    with_cost = _has_cost_field()
+    columns = ["role", "tool_name", "execution_status", "started_at", "duration_ms", "usage"]
+    if with_cost:
+        columns.append("cost_usd")
+    rows = Message.objects.audit().filter(run_id=run_id).values(*columns)
+    for row in rows:
+        if row["role"] == Message.Role.ASSISTANT:
+            _record_model_row(model, row, with_cost)
+        elif row["role"] == Message.Role.TOOL and row["started_at"] is not None:
+            # Message.objects.tool_executions(): a rejected call never started.
+            tool = _label(row["tool_name"])
+            TOOL_EXECUTIONS.labels(tool, row["execution_status"]).inc()
+            if row["duration_ms"] is not None:
+                TOOL_DURATION.labels(tool).observe(row["duration_ms"] / 1000)
+
+
+_TOKEN_KINDS = (
+    ("input", ("input_tokens",)),
+    ("output", ("output_tokens",)),
+    ("cache_read", ("input_token_details", "cache_read")),
+    ("cache_creation", ("input_token_details", "cache_creation")),
+    ("reasoning", ("output_token_details", "reasoning")),
+)
+
+
+def _record_model_row(model: str, row: dict[str, Any], with_cost: bool) -> None:
+    MODEL_CALLS.labels(model, row["execution_status"]).inc()
+    if row["duration_ms"] is not None:
+        MODEL_CALL_DURATION.labels(model).observe(row["duration_ms"] / 1000)
+    usage = row["usage"]
+    if not isinstance(usage, dict) or not usage:
+        MODEL_CALLS_USAGE_UNKNOWN.labels(model).inc()
+    else:
+        for kind, path in _TOKEN_KINDS:
+            value: Any = usage
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, int | float) and value > 0:
+                MODEL_TOKENS.labels(model, kind).inc(value)
+    if with_cost:
+        if row["cost_usd"] is None:
+            MODEL_CALLS_COST_UNKNOWN.labels(model).inc()
+        else:
+            MODEL_COST.labels(model).inc(float(row["cost_usd"]))
+
+
+@functools.lru_cache(maxsize=1)
+def _has_cost_field() -> bool:
+    from conversations.models import Message
+
+    return any(field.name == "cost_usd" for field in Message._meta.concrete_fields)
+
+
+async def track_sse(stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Wrap an SSE frame iterator: ``yuxi_sse_streams_open`` counts it while
+    it is being served, until it ends or the client goes away."""
+    counted = enabled
+    if counted:
+        SSE_STREAMS.inc()
+        SSE_STREAMS_OPEN.inc()
+    try:
+        async for frame in stream:
+            yield frame
+    finally:
+        if counted:
+            SSE_STREAMS_OPEN.dec()
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+# --------------------------------------------------------------------------
+# Scrape
+# --------------------------------------------------------------------------
+
+
+class QueueCollector:
+    """Gauges read from PostgreSQL at scrape time, in one short query with a
+    statement timeout: pending runs, the age of the oldest pending run that
+    nothing but a worker keeps waiting (no running, cancelling or
+    approval-waiting run in its thread — R-RUN-2 holds the others back on
+    purpose), and running / cancel_requested runs. When the database does
+    not answer, ``yuxi_queue_gauges_up`` is 0 and the other gauges are
+    absent."""
+
+    def collect(self):
+        up = GaugeMetricFamily("yuxi_queue_gauges_up", "1 when the queue gauges below were read from the database.")
+        try:
+            figures = queue_figures()
+        except Exception as exc:
+            log.warning("metrics: queue gauges not read: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield GaugeMetricFamily(
+            "yuxi_runs_pending", "Runs waiting to start (status pending).", value=figures["pending"]
+        )
+        yield GaugeMetricFamily(
+            "yuxi_runs_pending_oldest_age_seconds",
+            "Age of the oldest pending run that waits only for a worker (0 when none).",
+            value=figures["oldest_ready_age_seconds"],
+        )
+        active = GaugeMetricFamily("yuxi_runs_active", "Runs holding a lease now, by status.", labels=["status"])
+        for status in ("running", "cancel_requested"):
+            active.add_metric([status], figures[status])
+        yield active
+
+
+def queue_figures() -> dict[str, float]:
+    """``{pending, oldest_ready_age_seconds, running, cancel_requested}``
+    from one query (served by the status and thread indexes of the run
+    table); bounded by a 2 s statement timeout on PostgreSQL."""
+    from django.db import connection, transaction
+    from django.db.models import Count, Exists, Min, OuterRef, Q
+    from django.utils import timezone
+
+    from audit.models import AgentRun
+
+    Status = AgentRun.Status
+    holding = AgentRun.objects.filter(thread_id=OuterRef("thread_id")).filter(
+        Q(status__in=(Status.RUNNING, Status.CANCEL_REQUESTED)) | Q(status=Status.INTERRUPTED, resumed_by__isnull=True)
+    )
+    try:
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL statement_timeout = 2000")
+            figures = AgentRun.objects.filter(status__in=AgentRun.ACTIVE_STATUSES).aggregate(
+                pending=Count("id", filter=Q(status=Status.PENDING)),
+                running=Count("id", filter=Q(status=Status.RUNNING)),
+                cancel_requested=Count("id", filter=Q(status=Status.CANCEL_REQUESTED)),
+                oldest_ready=Min("created_at", filter=Q(status=Status.PENDING) & ~Exists(holding)),
+            )
+    finally:
+        if not connection.in_atomic_block:
+            connection.close()
+    oldest = figures.pop("oldest_ready")
+    figures["oldest_ready_age_seconds"] = max(0.0, (timezone.now() - oldest).total_seconds()) if oldest else 0.0
+    return figures
+
+
+def render() -> bytes:
+    """The Prometheus text exposition of every process (multiprocess mode)
+    or of this process, plus the database gauges."""
+    registry = CollectorRegistry(auto_describe=True)
+    if multiprocess_dir():
+        multiprocess.MultiProcessCollector(registry)
+    registry.register(QueueCollector())
+    output = generate_latest(registry)
+    if not multiprocess_dir():
+        output = generate_latest(REGISTRY) + output
+    return output
