@@ -88,7 +88,9 @@ def test_the_reported_model_name_is_priced_and_the_call_time_picks_the_price_R_C
     assert price_usage(model="openai:o3", usage=stored, at=before).usd == Decimal("10")
     assert price_usage(model="openai:o3", usage=stored, at=after).usd == Decimal("2")
     # The provider's dated name is matched by the catalogue.
-    dated = price_usage(model="openai:gpt-4o-mini", usage=usage(1000, 0), at=AT, reported_model="gpt-4o-mini-2024-07-18")
+    dated = price_usage(
+        model="openai:gpt-4o-mini", usage=usage(1000, 0), at=AT, reported_model="gpt-4o-mini-2024-07-18"
+    )
     assert dated.usd == 1000 * catalogue_price("openai", "gpt-4o-mini").model_price.input_mtok / M
 
 
@@ -129,9 +131,17 @@ def test_model_prices_override_catalogue_and_replay_defaults_R_COST_1(monkeypatc
     self_hosted = price_usage(
         model="openai:my-llama", usage=usage(1000, 1000, cache_read=100, cache_creation=200, reasoning=300), at=AT
     )
-    assert self_hosted.usd == (
-        700 * Decimal("0.2") + 100 * Decimal("0.02") + 200 * Decimal("0.3") + 700 * Decimal("0.6") + 300 * Decimal("0.9")
-    ) / M
+    assert (
+        self_hosted.usd
+        == (
+            700 * Decimal("0.2")
+            + 100 * Decimal("0.02")
+            + 200 * Decimal("0.3")
+            + 700 * Decimal("0.6")
+            + 300 * Decimal("0.9")
+        )
+        / M
+    )
     replay = price_usage(model="replay:plain_answer", usage=usage(10, 10), at=AT)
     assert replay.usd == (10 * 3 + 10 * 7) / M and replay.source == "MODEL_PRICES"
 
