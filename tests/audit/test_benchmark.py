@@ -21,6 +21,7 @@ def test_bench_audit_writes_prints_latencies_ratio_and_throughput_and_cleans_up_
     assert "service (model_call_start): median" in text and "raw SQL transaction:" in text
     assert "ratio service / raw:" in text
     assert "with 1 thread(s)" in text and "with 2 thread(s)" in text
+    assert "without cost:" in text and "genai-prices catalogue:" in text  # R-COST-1
     assert not AgentRun.objects.exists() and not Message.objects.exists()
 
 
