@@ -154,10 +154,10 @@ def price_usage(*, model: str, usage: Any, at: dt.datetime | None, reported_mode
         override = get_config().MODEL_PRICES.get(model)
         try:
             if override is not None:
-                price = _override_price(override).calc_price(_usage(counts))
+                price = _override_price(override).calc_price(_usage(counts, catalogue=False))
                 return _priced(price, SOURCE_OVERRIDE, _digest(override))
             if model.startswith("replay:"):
-                price = _override_price(REPLAY_DEFAULT_PRICES).calc_price(_usage(counts))
+                price = _override_price(REPLAY_DEFAULT_PRICES).calc_price(_usage(counts, catalogue=False))
                 return _priced(price, SOURCE_REPLAY, REPLAY_PRICES_VERSION)
             return _catalogue_cost(model=model, reported_model=reported_model, counts=counts, at=at)
         except ValueError as exc:
@@ -249,14 +249,18 @@ def _catalogue():
     return genai_prices
 
 
-def _usage(counts: dict[str, int]):
-    """A genai-prices ``Usage`` with the reported counts, plus explicit
-    zeros for every non-token unit (searches, seconds, pages…): we never
-    report those, genai-prices would infer 0 for each, and inferring is
-    the slow part of its calculation."""
+def _usage(counts: dict[str, int], *, catalogue: bool = True):
+    """A genai-prices ``Usage`` with the reported counts and explicit zeros
+    for the token kinds we map but the call did not report and, for a
+    catalogue price, for every non-token unit (searches, seconds, pages…),
+    which we never report. genai-prices would infer exactly these zeros —
+    nothing more specific is reported — and inferring is the slow part of
+    its calculation. A price of our own (overrides, replay) prices token
+    kinds only, so it needs no non-token zeros."""
     from genai_prices import Usage
 
-    return Usage(**_non_token_zeros(), **counts)
+    mapped = {key: counts.get(key, 0) for _, key in _USAGE_KEYS}
+    return Usage(**_non_token_zeros(), **mapped) if catalogue else Usage(**mapped)
 
 
 @functools.cache
