@@ -14,7 +14,7 @@ import uuid
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, IntegerField, OuterRef, Q, Subquery, Value
+from django.db.models import Count, DecimalField, IntegerField, OuterRef, Q, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.http import Http404
 from django.template.response import TemplateResponse
@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from conversations.models import Message
+from costs.selectors import run_cost, usd_text
 from yuxi_project.errors import InvalidInput
 from yuxi_project.paginator import EstimatingPaginator
 from yuxi_project.storable import visible, visible_fields
@@ -43,6 +44,20 @@ def _count_of(rows) -> Subquery:
     GROUP BY, which would aggregate every run's rows first."""
     counted = rows.filter(run=OuterRef("pk")).order_by().values("run").annotate(n=Count("id")).values("n")
     return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
+
+
+def cost_of(rows, *, by: str = "run") -> Subquery:
+    """A correlated ``SUM(cost_usd)`` of the model calls of the outer run
+    (``by="run"``) or thread (``by="thread"``): the cost summed from the
+    rows (R-COST-2), evaluated for the page's rows only; null when no call
+    has a known cost."""
+    summed = rows.filter(**{by: OuterRef("pk")}).order_by().values(by).annotate(usd=Sum("cost_usd")).values("usd")
+    return Subquery(summed, output_field=DecimalField(max_digits=24, decimal_places=12))
+
+
+def cost_text(value) -> str:
+    text = usd_text(value)
+    return f"${text}" if text is not None else "—"
 
 
 class AgentFilter(admin.SimpleListFilter):
@@ -100,6 +115,7 @@ class AgentRunAdmin(admin.ModelAdmin):
         "model_call_count",
         "tool_execution_count",
         "tokens",
+        "cost",
         "duration",
         "created_at",
     )
@@ -125,7 +141,7 @@ class AgentRunAdmin(admin.ModelAdmin):
                     ("status_display", "agent_id", "model"),
                     ("thread_link", "user"),
                     "turn_links",
-                    ("usage_text", "duration"),
+                    ("usage_text", "cost_text", "duration"),
                     "error_type",
                     "output_message_link",
                 )
@@ -176,6 +192,7 @@ class AgentRunAdmin(admin.ModelAdmin):
             .annotate(
                 model_call_count=_count_of(Message.objects.model_calls()),
                 tool_execution_count=_count_of(Message.objects.tool_executions()),
+                cost_usd=cost_of(Message.objects.model_calls()),
             )
         )
 
@@ -218,6 +235,10 @@ class AgentRunAdmin(admin.ModelAdmin):
     @admin.display(description="tokens")
     def tokens(self, run):
         return (run.usage or {}).get("total_tokens", "—")
+
+    @admin.display(description="cost (USD)", ordering="cost_usd")
+    def cost(self, run):
+        return cost_text(run.cost_usd)
 
     @admin.display(description="duration")
     def duration(self, run):
@@ -269,6 +290,16 @@ class AgentRunAdmin(admin.ModelAdmin):
     @admin.display(description="usage")
     def usage_text(self, run):
         return json.dumps(run.usage, ensure_ascii=False) if run.usage else "—"
+
+    @admin.display(description="cost")
+    def cost_text(self, run):
+        """Summed from the run's model rows; calls of unknown cost are
+        counted, never priced at 0 (R-COST-2)."""
+        cost = run_cost(run.pk)
+        text = cost_text(cost["total_usd"])
+        if cost["unknown_cost_calls"]:
+            text += f" (+ {cost['unknown_cost_calls']} call(s) of unknown cost)"
+        return text
 
     @admin.display(description="interrupts")
     def interrupts_text(self, run):
@@ -353,6 +384,9 @@ def timeline_page_context(
         r["tool_input_json"] = _pretty(r["tool_input"])
         r["raw_output_json"] = _pretty(r.get("raw_output"))
         r["usage_text"] = _usage_text(r["usage"])
+        # cost_usd is already the API's decimal string here (R-COST-1).
+        closed_model_call = r["kind"] == "model" and r["status"] != "running"
+        r["cost_text"] = (f"${r['cost_usd']}" if r["cost_usd"] is not None else "—") if closed_model_call else ""
         r["bar"] = _bar(r, t0, span, now, live)
         if show_run:
             r["run_url"] = reverse("admin:audit_agentrun_change", args=[r["run_id"]])

@@ -10,6 +10,7 @@ from ninja import Query, Router
 
 from conversations.models import Conversation
 from conversations.schemas import ErrorOut
+from costs.schemas import BudgetExceededOut
 from ops.metrics import track_sse
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
@@ -28,10 +29,11 @@ ERRORS = {401: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
 WRITE_ERRORS = {**ERRORS, 503: ErrorOut}
 
 
-@router.post("/threads/{thread_id}/runs", response={200: RunOut, 202: RunOut, **WRITE_ERRORS})
+@router.post("/threads/{thread_id}/runs", response={200: RunOut, 202: RunOut, 402: BudgetExceededOut, **WRITE_ERRORS})
 def submit_run(request, thread_id: uuid.UUID, payload: RunIn):
     """Submit a user turn (R-RUN-1): 202 with the new run; the same
-    ``request_id`` again answers 200 with the same run and starts nothing."""
+    ``request_id`` again answers 200 with the same run and starts nothing.
+    402 ``budget_exceeded`` when the user's budget has no room (R-COST-3)."""
     run, created = services.run_submit(
         user=request.auth, thread_id=thread_id, request_id=payload.request_id, text=payload.input.text
     )
@@ -40,7 +42,8 @@ def submit_run(request, thread_id: uuid.UUID, payload: RunIn):
 
 @router.get("/runs/{run_id}", response={200: RunOut, **ERRORS})
 def get_run(request, run_id: uuid.UUID):
-    """A run's status, error, output message, pending approval and usage."""
+    """A run's status, error, output message, pending approval, usage and
+    cost (summed from its model rows, R-COST-2)."""
     return RunOut.from_run(selectors.run_of(request.auth, run_id))
 
 
@@ -52,11 +55,12 @@ def cancel_run(request, run_id: uuid.UUID):
     return 202, RunOut.from_run(services.run_request_cancel(user=request.auth, run_id=run_id))
 
 
-@router.post("/runs/{run_id}/resume", response={200: RunOut, 202: RunOut, **WRITE_ERRORS})
+@router.post("/runs/{run_id}/resume", response={200: RunOut, 202: RunOut, 402: BudgetExceededOut, **WRITE_ERRORS})
 def resume_run(request, run_id: uuid.UUID, payload: RunResumeIn):
     """Answer a pending approval (R-TA-5): 202 with the new resume run of the
     same turn; the same ``request_id`` again answers 200 with the same run.
-    409 when the run is not interrupted or was already resumed."""
+    409 when the run is not interrupted or was already resumed; 402 over
+    budget (R-COST-3)."""
     run, created = services.run_resume(
         user=request.auth,
         run_id=run_id,

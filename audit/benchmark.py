@@ -12,6 +12,11 @@ Measures, in one run against the configured database:
 * the cost of the Prometheus metrics on a write (R-OPS-1): the service
   write with metrics switched off, measured alternately with the others,
   and the time of the metric update itself, per write.
+* latency of closing a model row (``model_call_finish``) without its cost,
+  with the replay models' default prices and with a genai-prices catalogue
+  lookup (``openai:gpt-4o-mini``), and the ratio of each to the close
+  without cost (R-COST-1: the cost must not slow the close by more than
+  10%).
 
 It creates a throw-away user, thread and runs and deletes them at the end.
 This is a benchmark, not a test: it prints figures and asserts nothing.
@@ -19,13 +24,15 @@ This is a benchmark, not a test: it prints figures and asserts nothing.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
+from unittest import mock
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
@@ -37,7 +44,7 @@ from ops import metrics
 from .errors import LeaseLost, RunTerminal
 from .lease import Lease
 from .models import AgentRun
-from .services import model_call_start, run_acquire, run_submit
+from .services import model_audit, model_call_finish, model_call_start, run_acquire, run_submit
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,10 @@ class BenchResult:
     service_metrics_off: LatencySummary
     metrics_update_us: float  # one write's metric update, microseconds
     metrics_mode: str  # "multiprocess (<dir>)" or "single process"
+    # Model row close: "without cost", "replay default prices",
+    # "genai-prices catalogue" -> latency; and each / "without cost".
+    close: dict[str, LatencySummary] = field(default_factory=dict)
+    close_ratio_median: dict[str, float] = field(default_factory=dict)
 
 
 def summarize(samples_s: list[float]) -> LatencySummary:
@@ -74,12 +85,13 @@ class _Fixture:
     def __init__(self, runs: int):
         self.user = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:12]}")
         self.threads: list[Conversation] = []
-        self.leases: list[Lease] = []
-        for _ in range(runs):
-            thread = Conversation.objects.create(user=self.user, agent_id="assistant", model="replay:plain_answer")
-            run, _ = run_submit(user=self.user, thread_id=thread.id, request_id=f"bench-{uuid.uuid4().hex}", text="x")
-            self.threads.append(thread)
-            self.leases.append(run_acquire(run_id=run.id, owner=f"bench-{uuid.uuid4().hex[:8]}", ttl_seconds=3600))
+        self.leases: list[Lease] = [self.add_run("replay:plain_answer") for _ in range(runs)]
+
+    def add_run(self, model: str) -> Lease:
+        thread = Conversation.objects.create(user=self.user, agent_id="assistant", model=model)
+        run, _ = run_submit(user=self.user, thread_id=thread.id, request_id=f"bench-{uuid.uuid4().hex}", text="x")
+        self.threads.append(thread)
+        return run_acquire(run_id=run.id, owner=f"bench-{uuid.uuid4().hex[:8]}", ttl_seconds=3600)
 
     def delete(self) -> None:
         self.user.delete()  # cascades to threads, runs and their rows
@@ -93,6 +105,56 @@ def _service_write(lease: Lease, operation_id: str, sequence: int) -> None:
         started_at=timezone.now(),
         metadata={"namespace": []},
     )
+
+
+# A close as a real OpenAI call reports it (tokens), with token details.
+_CLOSE_USAGE = {
+    "input_tokens": 1200,
+    "output_tokens": 300,
+    "total_tokens": 1500,
+    "input_token_details": {"cache_read": 200},
+    "output_token_details": {"reasoning": 100},
+}
+
+
+def _close(lease: Lease, operation_id: str, *, with_cost: bool) -> None:
+    """``model_call_finish`` of an open row; ``with_cost=False`` skips the
+    pricing step (and nothing else) to measure the close without it."""
+    skip = mock.patch.object(model_audit, "price_row", lambda row, **_: []) if not with_cost else None
+    with skip or contextlib.nullcontext():
+        model_call_finish(
+            lease=lease,
+            operation_id=operation_id,
+            content="ok",
+            tool_calls=[],
+            usage=_CLOSE_USAGE,
+            finished_at=timezone.now(),
+            duration_ms=5,
+            metadata={"model_name": "gpt-4o-mini-2024-07-18", "finish_reason": "stop"},
+        )
+
+
+def _bench_close(fixture: _Fixture, *, writes: int, warmup: int) -> dict[str, LatencySummary]:
+    """Latency of closing a model row without cost, with replay default
+    prices and with a catalogue lookup; the three alternate so they share
+    database state and load. Rows are opened (unmeasured) just before."""
+    from costs.pricing import warm_up
+
+    warm_up()
+    variants = {
+        "without cost": (fixture.add_run("replay:plain_answer"), False),
+        "replay default prices": (fixture.add_run("replay:plain_answer"), True),
+        "genai-prices catalogue": (fixture.add_run("openai:gpt-4o-mini"), True),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(warmup + writes):
+        for name, (lease, with_cost) in variants.items():
+            op = f"close-{i}"
+            _service_write(lease, op, i + 1)
+            elapsed = _timed(partial(_close, lease, op, with_cost=with_cost))
+            if i >= warmup:
+                samples[name].append(elapsed)
+    return {name: summarize(values) for name, values in samples.items()}
 
 
 def _raw_sql_write(lease: Lease, operation_id: str, sequence: int) -> None:
@@ -225,8 +287,10 @@ def bench_audit_writes(*, writes: int = 500, warmup: int = 50, thread_counts: tu
             raw.append(_timed(partial(_raw_sql_write, raw_lease, f"r-{i}", seq)))
             off.append(_timed_metrics_off(partial(_service_write, off_lease, f"o-{i}", seq)))
         service_summary, raw_summary = summarize(service), summarize(raw)
+        close = _bench_close(fixture, writes=writes, warmup=warmup)
         connection.close()  # the threads below take their own connections
         per_second = {n: _throughput(fixture, n, writes) for n in thread_counts}
+        base = close["without cost"].median_ms
         return BenchResult(
             service=service_summary,
             raw_sql=raw_summary,
@@ -238,6 +302,8 @@ def bench_audit_writes(*, writes: int = 500, warmup: int = 50, thread_counts: tu
             metrics_mode=f"multiprocess ({metrics.multiprocess_dir()})"
             if metrics.multiprocess_dir()
             else "single process",
+            close=close,
+            close_ratio_median={name: summary.median_ms / base for name, summary in close.items()},
         )
     finally:
         fixture.delete()

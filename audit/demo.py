@@ -33,6 +33,7 @@ class DemoRun:
     model_calls: int
     tool_calls: int
     total_tokens: int | None
+    cost_usd: str | None = None  # the run API's cost.total_usd (R-COST-2)
 
 
 def ensure_demo_user(*, username: str, password: str) -> str:
@@ -76,10 +77,11 @@ def run_demo(*, base_url: str, token: str, timeout: float = 60.0, say: Callable[
                 model_calls=Message.objects.model_calls().filter(run=run).count(),
                 tool_calls=Message.objects.tool_executions().filter(run=run).count(),
                 total_tokens=(run.usage or {}).get("total_tokens"),
+                cost_usd=(body.get("cost") or {}).get("total_usd"),
             )
             say(
                 f"  {model:<32} run {run_id}  {result.status:<12} model calls {result.model_calls}"
-                f"  tool calls {result.tool_calls}  tokens {result.total_tokens}"
+                f"  tool calls {result.tool_calls}  tokens {result.total_tokens}  cost ${result.cost_usd}"
             )
             results.append(result)
     return results

@@ -32,6 +32,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
 from conversations.selectors import thread_memory_messages
+from costs.budgets import BudgetGuard
 from ops import logcontext
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
@@ -227,6 +228,8 @@ class RunExecutor:
                 if trace.trace_id:
                     await write_with_retry(run_set_trace, lease=self.lease, trace_id=trace.trace_id)
                     graph_config["callbacks"] = trace.callbacks
+                # R-COST-3: no model call once the user's budget is used up.
+                graph_config["callbacks"] = [*graph_config.get("callbacks", []), BudgetGuard(user_id=self.run.user_id)]
                 snapshot = await graph.aget_state(graph_config)
                 self.prior_message_ids = {
                     m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)

@@ -38,6 +38,13 @@ class UsageOut(Schema):
     unknown_calls: int = 0
 
 
+class RunCostOut(Schema):
+    """Summed from the run's model rows (R-COST-2)."""
+
+    total_usd: str | None = Field(None, description="USD, decimal string; null only when no call has a known cost.")
+    unknown_cost_calls: int = Field(0, description="Finished model calls whose cost is unknown (never counted as 0).")
+
+
 class RunOut(Schema):
     run_id: uuid.UUID
     thread_id: uuid.UUID
@@ -54,12 +61,16 @@ class RunOut(Schema):
         None, description="The interrupt payloads (action requests and review configs) while interrupted."
     )
     usage: UsageOut | None
+    cost: RunCostOut
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
 
     @staticmethod
     def from_run(run) -> RunOut:
+        from costs.selectors import run_cost, usd_text
+
+        cost = run_cost(run.id)
         return RunOut(
             run_id=run.id,
             thread_id=run.thread_id,
@@ -74,6 +85,7 @@ class RunOut(Schema):
             output_message_id=run.output_message_id,
             pending_approval=run.interrupts if run.status == "interrupted" else None,
             usage=run.usage,
+            cost=RunCostOut(total_usd=usd_text(cost["total_usd"]), unknown_cost_calls=cost["unknown_cost_calls"]),
             created_at=run.created_at,
             started_at=run.started_at,
             finished_at=run.finished_at,
@@ -98,6 +110,11 @@ class TimelineItemOut(Schema):
     finished_at: datetime | None
     duration_ms: int | None = Field(None, description="Monotonic duration in ms.")
     usage: dict[str, Any] | None = Field(None, description="Tokens as the provider reported them.")
+    cost_usd: str | None = Field(
+        None, description="Model calls: USD, decimal string; null while running or when unknown (R-COST-1)."
+    )
+    price_source: str = Field("", description="Where the price came from (genai-prices, MODEL_PRICES, ...).")
+    price_version: str = Field("", description="Version of that price.")
     content: str
     tool_calls: list[dict[str, Any]] | None = Field(None, description="Tool calls the model declared.")
     tool_name: str | None

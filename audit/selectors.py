@@ -10,6 +10,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 
 from conversations.models import Message
+from costs.selectors import usd_text
 from yuxi_project.cursors import keyset_page
 from yuxi_project.errors import InvalidInput, NotFound
 
@@ -95,7 +96,8 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
     """A display dict of one timeline row, for the API and the admin.
 
     ``kind`` is ``model`` or ``tool``; times are datetimes; ``duration_ms``
-    in ms; ``usage`` in tokens as the provider reported it. ``raw_output``
+    in ms; ``usage`` in tokens as the provider reported it; ``cost_usd`` a
+    decimal string of USD or ``None`` (R-COST-1). ``raw_output``
     (the tool's raw output envelope) is present only when
     ``include_raw_output`` is true: pass it for staff only (R-READ-5).
     """
@@ -111,6 +113,9 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
         "finished_at": row.finished_at,
         "duration_ms": row.duration_ms,
         "usage": row.usage,
+        "cost_usd": usd_text(row.cost_usd),
+        "price_source": row.price_source,
+        "price_version": row.price_version,
         "content": row.content,
         "tool_calls": row.tool_calls,
         "tool_name": row.tool_name or None,

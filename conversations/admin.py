@@ -18,7 +18,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from audit import selectors as audit_selectors
-from audit.admin import status_badge, timeline_page_context
+from audit.admin import cost_of, cost_text, status_badge, timeline_page_context
 from audit.models import AgentRun
 from yuxi_project.paginator import EstimatingPaginator
 from yuxi_project.storable import visible, visible_fields
@@ -41,7 +41,7 @@ class ConversationAdmin(admin.ModelAdmin):
     thread's audit timeline."""
 
     thread_timeline_template = "admin/conversations/conversation/timeline.html"
-    list_display = ("short_id", "title", "user", "agent_id", "model", "status", "created_at")
+    list_display = ("short_id", "title", "user", "agent_id", "model", "status", "cost", "created_at")
     list_filter = ("status", ("created_at", admin.DateFieldListFilter))
     list_select_related = ("user",)
     search_fields = ("id",)  # replaced by get_search_results: exact matches only
@@ -56,6 +56,15 @@ class ConversationAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         # Threads are created through the API by their owner.
         return False
+
+    def get_queryset(self, request):
+        # Cost summed from the thread's model rows, for the page's rows only
+        # unless the list is sorted by it (R-COST-2).
+        return super().get_queryset(request).annotate(cost_usd=cost_of(Message.objects.model_calls(), by="thread"))
+
+    @admin.display(description="cost (USD)", ordering="cost_usd")
+    def cost(self, thread):
+        return cost_text(thread.cost_usd)
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()

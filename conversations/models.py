@@ -75,6 +75,14 @@ class MessageQuerySet(models.QuerySet):
         never counts as an execution (R-READ-4, R-TA-5)."""
         return self.filter(message_type=Message.Type.TOOL_AUDIT, started_at__isnull=False)
 
+    def cost_unknown(self) -> MessageQuerySet:
+        """Model calls that ended without a known cost: cut off before the
+        provider reported usage, or no price for their model. They are
+        counted as ``unknown_cost_calls``, never as 0 USD (R-COST-1)."""
+        return (
+            self.model_calls().filter(cost_usd__isnull=True).exclude(execution_status=Message.ExecutionStatus.RUNNING)
+        )
+
     def running(self) -> MessageQuerySet:
         return self.filter(execution_status=Message.ExecutionStatus.RUNNING)
 
@@ -147,6 +155,12 @@ class Message(models.Model):
     sequence = models.PositiveIntegerField(null=True, blank=True)
     execution_status = models.CharField(max_length=20, choices=ExecutionStatus.choices, null=True, blank=True)
     usage = StorableJSONField(null=True, blank=True)
+    # --- cost of a model call (R-COST-1, costs.pricing): USD, null while
+    # unknown (never 0 for unknown); where the price came from and which
+    # version of it. An empty source means "not priced (yet)". ---
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
+    price_source = models.CharField(max_length=40, blank=True, default="")
+    price_version = models.CharField(max_length=100, blank=True, default="")
     # --- tool rows (R-TA-1) ---
     tool_name = StorableCharField(max_length=200, blank=True, default="")
     tool_input = StorableJSONField(null=True, blank=True)
@@ -194,6 +208,14 @@ class Message(models.Model):
                 fields=["started_at"],
                 name="message_audit_started_idx",
                 condition=Q(operation_id__isnull=False),
+            ),
+            # Cost (R-COST-2, R-COST-3): a user's spend in the current budget
+            # period and the dashboard's cost window select model calls by
+            # the time they closed.
+            models.Index(
+                fields=["finished_at"],
+                name="message_model_finished_idx",
+                condition=Q(operation_id__isnull=False, role="assistant"),
             ),
             # Terminal transaction and sweeper: a run's rows still running.
             models.Index(

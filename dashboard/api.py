@@ -8,14 +8,16 @@ inclusive) and ``tz`` (IANA zone the days are counted in, default UTC).
 from __future__ import annotations
 
 from datetime import date
+from typing import Literal
 
 from ninja import Field, Query, Router, Schema
 
 from conversations.schemas import ErrorOut
+from costs import selectors as cost_selectors
 from yuxi_project.errors import PermissionDenied
 
 from . import selectors
-from .schemas import FeedbackOut, ModelsOut, OverviewOut, TimeseriesOut, ToolsOut
+from .schemas import CostsOut, FeedbackOut, ModelsOut, OverviewOut, TimeseriesOut, ToolsOut
 
 router = Router(tags=["dashboard"])
 
@@ -100,5 +102,32 @@ def feedback(request, params: Query[FeedbackQuery]):
         "window": window_out(window),
         **selectors.feedback_summary(window),
         "count": queryset.count(),
+        "items": items,
+    }
+
+
+class CostsQuery(WindowIn):
+    group_by: Literal["model", "user", "day"] = "model"
+    limit: int = Field(100, ge=1, le=1000, description="At most this many models or users (not days).")
+
+
+@router.get("/dashboard/costs", response={200: CostsOut, **ERRORS})
+def costs(request, params: Query[CostsQuery]):
+    """Cost (USD, decimal strings) of the model calls that closed in the
+    window, in total and per ``model`` (configured name), ``user`` (most
+    first) or ``day`` (every day of the window); calls of unknown cost are
+    counted, never priced at 0. Summed from the rows (R-COST-2)."""
+    window = staff_window(request, params)
+    summary = cost_selectors.cost_summary(window)
+    items = [
+        {**row, "key": str(row["key"]), "total_usd": cost_selectors.usd_text(row["total_usd"])}
+        for row in cost_selectors.costs_by(window, group_by=params.group_by, limit=params.limit)
+    ]
+    return {
+        "window": window_out(window),
+        "group_by": params.group_by,
+        "total_usd": cost_selectors.usd_text(summary["total_usd"]),
+        "calls": summary["calls"],
+        "unknown_cost_calls": summary["unknown_cost_calls"],
         "items": items,
     }

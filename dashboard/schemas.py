@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import date, datetime
 
-from ninja import Schema
+from ninja import Field, Schema
 
 
 class WindowOut(Schema):
@@ -105,3 +105,22 @@ class FeedbackOut(Schema):
     satisfaction_rate: float | None
     count: int
     items: list[FeedbackItemOut]
+
+
+class CostGroupOut(Schema):
+    key: str = Field(..., description="The model name, the username or the day (YYYY-MM-DD).")
+    user_id: int | None = None
+    total_usd: str | None = Field(..., description="USD, decimal string; null when no call has a known cost.")
+    calls: int
+    unknown_cost_calls: int
+
+
+class CostsOut(Schema):
+    """Cost of the model calls that closed in the window (R-COST-2)."""
+
+    window: WindowOut
+    group_by: str
+    total_usd: str | None
+    calls: int
+    unknown_cost_calls: int
+    items: list[CostGroupOut]

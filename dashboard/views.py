@@ -8,12 +8,16 @@ import datetime as dt
 
 from django.contrib import admin
 from django.template.response import TemplateResponse
+from django.urls import reverse
 
+from costs import selectors as cost_selectors
 from yuxi_project.errors import InvalidInput
 
 from . import selectors
 
 FEEDBACK_ROWS = 50
+TOP_USERS = 10
+COSTLIEST_RUNS = 10
 template_name = "admin/dashboard/index.html"
 
 
@@ -50,6 +54,7 @@ def dashboard_page(request):
         "tools": selectors.tools_report(window),
         "timeseries": selectors.timeseries(window),
         "feedback": selectors.feedback_summary(window),
+        "costs": cost_figures(window),
     }
     context = {
         **admin.site.each_context(request),
@@ -58,5 +63,34 @@ def dashboard_page(request):
         "window": window,
         "figures": figures,
         "feedback_rows": list(selectors.feedback_list(window)[:FEEDBACK_ROWS]),
+        "costliest_runs": figures["costs"]["costliest_runs"],
     }
     return TemplateResponse(request, template_name, context)
+
+
+def cost_figures(window: selectors.Window) -> dict:
+    """The page's cost figures (R-COST-2), all summed from the model rows:
+    ``summary``, ``by_model_day`` (stacked chart), ``by_user`` (top
+    :data:`TOP_USERS`), ``costliest_runs`` (top :data:`COSTLIEST_RUNS`,
+    each with its admin page's ``url``). USD as decimal strings."""
+    usd = cost_selectors.usd_text
+    summary = cost_selectors.cost_summary(window)
+    return {
+        "summary": {**summary, "total_usd": usd(summary["total_usd"])},
+        "by_model_day": [
+            {**row, "total_usd": usd(row["total_usd"])} for row in cost_selectors.cost_by_model_day(window)
+        ],
+        "by_user": [
+            {**row, "total_usd": usd(row["total_usd"])}
+            for row in cost_selectors.costs_by(window, group_by="user", limit=TOP_USERS)
+        ],
+        "costliest_runs": [
+            {
+                **row,
+                "run_id": str(row["run_id"]),
+                "total_usd": usd(row["total_usd"]),
+                "url": reverse("admin:audit_agentrun_change", args=[row["run_id"]]),
+            }
+            for row in cost_selectors.costliest_runs(window, limit=COSTLIEST_RUNS)
+        ],
+    }

@@ -10,6 +10,8 @@ from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from costs.budgets import BudgetExceeded
+
 from .auth import api_auth
 from .errors import ApplicationError
 from .parser import CheckedJSONParser
@@ -31,6 +33,12 @@ def error_body(code: str, message: str, **extra) -> dict:
 @api.exception_handler(ApplicationError)
 def _application_error(request, exc: ApplicationError):
     return api.create_response(request, error_body(exc.code, exc.message, **exc.extra), status=exc.http_status)
+
+
+@api.exception_handler(BudgetExceeded)
+def _budget_exceeded(request, exc: BudgetExceeded):
+    # R-COST-3: the contract's flat 402 body, not the nested error shape.
+    return api.create_response(request, exc.body(), status=exc.http_status)
 
 
 @api.exception_handler(ValidationError)

@@ -8,18 +8,35 @@ naming the variable, instead of surfacing later as a confusing failure.
 
 from __future__ import annotations
 
+import zoneinfo
+from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
 class ConfigError(RuntimeError):
     """An environment variable holds a value the product cannot use."""
+
+
+class ModelPriceConfig(BaseModel):
+    """One ``MODEL_PRICES`` entry: USD per million tokens of each kind
+    (R-COST-1). ``input`` and ``output`` are required; a kind left out is
+    billed at its parent's price (cached input and cache creation as input,
+    reasoning as output), as genai-prices does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: Decimal = Field(ge=0, allow_inf_nan=False)
+    output: Decimal = Field(ge=0, allow_inf_nan=False)
+    cached_input: Decimal | None = Field(default=None, ge=0, allow_inf_nan=False)
+    cache_creation: Decimal | None = Field(default=None, ge=0, allow_inf_nan=False)
+    reasoning: Decimal | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class Config(BaseSettings):
@@ -99,12 +116,28 @@ class Config(BaseSettings):
     LOG_FORMAT: Literal["plain", "json"] = "plain"
     # Seconds GET /readyz waits for its checks in all.
     READYZ_TIMEOUT_SECONDS: float = Field(default=2.0, gt=0, le=30)
+    # Cost (R-COST-1): JSON, model name -> USD per million tokens for
+    # input, cached_input, cache_creation, output, reasoning. Overrides the
+    # genai-prices catalogue and the replay models' default prices.
+    MODEL_PRICES: dict[str, ModelPriceConfig] = {}
+    # Budgets (R-COST-3): the zone whose days and months a budget period
+    # follows, and the USD each unfinished run of a user holds against the
+    # budget when another run is admitted.
+    BUDGET_TIME_ZONE: str = "UTC"
+    BUDGET_RUN_RESERVE_USD: Decimal = Field(default=Decimal("0.01"), ge=0, allow_inf_nan=False)
 
     @field_validator("ALLOWED_HOSTS", "MODELS", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("BUDGET_TIME_ZONE")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        if value not in zoneinfo.available_timezones():
+            raise ValueError("must be an IANA time zone name such as UTC or Asia/Shanghai")
         return value
 
     @field_validator("DATABASE_URL")
@@ -142,3 +175,6 @@ def get_config() -> Config:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"invalid environment: {problems}") from None
+    except SettingsError as exc:
+        # A JSON setting (MODEL_PRICES) that is not JSON at all.
+        raise ConfigError(f"invalid environment: {exc}") from None

@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "conversations",
     "audit",
     "dashboard",
+    "costs",
 ]
 
 MIDDLEWARE = [

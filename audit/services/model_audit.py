@@ -9,6 +9,7 @@ from typing import Any
 from django.db import transaction
 
 from conversations.models import Message
+from costs.pricing import price_row
 from ops import metrics
 
 from ..errors import AuditConflict
@@ -90,6 +91,8 @@ def model_call_finish(
     ``[{id, name, args}]``, usage exactly as the provider reported it
     (tokens), ``finished_at``, ``duration_ms`` (monotonic, ms), completed.
 
+    The row's cost is computed here from its usage (R-COST-1,
+    :func:`costs.pricing.price_row`; unknown cost never fails the close).
     The same result again is a no-op; a different result for a completed
     row, or a finish for a row that is not running, is refused.
 
@@ -119,6 +122,7 @@ def model_call_finish(
         row.duration_ms = max(0, int(duration_ms))
         row.execution_status = ExecStatus.COMPLETED
         row.metadata = {**row.metadata, **(metadata or {})}
+        price_row(row, model=run.model)  # R-COST-1: cost at close, never raises
         row.save(
             update_fields=[
                 "content",
@@ -128,6 +132,9 @@ def model_call_finish(
                 "duration_ms",
                 "execution_status",
                 "metadata",
+                "cost_usd",
+                "price_source",
+                "price_version",
                 "updated_at",
             ]
         )

@@ -12,6 +12,7 @@ from django.db.models import Min, Q
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
+from costs.budgets import budget_admit
 from ops import metrics
 from yuxi_project.errors import Conflict, InvalidInput, NotFound
 
@@ -49,6 +50,8 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
         Conflict: ``request_id`` was used for another thread or user
             (``request_id_reused``), or the thread waits for an approval
             (``thread_interrupted``).
+        BudgetExceeded: the user's budget has no room for another run
+            (402, R-COST-3; checked in the same transaction).
 
     Implements R-RUN-1; the run is enqueued only after commit.
     """
@@ -63,6 +66,7 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
             # and FIFO order see every earlier run.
             thread = _lock_thread(user=user, thread_id=thread_id)
             _refuse_if_interrupted(thread)
+            budget_admit(user=user)  # R-COST-3: 402 and nothing created
             run = AgentRun.objects.create(
                 request_id=request_id,
                 thread=thread,
@@ -434,6 +438,8 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
         InvalidInput: the decisions do not answer the pending action
             requests one to one, or use a type the review does not allow.
         Conflict: ``request_id`` was used for another submission.
+        BudgetExceeded: the user's budget has no room for another run
+            (402, R-COST-3).
 
     Implements R-TA-5.
     """
@@ -457,6 +463,7 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
                 )
             if AgentRun.objects.filter(resumed_from=interrupted).exists():
                 raise RunNotResumable(f"run {run_id} was already resumed", extra={"reason": "already_resumed"})
+            budget_admit(user=user)  # R-COST-3: 402 and nothing created
             resume = AgentRun.objects.create(
                 request_id=request_id,
                 thread_id=interrupted.thread_id,

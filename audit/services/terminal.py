@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from conversations.models import Message
+from costs.pricing import price_unpriced_rows
 from ops import metrics
 from yuxi_project.errors import InvalidInput
 
@@ -384,6 +385,7 @@ def _terminate(
         row.metadata = {**row.metadata, "closed_by": "run_terminal", "usage_unknown": row.usage is None}
         row.metadata.pop("awaiting_run_terminal", None)
         row.save(update_fields=["execution_status", "finished_at", "metadata", "updated_at"])
+    price_unpriced_rows(run)  # rows closed from the final State (R-COST-1)
     run.usage = _usage_total(run)
     run.status = status
     run.finished_at = now

@@ -59,6 +59,29 @@
       options: { scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true } } }
     });
 
+    // Cost (R-COST-2): USD arrive as decimal strings.
+    var costRows = data.costs.by_model_day;
+    var costModels = Array.from(new Set(costRows.map(function (r) { return r.model; })));
+    draw("chart-cost", {
+      type: "bar",
+      data: { labels: days, datasets: costModels.map(function (model, i) {
+        return { label: model, backgroundColor: PALETTE[i % PALETTE.length], data: days.map(function (day) {
+          return costRows.filter(function (r) { return r.model === model && r.day === day; })
+            .reduce(function (sum, r) { return sum + parseFloat(r.total_usd || "0"); }, 0);
+        }) };
+      }) },
+      options: { scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true } } }
+    });
+
+    var costUsers = data.costs.by_user;
+    draw("chart-cost-users", {
+      type: "bar",
+      data: { labels: costUsers.map(function (r) { return r.key; }), datasets: [
+        { label: "USD", data: costUsers.map(function (r) { return parseFloat(r.total_usd || "0"); }), backgroundColor: PALETTE[4] }
+      ] },
+      options: { indexAxis: "y", plugins: { legend: { display: false } }, scales: { x: { beginAtZero: true } } }
+    });
+
     var latency = data.models.latency;
     draw("chart-latency", {
       type: "bar",

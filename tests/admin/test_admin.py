@@ -229,6 +229,6 @@ def test_dashboard_page_embeds_figures_and_vendored_chart_library_R_DASH_1(clien
     client.force_login(staff_user)
     html = client.get(reverse("admin-dashboard"), {"tz": "Asia/Shanghai"}).content.decode()
     assert "vendor/chartjs/chart.umd.min.js" in html and "cdn" not in html.lower()
-    assert 'id="yx-dashboard-data"' in html and html.count("<canvas") == 7
+    assert 'id="yx-dashboard-data"' in html and html.count("<canvas") == 9
     bad = client.get(reverse("admin-dashboard"), {"tz": "No/Where"}).content.decode()
     assert "unknown time zone" in bad

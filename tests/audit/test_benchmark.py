@@ -23,6 +23,7 @@ def test_bench_audit_writes_prints_latencies_ratio_and_throughput_and_cleans_up_
     assert "with 1 thread(s)" in text and "with 2 thread(s)" in text
     assert "service, metrics off:" in text and "metrics on / off:" in text  # R-OPS-1
     assert "metric update per write:" in text
+    assert "without cost:" in text and "genai-prices catalogue:" in text  # R-COST-1
     assert not AgentRun.objects.exists() and not Message.objects.exists()
 
 

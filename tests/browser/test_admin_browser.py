@@ -156,13 +156,16 @@ def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, 
 
         # Dashboard: every chart drawn with the vendored Chart.js.
         page.goto("/admin/dashboard/")
-        page.wait_for_selector("#yx-dashboard[data-charts-drawn='7']", timeout=15_000)
+        page.wait_for_selector("#yx-dashboard[data-charts-drawn='9']", timeout=15_000)
         painted = page.evaluate(
             """() => Array.from(document.querySelectorAll('canvas')).map(c => {
                  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
                  let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; })"""
         )
-        assert len(painted) == 7 and all(n > 0 for n in painted), painted
+        assert len(painted) == 9 and all(n > 0 for n in painted), painted
+        # Cost by model and day and by user are charts too (R-COST-2).
+        assert page.locator("#chart-cost[data-drawn='1']").count() == 1
+        assert page.locator("[data-figure='cost']").count() == 1
         # The world's 3 ordinary messages; its 7 audit rows and the big runs'
         # audit rows are not messages (R-READ-4).
         assert page.locator("[data-figure='messages'] .yx-value").inner_text().strip() == "3"

@@ -12,7 +12,8 @@ class Command(BaseCommand):
     help = (
         "Benchmark one lease-checked audit write (model_call_start) against the equivalent raw SQL "
         "transaction on the configured database: median and p95 latency, their ratio, and writes per "
-        "second with 1 and 8 threads. Creates and deletes its own user, threads and runs."
+        "second with 1 and 8 threads; then the close of a model row without and with its cost (R-COST-1). "
+        "Creates and deletes its own user, threads and runs."
     )
 
     def add_arguments(self, parser):
@@ -41,3 +42,7 @@ class Command(BaseCommand):
         out(f"  metrics on / off:           median {result.service.median_ms / off.median_ms:.3f}x")
         share = result.metrics_update_us / 1000 / off.median_ms * 100
         out(f"  metric update per write:    {result.metrics_update_us:.2f} us = {share:.2f}% of the median write")
+        out(f"model row close (model_call_finish), {writes} samples per variant (ms):")
+        for name, summary in result.close.items():
+            ratio = result.close_ratio_median[name]
+            out(f"  {name + ':':<24} median {summary.median_ms:.3f}  p95 {summary.p95_ms:.3f}  ({ratio:.2f}x)")

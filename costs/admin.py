@@ -1,0 +1,31 @@
+"""Budgets in the admin (R-COST-3): staff set a user's limit or the
+default; each row shows what was spent in the current period (summed from
+the model rows)."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from .budgets import period_start
+from .models import Budget
+from .selectors import spent_usd, usd_text
+
+
+@admin.register(Budget)
+class BudgetAdmin(admin.ModelAdmin):
+    list_display = ("who", "limit_usd", "period", "spent_this_period", "updated_at")
+    list_filter = ("period",)
+    raw_id_fields = ("user",)
+    search_fields = ("user__username",)
+    list_select_related = ("user",)
+    fields = ("user", "limit_usd", "period")
+
+    @admin.display(description="user", ordering="user__username")
+    def who(self, budget):
+        return budget.user.get_username() if budget.user_id else "(default for every user without one)"
+
+    @admin.display(description="spent this period (USD)")
+    def spent_this_period(self, budget):
+        if budget.user_id is None:
+            return "—"
+        return usd_text(spent_usd(user_id=budget.user_id, since=period_start(budget.period)))

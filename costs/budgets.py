@@ -1,0 +1,164 @@
+"""Budgets that stop spending (R-COST-3).
+
+Two checks, both against the spend summed from the model rows
+(:func:`costs.selectors.spent_usd`) in the current period — the calendar
+day or month in ``BUDGET_TIME_ZONE`` — of the budget that applies to the
+user (their own, else the default, else none):
+
+* **Admission** (:func:`budget_admit`), in the transaction that creates a
+  run (turn or resume). Refused — :class:`BudgetExceeded`, HTTP 402, and
+  the transaction creates nothing — when the spend has reached the limit,
+  or when the spend plus ``BUDGET_RUN_RESERVE_USD`` for each of the user's
+  unfinished runs, the new one included, would pass it. The reserve is
+  what makes "fits" meaningful before any call has a cost: a budget with
+  room for one more run admits one, not every submission that arrives at
+  the same moment.
+* **Before each model call** (:class:`BudgetGuard`, a LangChain callback
+  the worker adds to the graph config): when the spend has reached the
+  limit, the call is not made; the run ends ``failed`` with error type
+  ``budget_exceeded`` and its rows are closed as for any failure.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import zoneinfo
+from decimal import Decimal
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connection, transaction
+from django.utils import timezone
+from langchain_core.callbacks import AsyncCallbackHandler
+
+from yuxi_project.config import get_config
+from yuxi_project.db import release_connection
+from yuxi_project.errors import ApplicationError
+
+from .models import Budget
+from .selectors import spent_usd, usd_text
+
+
+class BudgetExceeded(ApplicationError):
+    """The user's budget for the current period is used up (R-COST-3).
+
+    The API answers 402 with ``{"error": "budget_exceeded", "limit_usd",
+    "spent_usd", "period", "reserved_usd", "message"}`` (amounts as decimal
+    strings, USD); a run stopped by it ends ``failed`` with error type
+    ``budget_exceeded``."""
+
+    code = "budget_exceeded"
+    http_status = 402
+
+    def __init__(self, *, limit_usd: Decimal, spent_usd: Decimal, period: str, reserved_usd: Decimal = Decimal(0)):
+        message = f"the {period} budget of {usd_text(limit_usd)} USD is used up: {usd_text(spent_usd)} USD spent"
+        if reserved_usd:
+            message += f", {usd_text(reserved_usd)} USD held by unfinished runs"
+        super().__init__(
+            message,
+            extra={
+                "limit_usd": usd_text(limit_usd),
+                "spent_usd": usd_text(spent_usd),
+                "period": period,
+                "reserved_usd": usd_text(reserved_usd),
+            },
+        )
+
+    def body(self) -> dict[str, Any]:
+        """The 402 body: the contract's flat shape."""
+        return {"error": self.code, **self.extra, "message": self.message}
+
+
+def budget_for(user_id: int) -> Budget | None:
+    """The budget that applies to the user: their own, else the default."""
+    budgets = list(Budget.objects.filter(user_id=user_id) | Budget.objects.filter(user__isnull=True))
+    return next((b for b in budgets if b.user_id == user_id), None) or (budgets[0] if budgets else None)
+
+
+def period_start(period: str, *, now: dt.datetime | None = None) -> dt.datetime:
+    """Start (aware) of the current ``day`` or ``month`` in
+    ``BUDGET_TIME_ZONE``."""
+    zone = zoneinfo.ZoneInfo(get_config().BUDGET_TIME_ZONE)
+    today = (now or timezone.now()).astimezone(zone).date()
+    first = today.replace(day=1) if period == Budget.Period.MONTH else today
+    return dt.datetime.combine(first, dt.time.min, tzinfo=zone)
+
+
+def budget_admit(*, user, now: dt.datetime | None = None) -> None:
+    """Admit one more run of ``user`` under their budget, or refuse it.
+
+    Must be called inside ``transaction.atomic()``, in the transaction that
+    creates the run, after the thread lock (lock order: thread, then this
+    lock). On PostgreSQL it takes a transaction-scoped advisory lock keyed
+    by the user (``pg_advisory_xact_lock``), held until commit, so two
+    submissions of one user — in different threads too — check one after
+    the other and the second one sees the first one's run among the
+    unfinished runs. An advisory lock rather than a row lock: users under
+    the default budget have no row of their own, locking the default row
+    would serialise every user, and locking the ``auth_user`` row would
+    collide with unrelated writes (logins). Users without a budget take no
+    lock.
+
+    Raises:
+        BudgetExceeded: spend ≥ limit, or spend + reserve × (unfinished
+            runs + 1) > limit (see the module docstring).
+    """
+    from audit.models import AgentRun
+
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("budget_admit must be called inside transaction.atomic()")
+    budget = budget_for(user.pk)
+    if budget is None:
+        return
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_key(user.pk)])
+    spent = spent_usd(user_id=user.pk, since=period_start(budget.period, now=now))
+    reserve = get_config().BUDGET_RUN_RESERVE_USD
+    unfinished = AgentRun.objects.filter(user=user, status__in=AgentRun.ACTIVE_STATUSES).count()
+    if spent >= budget.limit_usd or spent + reserve * (unfinished + 1) > budget.limit_usd:
+        raise BudgetExceeded(
+            limit_usd=budget.limit_usd, spent_usd=spent, period=budget.period, reserved_usd=reserve * unfinished
+        )
+
+
+def budget_check_running(*, user_id: int, now: dt.datetime | None = None) -> None:
+    """Refuse the next model call of a running run when the user's spend
+    in the current period has reached the limit (no reserve: the run's own
+    calls are the spend). Raises :class:`BudgetExceeded`."""
+    budget = budget_for(user_id)
+    if budget is None:
+        return
+    spent = spent_usd(user_id=user_id, since=period_start(budget.period, now=now))
+    if spent >= budget.limit_usd:
+        raise BudgetExceeded(limit_usd=budget.limit_usd, spent_usd=spent, period=budget.period)
+
+
+class BudgetGuard(AsyncCallbackHandler):
+    """Checks the budget before every chat model call of a run (subagents
+    included: callbacks in the graph config reach every model). Raising
+    from ``on_chat_model_start`` with ``raise_error`` stops the call before
+    its request is sent; the graph then fails with :class:`BudgetExceeded`,
+    which the worker records as the run's error type (R-COST-3)."""
+
+    raise_error = True
+
+    def __init__(self, *, user_id: int):
+        self.user_id = user_id
+
+    async def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+        await sync_to_async(_check_then_release)(self.user_id)
+
+
+def _check_then_release(user_id: int) -> None:
+    try:
+        budget_check_running(user_id=user_id)
+    finally:
+        release_connection()
+
+
+def _lock_key(user_id: int) -> int:
+    """A signed 64-bit advisory lock key for one user's budget."""
+    digest = hashlib.blake2b(f"yuxi.budget:{user_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)

@@ -1,0 +1,299 @@
+"""The cost of one model call (R-COST-1).
+
+A model row is priced when it closes, from its stored usage (LangChain's
+``UsageMetadata`` shape) with the `genai-prices` package: the project's
+usage names map to genai-prices' ``Usage`` like this —
+
+================================================  ===========================
+stored usage                                      genai-prices ``Usage``
+================================================  ===========================
+``input_tokens`` (all input, cached included)     ``input_tokens``
+``input_token_details.cache_read``                ``cache_read_tokens``
+``input_token_details.cache_creation``            ``cache_write_tokens``
+``input_token_details.audio``                     ``input_audio_tokens``
+``output_tokens`` (all output, reasoning incl.)   ``output_tokens``
+``output_token_details.reasoning``                ``output_reasoning_tokens``
+``output_token_details.audio``                    ``output_audio_tokens``
+================================================  ===========================
+
+Both count the details *inside* the totals, so genai-prices bills each
+detail at its own price and the rest of the total at the plain price.
+
+Where the price comes from, first match wins:
+
+1. ``MODEL_PRICES[<configured model name>]`` (USD per million tokens for
+   ``input``, ``cached_input``, ``cache_creation``, ``output``,
+   ``reasoning``) — source ``MODEL_PRICES``, version ``sha256:<digest of
+   the entry>``;
+2. ``replay:*`` models: :data:`REPLAY_DEFAULT_PRICES` — source
+   ``replay-default``;
+3. the genai-prices catalogue for the provider of the configured name
+   (``openai:<model>`` → provider ``openai``) and the model the provider reported
+   (``metadata.model_name``, else the configured one), at the call's
+   timestamp — source ``genai-prices``, version the package version (its
+   data ships with the package; no network).
+
+Nothing found, no usage, or usage genai-prices refuses: the cost is
+unknown — ``cost_usd`` null, never 0 — and the reason is kept in
+``metadata.cost_unknown``. Pricing never raises into a run: any error is
+logged and gives unknown.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from yuxi_project.config import ModelPriceConfig, get_config
+
+log = logging.getLogger(__name__)
+
+#: Stored precision of ``cost_usd``: 12 decimal places of a USD.
+COST_QUANTUM = Decimal("1e-12")
+
+#: Default prices of ``replay:*`` models, USD per million tokens, so tests
+#: and the quick start show real figures without configuration. Every kind
+#: has its own price so a test can tell them apart.
+REPLAY_DEFAULT_PRICES = ModelPriceConfig(
+    input=Decimal("1.00"),
+    cached_input=Decimal("0.10"),
+    cache_creation=Decimal("1.25"),
+    output=Decimal("4.00"),
+    reasoning=Decimal("6.00"),
+)
+REPLAY_PRICES_VERSION = "1"
+
+SOURCE_OVERRIDE = "MODEL_PRICES"
+SOURCE_REPLAY = "replay-default"
+SOURCE_CATALOGUE = "genai-prices"
+SOURCE_UNKNOWN = "unknown"
+
+# stored usage path -> genai-prices usage key
+_USAGE_KEYS = (
+    (("input_tokens",), "input_tokens"),
+    (("output_tokens",), "output_tokens"),
+    (("input_token_details", "cache_read"), "cache_read_tokens"),
+    (("input_token_details", "cache_creation"), "cache_write_tokens"),
+    (("input_token_details", "audio"), "input_audio_tokens"),
+    (("output_token_details", "reasoning"), "output_reasoning_tokens"),
+    (("output_token_details", "audio"), "output_audio_tokens"),
+)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A model call's cost: ``usd`` (Decimal, 12 places) or ``None`` when
+    unknown, with ``source``/``version`` of the price, or ``unknown`` (the
+    reason: ``usage_unknown``, ``usage_invalid``, ``price_unknown``,
+    ``price_error``)."""
+
+    usd: Decimal | None
+    source: str = ""
+    version: str = ""
+    unknown: str = ""
+
+
+class UnknownCost(Exception):
+    """Raised inside this module only; becomes :attr:`Cost.unknown`."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def usage_counts(usage: Any) -> dict[str, int]:
+    """Map stored usage to genai-prices usage keys (tokens, ints ≥ 0).
+
+    Raises :class:`UnknownCost` (``usage_unknown``) without usage or without
+    both ``input_tokens`` and ``output_tokens``, and (``usage_invalid``) for
+    a count that is not a non-negative integer or details that add up to
+    more than their total."""
+    if not isinstance(usage, dict) or not usage:
+        raise UnknownCost("usage_unknown")
+    counts: dict[str, int] = {}
+    for path, key in _USAGE_KEYS:
+        value: Any = usage
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UnknownCost("usage_invalid", f"{'.'.join(path)} = {value!r}")
+        counts[key] = value
+    if "input_tokens" not in counts or "output_tokens" not in counts:
+        raise UnknownCost("usage_unknown", "no input_tokens/output_tokens")
+    # Details are parts of their totals; usage saying otherwise is wrong
+    # whichever price applies (genai-prices checks priced parts only).
+    cached = counts.get("cache_read_tokens", 0) + counts.get("cache_write_tokens", 0)
+    if (
+        max(cached, counts.get("input_audio_tokens", 0)) > counts["input_tokens"]
+        or max(counts.get("output_reasoning_tokens", 0), counts.get("output_audio_tokens", 0)) > counts["output_tokens"]
+    ):
+        raise UnknownCost("usage_invalid", f"token details exceed their totals: {usage!r}")
+    return counts
+
+
+def price_usage(*, model: str, usage: Any, at: dt.datetime | None, reported_model: str = "") -> Cost:
+    """The cost of one call of ``model`` (the configured name, e.g.
+    ``openai:gpt-4o-mini`` or ``replay:plain_answer``) with ``usage``
+    (stored shape, tokens), priced at ``at`` (the call's time; ``None``:
+    now). ``reported_model`` is the model name the provider reported.
+
+    Never raises: an unknown usage or price, or any error of the price
+    catalogue, gives ``Cost(usd=None, unknown=<reason>)`` (logged).
+    Implements R-COST-1.
+    """
+    try:
+        counts = usage_counts(usage)
+        override = get_config().MODEL_PRICES.get(model)
+        try:
+            if override is not None:
+                price = _override_price(override).calc_price(_usage(counts, catalogue=False))
+                return _priced(price, SOURCE_OVERRIDE, _digest(override))
+            if model.startswith("replay:"):
+                price = _override_price(REPLAY_DEFAULT_PRICES).calc_price(_usage(counts, catalogue=False))
+                return _priced(price, SOURCE_REPLAY, REPLAY_PRICES_VERSION)
+            return _catalogue_cost(model=model, reported_model=reported_model, counts=counts, at=at)
+        except ValueError as exc:
+            # genai-prices refuses usage that contradicts itself (cache
+            # reads above the input total, ...).
+            raise UnknownCost("usage_invalid", str(exc)) from None
+    except UnknownCost as exc:
+        if exc.reason != "usage_unknown":
+            log.info("cost of a %s call unknown: %s", model, exc)
+        return Cost(usd=None, source=SOURCE_UNKNOWN, unknown=exc.reason)
+    except Exception:  # the catalogue must never fail a run
+        log.exception("pricing a %s call failed; its cost is unknown", model)
+        return Cost(usd=None, source=SOURCE_UNKNOWN, unknown="price_error")
+
+
+def price_row(row, *, model: str) -> list[str]:
+    """Price a closed model row (a ``conversations.Message``) in place:
+    sets ``cost_usd``, ``price_source``, ``price_version`` and, when the
+    cost is unknown for a reason other than missing usage,
+    ``metadata.cost_unknown``. The call's time is ``started_at``, else
+    ``finished_at``. Returns the field names to save. Never raises."""
+    cost = price_usage(
+        model=model,
+        usage=row.usage,
+        at=row.started_at or row.finished_at,
+        reported_model=str((row.metadata or {}).get("model_name") or ""),
+    )
+    row.cost_usd, row.price_source, row.price_version = cost.usd, cost.source, cost.version
+    fields = ["cost_usd", "price_source", "price_version"]
+    if cost.unknown:
+        row.metadata = {**(row.metadata or {}), "cost_unknown": cost.unknown}
+        fields.append("metadata")
+    return fields
+
+
+def price_unpriced_rows(run) -> None:
+    """Price the closed model rows of ``run`` that carry usage but were
+    never priced: rows the terminal reconcile completed or inserted from
+    the final State. Called in the terminal transaction (R-COST-1)."""
+    from conversations.models import Message
+
+    rows = (
+        Message.objects.model_calls()
+        .filter(run=run, price_source="", usage__isnull=False)
+        .exclude(execution_status=Message.ExecutionStatus.RUNNING)
+    )
+    for row in rows:
+        fields = price_row(row, model=run.model)
+        row.save(update_fields=[*dict.fromkeys(fields), "updated_at"])
+
+
+def warm_up() -> None:
+    """Import the price catalogue now (it is a large module)."""
+    try:
+        _catalogue()
+    except Exception:  # pragma: no cover - never stop a worker over prices
+        log.exception("loading the genai-prices catalogue failed")
+
+
+# --------------------------------------------------------------------------
+
+
+def _priced(price: dict | Any, source: str, version: str) -> Cost:
+    total = price["total_price"] if isinstance(price, dict) else price.total_price
+    return Cost(usd=Decimal(total).quantize(COST_QUANTUM), source=source, version=version)
+
+
+def _catalogue_cost(*, model: str, reported_model: str, counts: dict[str, int], at: dt.datetime | None) -> Cost:
+    genai_prices = _catalogue()
+    provider_id, _, name = model.partition(":")
+    if not name:
+        raise UnknownCost("price_unknown", f"no provider in the model name {model!r}")
+    usage = _usage(counts)
+    at = at or dt.datetime.now(dt.UTC)
+    for ref in dict.fromkeys(r for r in (reported_model, name) if r):
+        try:
+            price = genai_prices.calc_price(usage, ref, provider_id=provider_id, genai_request_timestamp=at)
+        except LookupError:
+            continue
+        return _priced(price, SOURCE_CATALOGUE, genai_prices.__version__)
+    raise UnknownCost("price_unknown", f"{provider_id} has no price for {reported_model or name!r}")
+
+
+@functools.cache
+def _catalogue():
+    import genai_prices
+    import genai_prices.data  # noqa: F401  (the catalogue itself)
+
+    return genai_prices
+
+
+def _usage(counts: dict[str, int], *, catalogue: bool = True):
+    """A genai-prices ``Usage`` with the reported counts and explicit zeros
+    for the token kinds we map but the call did not report and, for a
+    catalogue price, for every non-token unit (searches, seconds, pages…),
+    which we never report. genai-prices would infer exactly these zeros —
+    nothing more specific is reported — and inferring is the slow part of
+    its calculation. A price of our own (overrides, replay) prices token
+    kinds only, so it needs no non-token zeros."""
+    from genai_prices import Usage
+
+    mapped = {key: counts.get(key, 0) for _, key in _USAGE_KEYS}
+    return Usage(**_non_token_zeros(), **mapped) if catalogue else Usage(**mapped)
+
+
+@functools.cache
+def _non_token_zeros() -> dict[str, int]:
+    from genai_prices.data_units import unit_data
+
+    return {
+        key: 0
+        for key, unit in unit_data.items()
+        if key != "requests" and (unit.get("dimensions") or {}).get("family") != "tokens"
+    }
+
+
+@functools.cache
+def _override_price_cached(price: ModelPriceConfig):
+    from genai_prices.types import ModelPrice
+
+    kinds = {
+        "input_mtok": price.input,
+        "cache_read_mtok": price.cached_input,
+        "cache_write_mtok": price.cache_creation,
+        "output_mtok": price.output,
+        "output_reasoning_mtok": price.reasoning,
+    }
+    return ModelPrice(**{key: value for key, value in kinds.items() if value is not None})
+
+
+def _override_price(price: ModelPriceConfig):
+    """genai-prices' own ``ModelPrice`` for a configured price, so that
+    overrides are computed by the same arithmetic as the catalogue."""
+    return _override_price_cached(price)
+
+
+def _digest(price: ModelPriceConfig) -> str:
+    canonical = json.dumps({k: str(v) for k, v in price.model_dump().items() if v is not None}, sort_keys=True)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]

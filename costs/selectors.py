@@ -1,0 +1,135 @@
+"""Cost totals (R-COST-2): every figure is a sum over the model rows'
+``cost_usd`` — for a run, a thread, a user's budget period, or a dashboard
+window — never a stored second copy, so the figures agree to the last
+decimal.
+
+Rules shared by every total:
+
+* only model calls count (``Message.objects.model_calls()``: audit rows of
+  the assistant, including the one that became the final answer); tool
+  rows and chat messages have no cost;
+* ``total_usd`` is the sum of the known costs, ``None`` only when no call
+  has a known cost; ``unknown_cost_calls`` counts closed calls whose cost
+  is unknown (``cost_unknown()``), never adding 0 for them; running calls
+  are neither;
+* a call belongs to the day (and budget period) in which it closed
+  (``finished_at``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+from typing import Any, Literal
+
+from django.db.models import Count, F, Q, Sum
+from django.db.models.functions import TruncDate
+
+from conversations.models import Message
+from yuxi_project.errors import InvalidInput
+
+GROUPS = ("model", "user", "day")
+
+
+def usd_text(value: Decimal | None) -> str | None:
+    """A USD amount as the API shows it: a plain decimal string without
+    trailing zeros (``"0.000108"``), or ``None``."""
+    if value is None:
+        return None
+    return format(value.normalize(), "f") if value else "0"
+
+
+def _closed_calls():
+    return Message.objects.model_calls().exclude(execution_status=Message.ExecutionStatus.RUNNING)
+
+
+_UNKNOWN = Q(cost_usd__isnull=True)
+
+
+def _totals() -> dict[str, Any]:
+    return {
+        "total_usd": Sum("cost_usd"),
+        "calls": Count("id"),
+        "unknown_cost_calls": Count("id", filter=_UNKNOWN),
+    }
+
+
+def run_cost(run_id: uuid.UUID) -> dict[str, Any]:
+    """``{total_usd: Decimal | None, unknown_cost_calls: int}`` of one run,
+    summed from its model rows (R-COST-2)."""
+    totals = _closed_calls().filter(run_id=run_id).aggregate(**_totals())
+    return {"total_usd": totals["total_usd"], "unknown_cost_calls": totals["unknown_cost_calls"]}
+
+
+def spent_usd(*, user_id: int, since: dt.datetime) -> Decimal:
+    """What ``user_id``'s model calls that closed at or after ``since`` cost,
+    in USD (unknown costs add nothing). Index ``message_model_finished_idx``
+    serves the time range (R-COST-3)."""
+    total = (
+        Message.objects.model_calls()
+        .filter(run__user_id=user_id, finished_at__gte=since, cost_usd__isnull=False)
+        .aggregate(total=Sum("cost_usd"))["total"]
+    )
+    return total or Decimal(0)
+
+
+def _in_window(window) -> Any:
+    return _closed_calls().filter(finished_at__gte=window.start, finished_at__lt=window.end)
+
+
+def cost_summary(window) -> dict[str, Any]:
+    """``{total_usd, calls, unknown_cost_calls}`` of the model calls that
+    closed in a dashboard window (``dashboard.selectors.Window``)."""
+    return _in_window(window).aggregate(**_totals())
+
+
+def costs_by(window, *, group_by: Literal["model", "user", "day"], limit: int = 100) -> list[dict[str, Any]]:
+    """Cost of the window's model calls per group:
+    ``[{key, total_usd, calls, unknown_cost_calls}]`` (plus ``user_id`` for
+    ``user``). ``model`` is the run's configured model name (the name
+    prices are set for); ``day`` lists every day of the window in its
+    zone, oldest first; ``model`` and ``user`` are ordered by cost (highest
+    first), at most ``limit`` groups.
+
+    Raises :class:`InvalidInput` for another ``group_by``.
+    """
+    rows = _in_window(window)
+    if group_by == "model":
+        grouped = rows.values(key=F("run__model"))
+    elif group_by == "user":
+        grouped = rows.values(key=F("run__user__username"), user_id=F("run__user_id"))
+    elif group_by == "day":
+        found = {
+            row["key"]: row
+            for row in rows.values(key=TruncDate("finished_at", tzinfo=window.tz)).annotate(**_totals()).order_by()
+        }
+        empty = {"total_usd": None, "calls": 0, "unknown_cost_calls": 0}
+        return [{**empty, **found.get(day, {}), "key": day} for day in window.days()]
+    else:
+        raise InvalidInput(f"group_by must be one of {', '.join(GROUPS)}", extra={"field": "group_by"})
+    return list(grouped.annotate(**_totals()).order_by(F("total_usd").desc(nulls_last=True), "-calls", "key")[:limit])
+
+
+def cost_by_model_day(window) -> list[dict[str, Any]]:
+    """``[{model, day, total_usd, calls, unknown_cost_calls}]`` of the
+    window, by day then model (the dashboard's stacked chart)."""
+    return list(
+        _in_window(window)
+        .values(model=F("run__model"), day=TruncDate("finished_at", tzinfo=window.tz))
+        .annotate(**_totals())
+        .order_by("day", "model")
+    )
+
+
+def costliest_runs(window, *, limit: int = 10) -> list[dict[str, Any]]:
+    """The ``limit`` runs whose model calls that closed in the window cost
+    most: ``[{run_id, total_usd, calls, unknown_cost_calls, model,
+    username}]``, highest first."""
+    return list(
+        _in_window(window)
+        .values("run_id", model=F("run__model"), username=F("run__user__username"))
+        .annotate(**_totals())
+        .filter(total_usd__isnull=False)
+        .order_by("-total_usd", "run_id")[:limit]
+    )
