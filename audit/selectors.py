@@ -122,13 +122,14 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
     }
     if include_raw_output:
         item["raw_output"] = (row.metadata or {}).get("raw_output") if is_tool else None
-    item["workspace_path"] = _workspace_path(row) if is_tool else None
+    item["workspace_path"] = tool_row_workspace_path(row) if is_tool else None
     return item
 
 
-def _workspace_path(row: Message) -> str | None:
-    """The workspace file of a tool row's large result (the path its run's
-    State holds), else None (R-TA-4, R-TA-7)."""
+def tool_row_workspace_path(row: Message) -> str | None:
+    """The workspace-relative file of a tool row's large result (the path
+    its run's State holds), else None; for the timeline and the admin
+    (R-TA-4, R-TA-7)."""
     from yuxi_project.config import get_config
 
     from .agents.workspace import tool_row_large_result_path

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from django.test import Client
+from django.urls import reverse
 
 from audit import services
 from audit.agents.workspace import (
@@ -57,7 +58,9 @@ def _state_tool_messages(thread: Conversation) -> list:
     return [m for m in checkpoint.checkpoint["channel_values"]["messages"] if m.type == "tool"]
 
 
-def test_a_reused_tool_call_id_gets_one_large_result_file_per_run_R_TA_7(user, replay_models, workspace_root):
+def test_a_reused_tool_call_id_gets_one_large_result_file_per_run_R_TA_7(
+    user, staff_user, replay_models, workspace_root
+):
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
     run_a, status_a = _turn(thread, "reused_call_id_lookup_alpha", "look up alpha")
     state_after_a = [m.content for m in _state_tool_messages(thread)]
@@ -97,6 +100,15 @@ def test_a_reused_tool_call_id_gets_one_large_result_file_per_run_R_TA_7(user, r
     assert [t["size_chars"] for t in executions] == [5000, 5000]
     timeline = [selectors_item for selectors_item in _timeline_tool_items(thread)]
     assert [t["workspace_path"] for t in timeline] == paths
+
+    # The admin: each run's timeline and each tool row's page name its own file.
+    admin = Client()
+    admin.force_login(staff_user)
+    for run, path in ((run_a, paths[0]), (run_b, paths[1])):
+        page = admin.get(reverse("admin:audit_agentrun_change", args=[run.id])).content.decode()
+        assert path in page and paths[1 - paths.index(path)] not in page
+        row = Message.objects.get(run=run, role=Message.Role.TOOL)
+        assert path in admin.get(reverse("admin:conversations_message_change", args=[row.id])).content.decode()
 
 
 def _timeline_tool_items(thread):
