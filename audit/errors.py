@@ -107,3 +107,11 @@ class RunNotResumable(Conflict):
     resumed by another request (R-TA-5)."""
 
     code = "run_not_resumable"
+
+
+class RequestIdReused(Conflict):
+    """The caller already used this idempotency key for a different request:
+    another thread or run, other input, or a turn's key sent as a resume and
+    the reverse (R-IDEM-1). Nothing was changed."""
+
+    code = "request_id_reused"

@@ -40,8 +40,13 @@ class AgentRun(models.Model):
     TERMINAL_STATUSES = (Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.INTERRUPTED)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    # The client's idempotency key (R-RUN-1).
-    request_id = models.CharField(max_length=200, unique=True)
+    # The client's idempotency key, unique per user across turns and
+    # resumes (R-RUN-1, R-IDEM-1; constraint run_request_id_user_uniq).
+    request_id = models.CharField(max_length=200)
+    # SHA-256 (hex) of the request's kind, target and input, to tell a retry
+    # from another request under the same key; empty on runs created before
+    # it was stored (see audit.idempotency).
+    request_fingerprint = models.CharField(max_length=64, blank=True, default="")
     thread = models.ForeignKey("conversations.Conversation", on_delete=models.CASCADE, related_name="runs")
     # All runs of one user input share a turn: the first run and each resume.
     turn_id = models.UUIDField(default=uuid.uuid4, db_index=True)
@@ -90,6 +95,11 @@ class AgentRun(models.Model):
 
     class Meta:
         ordering = ["created_at"]
+        constraints = [
+            # request_id first: the index also serves the admin's exact
+            # search by request id alone.
+            models.UniqueConstraint(fields=["request_id", "user"], name="run_request_id_user_uniq"),
+        ]
         indexes = [
             # FIFO: the earlier non-terminal runs of a thread (R-RUN-2).
             models.Index(fields=["thread", "created_at"], name="run_thread_created_idx"),

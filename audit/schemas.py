@@ -123,6 +123,9 @@ class TimelineItemOut(Schema):
     is_final_answer: bool
     metadata: dict[str, Any]
     raw_output: Any = Field(None, description="The tool's raw output envelope.")
+    workspace_path: str | None = Field(
+        None, description="Workspace file of a large tool result (per execution, R-TA-7), else null."
+    )
 
 
 class TimelineOut(Schema):

@@ -100,6 +100,7 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
     decimal string of USD or ``None`` (R-COST-1). ``raw_output``
     (the tool's raw output envelope) is present only when
     ``include_raw_output`` is true: pass it for staff only (R-READ-5).
+    ``workspace_path`` is the workspace file of a large tool result (R-TA-7).
     """
     is_tool = row.role == Message.Role.TOOL
     item: dict[str, Any] = {
@@ -126,6 +127,7 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
     }
     if include_raw_output:
         item["raw_output"] = (row.metadata or {}).get("raw_output") if is_tool else None
+    item["workspace_path"] = tool_row_workspace_path(row) if is_tool else None
     return item
 
 
@@ -204,3 +206,18 @@ def run_live_state(run_id: uuid.UUID | str) -> dict[str, Any] | None:
         "interrupts": run.interrupts if run.status == AgentRun.Status.INTERRUPTED else None,
         "operations": operations,
     }
+
+
+def tool_row_workspace_path(row: Message) -> str | None:
+    """The workspace-relative file of a tool row's large result (the path
+    its run's State holds), else None; for the timeline and the admin
+    (R-TA-4, R-TA-7)."""
+    from yuxi_project.config import get_config
+
+    from .agents.workspace import tool_row_large_result_path
+
+    if len(row.content or "") <= get_config().LARGE_TOOL_RESULT_CHARS:
+        return None
+    return tool_row_large_result_path(
+        thread_id=row.thread_id, run_id=row.run_id, tool_call_id=row.operation_id
+    ).as_posix()

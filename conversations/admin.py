@@ -192,10 +192,18 @@ class MessageAdmin(admin.ModelAdmin):
         "tool_name",
         "tool_input",
         "declared_by",
+        "workspace_file",
         "metadata",
         "created_at",
         "updated_at",
     )
+
+    @admin.display(description="workspace file")
+    def workspace_file(self, message):
+        """Where a large tool result was saved, per execution (R-TA-7)."""
+        if message.pk is None or message.role != Message.Role.TOOL:
+            return "—"
+        return audit_selectors.tool_row_workspace_path(message) or "—"
 
     def get_actions(self, request):
         actions = super().get_actions(request)

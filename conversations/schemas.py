@@ -51,7 +51,27 @@ class ToolExecutionOut(Schema):
     id: str = Field(..., description="The tool call id.")
     name: str
     status: Literal["completed", "failed", "interrupted", "abandoned", "rejected"]
-    content: str
+    content: str = Field(
+        ...,
+        description="The result; above LARGE_TOOL_RESULT_CHARS its size, workspace path and a preview, "
+        "exactly as memory shows it (R-READ-7).",
+    )
+    size_chars: int = Field(..., description="Length of the full result in characters.")
+    workspace_path: str | None = Field(None, description="Workspace file of a large result, else null.")
+
+    @staticmethod
+    def from_row(row) -> ToolExecutionOut:
+        from .selectors import tool_result_view
+
+        view = tool_result_view(row)
+        return ToolExecutionOut(
+            id=row.operation_id,
+            name=row.tool_name,
+            status=row.execution_status,
+            content=view.content,
+            size_chars=view.size_chars,
+            workspace_path=view.workspace_path,
+        )
 
 
 class HistoryItemOut(Schema):
@@ -77,10 +97,7 @@ class HistoryItemOut(Schema):
             kind=entry.kind,
             content=row.content,
             tool_calls=row.tool_calls or None,
-            tool_executions=[
-                ToolExecutionOut(id=t.operation_id, name=t.tool_name, status=t.execution_status, content=t.content)
-                for t in entry.tool_executions
-            ],
+            tool_executions=[ToolExecutionOut.from_row(t) for t in entry.tool_executions],
             metadata=entry.public_metadata(),
             created_at=row.created_at,
         )

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import Case, F, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Length, Substr
 
 from yuxi_project.cursors import keyset_page
 from yuxi_project.errors import InvalidInput, NotFound
@@ -123,7 +123,15 @@ def _with_tool_executions(thread_id: uuid.UUID, rows: list[Message]) -> list[His
                 run__status__in=AgentRun.TERMINAL_STATUSES,
             )
             .exclude(execution_status=Message.ExecutionStatus.RUNNING)
-            .annotate(turn=F("run__turn_id"), run_created=F("run__created_at"))
+            # Never the full result nor the raw output: a tool may return
+            # megabytes, and readers see the projection (R-READ-7).
+            .only(*_TOOL_ROW_FIELDS)
+            .annotate(
+                turn=F("run__turn_id"),
+                run_created=F("run__created_at"),
+                content_chars=Length("content"),
+                content_head=Substr("content", 1, _content_head_chars()),
+            )
             .order_by("run_created", "sequence", "id")
         )
         for tool_row in tool_rows:
@@ -189,24 +197,59 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_r
                     "id": f"msg-{tool_row.id}",
                     "tool_call_id": tool_row.operation_id,
                     "name": tool_row.tool_name,
-                    "content": _memory_tool_content(tool_row),
+                    "content": tool_result_view(tool_row).content,
                     "status": "success" if tool_row.execution_status == Message.ExecutionStatus.COMPLETED else "error",
                 }
             )
     return messages
 
 
-def _memory_tool_content(tool_row: Message) -> str:
-    """A tool result as the agent should see it again: a result above
-    ``LARGE_TOOL_RESULT_CHARS`` is fed back as the same path-and-preview the
-    graph State held (the full text stays in the workspace file and on the
-    audit row), never in full (R-TA-4, R-READ-2)."""
-    from audit.agents.large_results import offloaded_summary
+_TOOL_ROW_FIELDS = ("id", "thread_id", "run_id", "operation_id", "tool_name", "execution_status", "sequence")
+
+
+def _content_head_chars() -> int:
+    from audit.agents.large_results import PREVIEW_CHARS
     from yuxi_project.config import get_config
 
-    if len(tool_row.content) > get_config().LARGE_TOOL_RESULT_CHARS:
-        return offloaded_summary(tool_row.operation_id, tool_row.content)
-    return tool_row.content
+    # Enough to hold a whole result up to the threshold, and the preview.
+    return max(get_config().LARGE_TOOL_RESULT_CHARS, PREVIEW_CHARS)
+
+
+@dataclass(frozen=True)
+class ToolResultView:
+    """A tool execution's result as users and the agent see it again.
+
+    ``content`` is the full text up to ``LARGE_TOOL_RESULT_CHARS``
+    characters; above it, the same path-and-preview the graph State held
+    (the full text stays in the workspace file and on the audit row, for
+    the staff timeline). ``size_chars`` is the full result's length in
+    characters; ``workspace_path`` the workspace-relative file of a large
+    result, else None."""
+
+    content: str
+    size_chars: int
+    workspace_path: str | None
+
+
+def tool_result_view(tool_row: Message) -> ToolResultView:
+    """The projection of one tool row loaded by :func:`_with_tool_executions`
+    (annotated ``content_chars`` and ``content_head``), shared by history
+    and memory so both show exactly the same (R-TA-4, R-READ-2, R-READ-7)."""
+    from audit.agents.large_results import offloaded_summary
+    from audit.agents.workspace import tool_row_large_result_path
+    from yuxi_project.config import get_config
+
+    size = tool_row.content_chars or 0
+    if size <= get_config().LARGE_TOOL_RESULT_CHARS:
+        return ToolResultView(content=tool_row.content_head or "", size_chars=size, workspace_path=None)
+    path = tool_row_large_result_path(
+        thread_id=tool_row.thread_id, run_id=tool_row.run_id, tool_call_id=tool_row.operation_id
+    )
+    return ToolResultView(
+        content=offloaded_summary(path, tool_row.content_head or "", size),
+        size_chars=size,
+        workspace_path=path.as_posix(),
+    )
 
 
 def thread_memory_messages(*, thread_id: uuid.UUID, include_tools: bool = False, before_run=None) -> list:

@@ -9,13 +9,14 @@ import ast
 import asyncio
 import json
 import operator
-import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from langchain.tools import ToolRuntime
 from langchain_core.tools import ToolException, tool
+
+from .workspace import outbox_path
 
 
 @dataclass(frozen=True)
@@ -113,13 +114,16 @@ async def lookup_docs(query: str, size: int = 800, latency_ms: int = 0) -> str:
 def send_email(to: str, subject: str, body: str, runtime: ToolRuntime[AgentContext]) -> str:
     """Send an email. Requires human approval; the email is recorded in the
     thread workspace (``outbox/``) and nothing is actually sent."""
-    outbox = Path(runtime.context.workspace) / "outbox"
-    outbox.mkdir(parents=True, exist_ok=True)
-    # The tool call id comes from the model: keep it from naming a path.
-    safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", runtime.tool_call_id or "") or uuid.uuid4().hex
-    name = f"{safe_id[:120]}.json"
-    (outbox / name).write_text(json.dumps({"to": to, "subject": subject, "body": body}))
-    return f"Email to {to} recorded as outbox/{name}."
+    # One record per execution (R-TA-7): a tool call id reused by a later
+    # run never overwrites an earlier run's record. A call without an id
+    # (never from the agent loop) still gets its own file.
+    relative = outbox_path(
+        run_id=runtime.context.run_id, tool_call_id=runtime.tool_call_id or f"unnamed-{uuid.uuid4().hex}"
+    )
+    target = Path(runtime.context.workspace) / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"to": to, "subject": subject, "body": body}))
+    return f"Email to {to} recorded as {relative.as_posix()}."
 
 
 ASSISTANT_TOOLS = [get_weather, calculator, lookup_docs, send_email]

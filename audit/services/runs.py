@@ -18,6 +18,7 @@ from yuxi_project.errors import Conflict, InvalidInput, NotFound
 
 from ..cancellation import cancel_signal_send
 from ..errors import RunNotResumable, RunNotStartable
+from ..idempotency import existing_request, resume_fingerprint, turn_fingerprint
 from ..lease import Lease, lock_run
 from ..locks import web_lock_wait
 from ..models import AgentRun, RunCancelRequest
@@ -42,22 +43,24 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
         request_id: the client's idempotency key (1–200 characters).
         text: the user's input (non-empty).
 
-    Returns ``(run, created)``. The same ``request_id`` again returns the
-    existing run with ``created=False`` and enqueues nothing.
+    Returns ``(run, created)``. The same request again (same user, key,
+    thread and text — also when both arrive at once) returns the existing
+    run with ``created=False`` and enqueues nothing.
 
     Raises:
         NotFound: no such thread for this user.
-        Conflict: ``request_id`` was used for another thread or user
-            (``request_id_reused``), or the thread waits for an approval
-            (``thread_interrupted``).
+        RequestIdReused: the user used ``request_id`` for a different
+            request (another thread or text, or a resume); 409.
+        Conflict: the thread waits for an approval (``thread_interrupted``).
         BudgetExceeded: the user's budget has no room for another run
             (402, R-COST-3; checked in the same transaction).
 
-    Implements R-RUN-1; the run is enqueued only after commit.
+    Implements R-RUN-1 and R-IDEM-1; the run is enqueued only after commit.
     """
     if not text.strip():
         raise InvalidInput("input.text must not be empty")
-    existing = _existing_submission(user=user, thread_id=thread_id, request_id=request_id)
+    fingerprint = turn_fingerprint(thread_id=thread_id, text=text)
+    existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
     if existing is not None:
         return existing, False
     try:
@@ -65,10 +68,15 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
             # Serialises submissions of one thread, so the interrupt check
             # and FIFO order see every earlier run.
             thread = _lock_thread(user=user, thread_id=thread_id)
+            # A retry that waited for the lock finds the run its twin created.
+            existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
+            if existing is not None:
+                return existing, False
             _refuse_if_interrupted(thread)
             budget_admit(user=user)  # R-COST-3: 402 and nothing created
             run = AgentRun.objects.create(
                 request_id=request_id,
+                request_fingerprint=fingerprint,
                 thread=thread,
                 user=user,
                 agent_id=thread.agent_id,
@@ -78,21 +86,13 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
             Message.objects.create(thread=thread, run=run, role=Message.Role.USER, content=text)
             _enqueue_on_commit(run.id)
     except IntegrityError:
-        # A concurrent submission with the same request_id won the insert.
-        existing = _existing_submission(user=user, thread_id=thread_id, request_id=request_id)
+        # A concurrent request of another thread with the same key won the
+        # insert: the same request is a retry, any other a reuse.
+        existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
         if existing is None:
             raise
         return existing, False
     return run, True
-
-
-def _existing_submission(*, user, thread_id: uuid.UUID, request_id: str) -> AgentRun | None:
-    run = AgentRun.objects.filter(request_id=request_id).first()
-    if run is None:
-        return None
-    if run.user_id != user.pk or run.thread_id != thread_id:
-        raise Conflict("request_id was already used for another submission", extra={"reason": "request_id_reused"})
-    return run
 
 
 def _lock_thread(*, user, thread_id: uuid.UUID) -> Conversation:
@@ -417,7 +417,7 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
         user: the run's owner.
         run_id: the ``interrupted`` run.
         request_id: the client's idempotency key for the resume (1–200
-            characters, unique across all runs).
+            characters, unique per user across turns and resumes).
         decisions: one per pending action request, in the order of
             ``pending_approval``: ``{"type": "approve"}``,
             ``{"type": "edit", "args": {...}}`` (run the tool with these
@@ -427,8 +427,8 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
     ``input = {"decisions": [...]}`` in the approval middleware's shape, and
     enqueues it after commit; the worker resumes the thread's checkpoint
     with ``Command(resume={"decisions": ...})``. Returns ``(run, created)``;
-    the same ``request_id`` again returns the same resume run with
-    ``created=False``.
+    the same request again (same key, run and decisions — also when both
+    arrive at once) returns the same resume run with ``created=False``.
 
     Raises:
         NotFound: no such run for this user (R-READ-5).
@@ -437,16 +437,16 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
             request (``reason: already_resumed``); 409.
         InvalidInput: the decisions do not answer the pending action
             requests one to one, or use a type the review does not allow.
-        Conflict: ``request_id`` was used for another submission.
+        RequestIdReused: the user used ``request_id`` for a different
+            request (another run or decisions, or a turn); 409.
         BudgetExceeded: the user's budget has no room for another run
             (402, R-COST-3).
 
-    Implements R-TA-5.
+    Implements R-TA-5 and R-IDEM-1.
     """
-    existing = AgentRun.objects.filter(request_id=request_id).first()
+    fingerprint = resume_fingerprint(run_id=run_id, decisions=decisions)
+    existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
     if existing is not None:
-        if existing.user_id != user.pk or existing.resumed_from_id != run_id:
-            raise Conflict("request_id was already used for another submission", extra={"reason": "request_id_reused"})
         return existing, False
     try:
         with web_lock_wait():
@@ -456,6 +456,11 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
             if interrupted is None:
                 raise NotFound("run not found")
             Conversation.objects.select_for_update(no_key=True).filter(pk=interrupted.thread_id).first()
+            # A retry that waited for the lock finds the resume run its twin
+            # created, before the one-to-one check would call it a rival.
+            existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
+            if existing is not None:
+                return existing, False
             interrupted = AgentRun.objects.select_for_update(no_key=True, of=("self",)).get(pk=run_id)
             if interrupted.status != Status.INTERRUPTED:
                 raise RunNotResumable(
@@ -466,6 +471,7 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
             budget_admit(user=user)  # R-COST-3: 402 and nothing created
             resume = AgentRun.objects.create(
                 request_id=request_id,
+                request_fingerprint=fingerprint,
                 thread_id=interrupted.thread_id,
                 turn_id=interrupted.turn_id,
                 resumed_from=interrupted,
@@ -476,9 +482,10 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
             )
             _enqueue_on_commit(resume.id)
     except IntegrityError:
-        # A concurrent resume won: the same request_id is idempotent, any
-        # other request lost the one-to-one resume of this run.
-        existing = AgentRun.objects.filter(request_id=request_id, resumed_from_id=run_id, user=user).first()
+        # A concurrent request won: with the same key it is a retry (or a
+        # reuse, raised here); with another key it took the one-to-one
+        # resume of this run.
+        existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
         if existing is not None:
             return existing, False
         raise RunNotResumable(f"run {run_id} was already resumed", extra={"reason": "already_resumed"}) from None

@@ -147,7 +147,7 @@ def test_send_email_names_its_outbox_file_safely_whatever_the_call_id(tmp_path):
     )
     send_email.func(to="a@b.c", subject="s", body="b", runtime=runtime)
     written = list(tmp_path.rglob("*.json"))
-    assert len(written) == 1 and written[0].parent == tmp_path / "outbox"
+    assert len(written) == 1 and written[0].parent == tmp_path / "outbox" / "r"
     assert ".." not in written[0].name and "/" not in written[0].name
 
 
@@ -190,6 +190,7 @@ def test_memory_feeds_a_large_tool_result_back_as_path_and_preview_R_TA_4_R_READ
     services.run_finish(lease=lease, status="completed", final_state=state)
     (tool,) = [m for m in thread_memory(thread_id=thread.id, include_tools=True) if m["type"] == "tool"]
     assert tool["tool_call_id"] == "call_lookup_1"
-    assert "outputs/large_tool_results/call_lookup_1" in tool["content"] and len(tool["content"]) < 1000
+    path = f"outputs/large_tool_results/{lease.run_id}/call_lookup_1"
+    assert path in tool["content"] and len(tool["content"]) < 1000
     # The audit row keeps the full result.
     assert Message.objects.get(operation_id="call_lookup_1").content == full

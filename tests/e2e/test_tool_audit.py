@@ -171,7 +171,7 @@ def test_approval_interrupt_resume_approve_then_large_result_R_TA_4_R_TA_5(stack
     assert email.operation_id == "call_email_1" and email.execution_status == "completed"
     assert email.started_at is not None
     assert email.declared_by.run_id == uuid.UUID(first["run_id"])
-    assert (_workspace(thread_id, stack) / "outbox" / "call_email_1.json").exists()
+    assert (_workspace(thread_id, stack) / "outbox" / resume_id / "call_email_1.json").exists()
 
     # Large result: the audit keeps the full raw output, the workspace the file,
     # the final State only a path and preview, and the run still completes.
@@ -179,13 +179,13 @@ def test_approval_interrupt_resume_approve_then_large_result_R_TA_4_R_TA_5(stack
     raw = lookup.metadata["raw_output"]["content"]
     assert len(raw) > threshold and len(lookup.content) > threshold
     assert raw.startswith("Results for 'retention policy'")
-    offloaded = _workspace(thread_id, stack) / "outputs" / "large_tool_results" / "call_lookup_1"
+    offloaded = _workspace(thread_id, stack) / "outputs" / "large_tool_results" / resume_id / "call_lookup_1"
     assert offloaded.read_text() == raw
     assert lookup.declared_by.run_id == resume_run.id
     [state_message] = [
         m for m in _checkpoint_messages(thread_id) if getattr(m, "tool_call_id", None) == "call_lookup_1"
     ]
-    assert "outputs/large_tool_results/call_lookup_1" in state_message.content
+    assert f"outputs/large_tool_results/{resume_id}/call_lookup_1" in state_message.content
     assert len(state_message.content) < threshold
     assert resume_run.output_message is not None
     assert resume_run.output_message.content.startswith("The email was sent")
@@ -240,7 +240,7 @@ def test_approval_edit_runs_the_tool_with_the_reviewed_arguments_R_TA_5(stack, u
     [row] = _tool_rows(done["run_id"])
     assert row.execution_status == "completed" and row.started_at is not None
     assert row.tool_input == edited
-    sent = _workspace(thread_id, stack) / "outbox" / "call_email_1.json"
+    sent = _workspace(thread_id, stack) / "outbox" / done["run_id"] / "call_email_1.json"
     assert '"boss@example.com"' in sent.read_text()
 
 
@@ -253,7 +253,7 @@ def test_large_result_on_a_normal_run_R_TA_4(stack, user):
     [row] = _tool_rows(body["run_id"])
     raw = row.metadata["raw_output"]["content"]
     assert row.execution_status == "completed" and len(raw) > threshold
-    offloaded = _workspace(thread_id, stack) / "outputs" / "large_tool_results" / "call_lookup_1"
+    offloaded = _workspace(thread_id, stack) / "outputs" / "large_tool_results" / body["run_id"] / "call_lookup_1"
     assert offloaded.read_text() == raw
     run = AgentRun.objects.get(pk=body["run_id"])
     assert run.output_message.content.startswith("The retention policy")

@@ -71,6 +71,8 @@ def test_completed_run_shows_carrier_with_its_tool_after_refresh_R_READ_1(thread
         "name": "get_weather",
         "status": "completed",
         "content": '{"conditions": "sunny"}',
+        "size_chars": 23,
+        "workspace_path": None,
     }
     # Only allowlisted operation metadata; no lifecycle metadata, no raw envelope.
     assert carrier["metadata"] == {"model_name": "replay", "finish_reason": "stop"}

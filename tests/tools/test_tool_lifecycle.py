@@ -134,3 +134,22 @@ def test_bare_tool_error_takes_the_last_error_tool_message_R_TA_3(thread):
     row = Message.objects.get(run=run, operation_id="call_1")
     assert (row.execution_status, row.content) == ("failed", "last error")
     assert row.metadata["state_reconciled"] is True and "awaiting_run_terminal" not in row.metadata
+
+
+def test_an_unmarked_running_row_is_abandoned_even_with_an_error_tool_message_in_state_R_TA_3(thread):
+    """Only a row the stream left with ``awaiting_run_terminal`` (a bare
+    tool-error) takes its content from an error ToolMessage of the State; a
+    row without that mark had no terminal lifecycle event at all and is
+    closed by the run's end: abandoned, no content, no ``state_reconciled``."""
+    run = make_run(thread)
+    lease = acquire(run)
+    _start(lease)
+    services.run_finish(
+        lease=lease,
+        status="completed",
+        final_state=[StateMessage(kind="tool", id="tm-1", content="it broke", tool_call_id="call_1", status="error")],
+    )
+    row = Message.objects.get(run=run, operation_id="call_1")
+    assert (row.execution_status, row.content) == ("abandoned", "")
+    assert "state_reconciled" not in row.metadata
+    assert row.metadata["closed_by"] == "run_terminal"
