@@ -97,6 +97,13 @@ class AgentRun(models.Model):
             # its date filter and the dashboard's runs per day.
             models.Index(fields=["created_at"], name="run_created_idx"),
             models.Index(fields=["user", "-created_at"], name="run_user_created_idx"),
+            # OpenTelemetry export cursor: closed runs after (finished_at, id)
+            # in that order (R-OTEL-1).
+            models.Index(
+                fields=["finished_at", "id"],
+                name="run_finished_idx",
+                condition=Q(finished_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
