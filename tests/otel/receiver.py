@@ -4,7 +4,11 @@ server on loopback that decodes ``ExportTraceServiceRequest`` protobufs with
 answers lets a test make it fail mid-export: ``"ok"`` stores and answers
 200, ``"store-503"`` stores the spans but answers 503 (the receiver took
 them, the exporter does not know), ``"503"`` answers 503 without storing.
-:meth:`OtlpReceiver.stop` closes the socket (a dead receiver)."""
+:meth:`OtlpReceiver.stop` closes the socket (a dead receiver).
+
+With ``upstream`` (a real receiver's base URL, e.g. Phoenix) it is a proxy
+instead: "stores" means "forwards to the upstream", and ``"ok"`` answers
+with the upstream's status."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -42,7 +47,8 @@ def _value(any_value):
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, upstream: str | None = None) -> None:
+        self.upstream = upstream
         self.spans: list[ReceivedSpan] = []
         self.requests = 0
         self.script: list[str] = []
@@ -61,9 +67,11 @@ class OtlpReceiver:
                     answer = receiver.script.pop(0) if receiver.script else receiver.default
                     if self.path != "/v1/traces":
                         answer = "404"
+                    status = {"ok": 200, "store-503": 503, "503": 503, "404": 404}[answer]
                     if answer in ("ok", "store-503"):
-                        receiver._store(body)
-                status = {"ok": 200, "store-503": 503, "503": 503, "404": 404}[answer]
+                        upstream_status = receiver._store(body)
+                        if answer == "ok":
+                            status = upstream_status
                 payload = ExportTraceServiceResponse().SerializeToString() if status == 200 else b"unavailable"
                 self.send_response(status)
                 self.send_header("Content-Type", "application/x-protobuf")
@@ -85,7 +93,11 @@ class OtlpReceiver:
         """Listen again on the same port, keeping what was received."""
         self._serve()
 
-    def _store(self, body: bytes) -> None:
+    def _store(self, body: bytes) -> int:
+        if self.upstream:
+            return httpx.post(
+                f"{self.upstream}/v1/traces", content=body, headers={"Content-Type": "application/x-protobuf"}
+            ).status_code
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
         for resource_spans in request.resource_spans:
@@ -113,6 +125,7 @@ class OtlpReceiver:
                             ],
                         )
                     )
+        return 200
 
     def unique(self) -> dict[str, ReceivedSpan]:
         """Spans by span id, as a receiver that keeps one span per id does."""
