@@ -286,3 +286,22 @@ def test_export_otel_command_and_beat_task_run_the_same_export_R_OTEL_1(
     second = execute(user, "plain_answer")
     assert export() == 1
     assert {s.trace_id for s in receiver.spans} == {first.id.hex, second.id.hex}
+
+
+def test_interrupted_run_cancelled_later_is_exported_again_with_the_same_ids_R_OTEL_1(
+    user, replay_models, export_config, receiver
+):
+    run = execute(user, "approval_send_email", "Mail Bob")
+    assert run.status == "interrupted"
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 1
+    first = receiver.unique()
+    root_id = f"{run_span_id(run.id):016x}"
+    assert first[root_id].status_code == OK
+
+    services.run_request_cancel(user=user, run_id=run.id)  # gives the approval up
+    again = export_closed_runs(receiver=exporter(receiver))
+    assert again.runs == 1
+    latest = receiver.unique()
+    assert set(latest) == set(first)  # the same spans, by id
+    assert latest[root_id].status_code == ERROR and latest[root_id].attributes["yuxi.run.status"] == "cancelled"
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 0
