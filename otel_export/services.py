@@ -49,9 +49,11 @@ from yuxi_project.config import get_config
 
 from .models import ExportCursor
 from .selectors import closed_runs, export_horizon, run_audit_rows
-from .spans import SpanFactory
+from .spans import SdkDisabled, SpanFactory
 
 log = logging.getLogger(__name__)
+
+__all__ = ["CursorMoved", "ExportNotConfigured", "ReceiverError", "SdkDisabled", "export_closed_runs"]
 
 DEFAULT_CURSOR = "otlp"
 # Runs read per query; each run's rows are read by a query of their own.
@@ -182,6 +184,7 @@ def export_closed_runs(
 
     Raises:
         ExportNotConfigured: no receiver given and no endpoint configured.
+        SdkDisabled: ``OTEL_SDK_DISABLED=true``.
         CursorMoved: the cursor changed under this pass (nothing is lost:
             the runs are exported again with the same ids).
     """
@@ -296,6 +299,11 @@ def _export(
     return result
 
 
+def exporter_lock_key(cursor_name: str) -> int:
+    """The 64-bit advisory lock key of one cursor's exporter."""
+    return int.from_bytes(hashlib.sha256(f"yuxi.otel_export:{cursor_name}".encode()).digest()[:8], "big", signed=True)
+
+
 @contextmanager
 def _exporter_lock(cursor_name: str) -> Iterator[bool]:
     """A session-level advisory lock per cursor on PostgreSQL (released in
@@ -304,7 +312,7 @@ def _exporter_lock(cursor_name: str) -> Iterator[bool]:
     if connection.vendor != "postgresql":
         yield True
         return
-    key = int.from_bytes(hashlib.sha256(f"yuxi.otel_export:{cursor_name}".encode()).digest()[:8], "big", signed=True)
+    key = exporter_lock_key(cursor_name)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
         acquired = cursor.fetchone()[0]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import uuid
 from collections.abc import Iterable, Iterator
 from datetime import datetime
@@ -43,8 +44,9 @@ from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from audit.models import AgentRun
@@ -60,6 +62,10 @@ _ROW_ERRORS = {
     Message.ExecutionStatus.ABANDONED,
     Message.ExecutionStatus.REJECTED,
 }
+
+
+class SdkDisabled(RuntimeError):
+    """``OTEL_SDK_DISABLED=true``: the SDK makes no spans."""
 
 
 # --------------------------------------------------------------------------
@@ -152,6 +158,9 @@ class SpanFactory:
         max_chars: longest payload string (characters) before truncation.
 
     Not thread-safe: one factory per export pass.
+
+    Raises:
+        SdkDisabled: ``OTEL_SDK_DISABLED`` is true.
     """
 
     def __init__(self, *, content: bool, max_chars: int) -> None:
@@ -159,9 +168,24 @@ class SpanFactory:
         self.max_chars = max_chars
         self._ids = _GivenIds()
         self._collect = _Collect()
+        if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            # The SDK would hand out a no-op tracer: nothing to export.
+            raise SdkDisabled("OTEL_SDK_DISABLED=true turns the OpenTelemetry SDK off; the export needs it")
         provider = TracerProvider(
             resource=Resource.create({"service.name": SERVICE_NAME}),
             id_generator=self._ids,
+            # Every span of a closed run is exported, whatever sampler and
+            # limits OTEL_TRACES_SAMPLER / OTEL_*_LIMIT set for the
+            # application's own tracing; payloads are cut by `truncate`.
+            sampler=ALWAYS_ON,
+            span_limits=SpanLimits(
+                max_span_attributes=128,
+                max_links=128,
+                max_events=0,
+                max_link_attributes=16,
+                max_span_attribute_length=SpanLimits.UNSET,
+                max_attribute_length=SpanLimits.UNSET,
+            ),
         )
         provider.add_span_processor(self._collect)
         self._tracer = provider.get_tracer(SCOPE_NAME)

@@ -27,7 +27,12 @@ from tests.otel.receiver import OtlpReceiver
 
 from .stack import REPO, create_thread, start_stack, wait_for_status
 
-pytestmark = [pytest.mark.e2e, pytest.mark.otel_receiver, pytest.mark.django_db(transaction=True), pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.otel_receiver,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(900),
+]
 
 TERMINAL = {"completed", "failed", "cancelled", "interrupted"}
 KIND = {"invoke_agent": "AGENT", "chat": "LLM", "execute_tool": "TOOL"}

@@ -305,3 +305,44 @@ def test_interrupted_run_cancelled_later_is_exported_again_with_the_same_ids_R_O
     assert set(latest) == set(first)  # the same spans, by id
     assert latest[root_id].status_code == ERROR and latest[root_id].attributes["yuxi.run.status"] == "cancelled"
     assert export_closed_runs(receiver=exporter(receiver)).runs == 0
+
+
+def test_one_export_pass_at_a_time_R_OTEL_1(user, replay_models, export_config, receiver, db_name):
+    from otel_export.services import DEFAULT_CURSOR, exporter_lock_key
+
+    run = execute(user, "plain_answer")
+    settings = connection.settings_dict
+    other = psycopg.connect(
+        host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432, user=settings["USER"], dbname=db_name
+    )
+    other.autocommit = True
+    key = exporter_lock_key(DEFAULT_CURSOR)
+    try:
+        other.execute("SELECT pg_advisory_lock(%s)", [key])
+        busy = export_closed_runs(receiver=exporter(receiver))
+        assert busy.busy and busy.runs == 0 and receiver.requests == 0
+        export_config.OTEL_EXPORTER_OTLP_ENDPOINT = receiver.endpoint
+        with pytest.raises(CommandError, match="another export pass"):
+            call_command("export_otel", "--once")
+        other.execute("SELECT pg_advisory_unlock(%s)", [key])
+    finally:
+        other.close()
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 1
+    assert {s.trace_id for s in receiver.spans} == {run.id.hex}
+
+
+def test_the_applications_sampler_and_limits_do_not_thin_the_export_R_OTEL_1(
+    user, replay_models, export_config, receiver, monkeypatch
+):
+    run = execute(user, "tool_then_answer")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "2")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    export_config.OTEL_EXPORTER_OTLP_ENDPOINT = receiver.endpoint
+    with pytest.raises(CommandError, match="OTEL_SDK_DISABLED"):
+        call_command("export_otel", "--once")
+    monkeypatch.delenv("OTEL_SDK_DISABLED")
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 1
+    spans = receiver.unique()
+    assert set(spans) == expected_span_ids([run])
+    assert all(len(span.attributes) > 2 for span in spans.values())

@@ -6,7 +6,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
-from otel_export.services import CursorMoved, ExportNotConfigured, ExportProgress, export_closed_runs
+from otel_export.services import CursorMoved, ExportNotConfigured, ExportProgress, SdkDisabled, export_closed_runs
 from yuxi_project.config import get_config
 
 
@@ -28,7 +28,7 @@ class Command(BaseCommand):
         while True:
             try:
                 result = export_closed_runs(progress=self._progress)
-            except (ExportNotConfigured, CursorMoved) as exc:
+            except (ExportNotConfigured, CursorMoved, SdkDisabled) as exc:
                 raise CommandError(str(exc)) from None
             self._summary(result)
             if once:
