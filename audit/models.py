@@ -117,6 +117,13 @@ class AgentRun(models.Model):
             models.Index(fields=["user", "-created_at"], name="run_user_created_idx"),
             # Dispatcher: pending runs handed over longest ago (R-RUN-9).
             models.Index(fields=["dispatched_at"], name="run_pending_dispatch_idx", condition=Q(status="pending")),
+            # OpenTelemetry export cursor: closed runs after (finished_at, id)
+            # in that order (R-OTEL-1).
+            models.Index(
+                fields=["finished_at", "id"],
+                name="run_finished_idx",
+                condition=Q(finished_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -125,6 +125,30 @@ class Config(BaseSettings):
     # budget when another run is admitted.
     BUDGET_TIME_ZONE: str = "UTC"
     BUDGET_RUN_RESERVE_USD: Decimal = Field(default=Decimal("0.01"), ge=0, allow_inf_nan=False)
+    # OpenTelemetry export of the audit (R-OTEL-1). The OTLP/HTTP base URL
+    # (``/v1/traces`` is appended); empty: no export, no beat entry.
+    OTEL_EXPORTER_OTLP_ENDPOINT: str = ""
+    # Request headers, ``key=value`` pairs separated by commas (W3C baggage
+    # format, as the OpenTelemetry SDKs read it), e.g. for Langfuse
+    # ``Authorization=Basic <base64 of public:secret key>``.
+    OTEL_EXPORTER_OTLP_HEADERS: str = ""
+    # Seconds one export request may take, the SDK's retries included.
+    OTEL_EXPORTER_OTLP_TIMEOUT: float = Field(default=10.0, gt=0)
+    # Export message content and tool arguments and results (off: only ids,
+    # names, timing, usage, status).
+    OTEL_EXPORT_CONTENT: bool = False
+    # Longest exported payload string, characters; longer ones are cut and
+    # marked ``…[truncated N of M chars]``.
+    OTEL_EXPORT_MAX_PAYLOAD_CHARS: int = Field(default=4000, ge=16)
+    # Spans per OTLP request.
+    OTEL_EXPORT_BATCH_SPANS: int = Field(default=512, ge=1, le=10000)
+    # Seconds between two export passes (beat task, `export_otel` loop).
+    OTEL_EXPORT_INTERVAL_SECONDS: float = Field(default=30.0, gt=0)
+    # Seconds a finished run waits before export (clock skew margin, see
+    # otel_export.selectors.export_horizon).
+    OTEL_EXPORT_SETTLE_SECONDS: float = Field(default=5.0, ge=0)
+    # Celery queue of the export task, apart from the agent runs.
+    OTEL_EXPORT_QUEUE: str = "otel-export"
 
     @field_validator("ALLOWED_HOSTS", "MODELS", mode="before")
     @classmethod
@@ -158,6 +182,22 @@ class Config(BaseSettings):
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("OTEL_EXPORTER_OTLP_ENDPOINT")
+    @classmethod
+    def _http_endpoint(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https:// (OTLP over HTTP)")
+        return value
+
+    @field_validator("OTEL_EXPORTER_OTLP_HEADERS")
+    @classmethod
+    def _headers(cls, value: str) -> str:
+        for pair in filter(None, (part.strip() for part in value.split(","))):
+            name, sep, _ = pair.partition("=")
+            if not sep or not name.strip():
+                raise ValueError(f"{pair.split('=')[0][:40]!r} is not key=value")
+        return value
 
     @field_validator("REDIS_URL")
     @classmethod

@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "audit",
     "dashboard",
     "costs",
+    "otel_export",
 ]
 
 MIDDLEWARE = [
@@ -190,6 +191,15 @@ CELERY_BEAT_SCHEDULE = {
         },
     },
 }
+# OpenTelemetry export of closed runs (R-OTEL-1), on its own queue so a slow
+# receiver never delays agent runs: a worker must consume it (`-Q
+# otel-export`). Only scheduled when an endpoint is configured.
+if CONFIG.OTEL_EXPORTER_OTLP_ENDPOINT:
+    CELERY_BEAT_SCHEDULE["export-otel"] = {
+        "task": "otel_export.export",
+        "schedule": CONFIG.OTEL_EXPORT_INTERVAL_SECONDS,
+        "options": {"queue": CONFIG.OTEL_EXPORT_QUEUE, "expires": CONFIG.OTEL_EXPORT_INTERVAL_SECONDS},
+    }
 # The schedule is one fixed interval task, so beat keeps it in memory: the
 # default shelve-backed scheduler adds a state file per beat and, on Python
 # 3.13 (dbm.sqlite3), can die at start-up, silently stopping the sweeper.

@@ -1,0 +1,348 @@
+"""OpenTelemetry export of real runs to a real OTLP/HTTP receiver (R-OTEL-1):
+span shapes and ids, exactly-once behind the cursor while the receiver
+fails, the horizon that waits for open terminal transactions, the command
+and the beat task. The end-to-end proof against Arize Phoenix is
+``test_phoenix.py``."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from audit import services
+from audit.models import AgentRun
+from audit.runner import run_execute
+from conversations.models import Conversation, Message
+from otel_export.models import ExportCursor
+from otel_export.services import OtlpReceiver as Exporter
+from otel_export.services import export_closed_runs
+from otel_export.spans import row_span_id, run_span_id
+from tests.conftest import make_run
+
+from .receiver import OtlpReceiver
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OK, ERROR, UNSET = 1, 2, 0  # OTLP status codes
+
+
+@pytest.fixture
+def export_config(monkeypatch):
+    """Export settings of this process: no settle time (the tests' runs
+    are committed before they export), small requests."""
+    from yuxi_project.config import get_config
+
+    config = get_config()
+    monkeypatch.setattr(config, "OTEL_EXPORT_SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(config, "OTEL_EXPORT_BATCH_SPANS", 512)
+    monkeypatch.setattr(config, "OTEL_EXPORT_CONTENT", False)
+    return config
+
+
+@pytest.fixture
+def receiver():
+    server = OtlpReceiver()
+    yield server
+    server.stop()
+
+
+def exporter(receiver: OtlpReceiver, timeout: float = 3.0) -> Exporter:
+    return Exporter(endpoint=receiver.endpoint, timeout=timeout)
+
+
+def execute(user, scenario: str, text: str = "hello") -> AgentRun:
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model=f"replay:{scenario}")
+    run = make_run(thread, text=text)
+    run_execute(run_id=run.id, owner="in-process")
+    run.refresh_from_db()
+    return run
+
+
+def world(user) -> dict[str, AgentRun]:
+    """A tool run, an approval interrupt and its approved resume, a failed
+    run and a run cancelled before it started."""
+    runs = {"tool": execute(user, "tool_then_answer", "Weather in Paris?")}
+    runs["interrupted"] = execute(user, "approval_send_email", "Mail Bob")
+    resume, _ = services.run_resume(
+        user=user, run_id=runs["interrupted"].id, request_id=uuid.uuid4().hex, decisions=[{"type": "approve"}]
+    )
+    run_execute(run_id=resume.id, owner="in-process")
+    runs["resume"] = AgentRun.objects.get(pk=resume.pk)
+    runs["failed"] = execute(user, "model_http_error")
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    pending = make_run(thread)
+    runs["cancelled"] = services.run_request_cancel(user=user, run_id=pending.id)
+    runs["cancelled"].refresh_from_db()
+    assert {k: r.status for k, r in runs.items()} == {
+        "tool": "completed",
+        "interrupted": "interrupted",
+        "resume": "completed",
+        "failed": "failed",
+        "cancelled": "cancelled",
+    }
+    return runs
+
+
+def expected_span_ids(runs) -> set[str]:
+    ids = set()
+    for run in runs:
+        ids.add(f"{run_span_id(run.id):016x}")
+        ids.update(
+            f"{row_span_id(pk):016x}" for pk in Message.objects.audit().filter(run=run).values_list("pk", flat=True)
+        )
+    return ids
+
+
+def test_closed_runs_become_genai_spans_with_ids_from_the_database_R_OTEL_1(
+    user, replay_models, export_config, receiver
+):
+    runs = world(user)
+    result = export_closed_runs(receiver=exporter(receiver))
+    assert result.error == "" and result.caught_up and result.runs == 5
+
+    spans = receiver.unique()
+    assert set(spans) == expected_span_ids(runs.values())
+    assert not [s for s, n in receiver.duplicates().items() if n > 1]
+
+    for run in runs.values():
+        root = spans[f"{run_span_id(run.id):016x}"]
+        assert root.trace_id == run.id.hex and root.parent_span_id == ""
+        assert root.name == "invoke_agent assistant"
+        attrs = root.attributes
+        assert attrs["gen_ai.operation.name"] == "invoke_agent"
+        assert attrs["gen_ai.provider.name"] == "replay"
+        assert attrs["gen_ai.conversation.id"] == str(run.thread_id)
+        assert attrs["yuxi.run_id"] == str(run.id) and attrs["yuxi.thread_id"] == str(run.thread_id)
+        assert attrs["yuxi.run.status"] == run.status
+        assert root.start_ns == int((run.started_at or run.created_at).timestamp() * 1e6) * 1000
+        assert root.end_ns == int(run.finished_at.timestamp() * 1e6) * 1000
+        if run.status in ("failed", "cancelled"):
+            assert root.status_code == ERROR and attrs["error.type"] == run.error_type
+        else:
+            assert root.status_code == OK and "error.type" not in attrs
+        usage = run.usage or {}
+        assert attrs.get("gen_ai.usage.input_tokens", 0) == usage.get("input_tokens", 0)
+        assert attrs.get("gen_ai.usage.output_tokens", 0) == usage.get("output_tokens", 0)
+
+        for row in Message.objects.audit().filter(run=run):
+            span = spans[f"{row_span_id(row.pk):016x}"]
+            assert span.trace_id == run.id.hex and span.parent_span_id == f"{run_span_id(run.id):016x}"
+            assert span.attributes["yuxi.sequence"] == row.sequence
+            assert span.attributes["yuxi.operation_id"] == row.operation_id
+            assert span.start_ns == int((row.started_at or row.finished_at).timestamp() * 1e6) * 1000
+            if row.role == Message.Role.ASSISTANT:
+                assert span.name.startswith("chat ") and span.attributes["gen_ai.operation.name"] == "chat"
+                assert span.attributes["gen_ai.usage.input_tokens"] == row.usage["input_tokens"]
+                assert span.attributes["gen_ai.usage.output_tokens"] == row.usage["output_tokens"]
+            else:
+                assert span.name == f"execute_tool {row.tool_name}"
+                assert span.attributes["gen_ai.tool.name"] == row.tool_name
+                assert span.attributes["gen_ai.tool.call.id"] == row.operation_id
+                # Linked to the model call that declared it, in its own run.
+                declaring = row.declared_by
+                assert span.links == [
+                    (declaring.run_id.hex, f"{row_span_id(declaring.pk):016x}", {"yuxi.link": "declared_by"})
+                ]
+            assert span.status_code == (OK if row.execution_status == "completed" else ERROR)
+
+    # The resume's tool was declared by the interrupted run's model call.
+    (send_email,) = Message.objects.tool_executions().filter(run=runs["resume"])
+    assert send_email.declared_by.run_id == runs["interrupted"].id
+    resume_root = spans[f"{run_span_id(runs['resume'].id):016x}"]
+    assert resume_root.links == [
+        (runs["interrupted"].id.hex, f"{run_span_id(runs['interrupted'].id):016x}", {"yuxi.link": "resumes"})
+    ]
+    # Content is off by default: no messages, no tool payloads.
+    assert not any(
+        key.startswith(
+            ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments", "gen_ai.tool.call.result")
+        )
+        for span in spans.values()
+        for key in span.attributes
+    )
+
+    cursor = ExportCursor.objects.get()
+    assert cursor.exported_runs == 5 and cursor.exported_spans == len(spans)
+    requests = receiver.requests
+    again = export_closed_runs(receiver=exporter(receiver))
+    assert again.runs == 0 and again.caught_up and receiver.requests == requests
+
+
+def test_content_only_when_enabled_and_large_payloads_truncated_R_OTEL_1(user, replay_models, export_config, receiver):
+    export_config.OTEL_EXPORT_CONTENT = True
+    export_config.OTEL_EXPORT_MAX_PAYLOAD_CHARS = 50
+    run = execute(user, "large_lookup", "Look up the docs")
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 1
+    spans = receiver.unique()
+    root = spans[f"{run_span_id(run.id):016x}"]
+    assert '"content": "Look up the docs"' in root.attributes["gen_ai.input.messages"]
+    (tool_row,) = Message.objects.tool_executions().filter(run=run)
+    tool = spans[f"{row_span_id(tool_row.pk):016x}"]
+    assert len(tool_row.content) > 50
+    result = tool.attributes["gen_ai.tool.call.result"]
+    assert result.startswith(tool_row.content[:50])
+    assert result.endswith(f"…[truncated {len(tool_row.content) - 50} of {len(tool_row.content)} chars]")
+    assert "gen_ai.tool.call.arguments" in tool.attributes
+    model_rows = Message.objects.model_calls().filter(run=run)
+    assert all("gen_ai.output.messages" in spans[f"{row_span_id(r.pk):016x}"].attributes for r in model_rows)
+
+
+def test_receiver_failing_mid_export_loses_and_duplicates_nothing_R_OTEL_1(
+    user, replay_models, export_config, receiver
+):
+    export_config.OTEL_EXPORT_BATCH_SPANS = 2
+    runs = [execute(user, "tool_then_answer", f"Weather {i}?") for i in range(4)]  # 4 spans each
+    expected = expected_span_ids(runs)
+    assert len(expected) == 16
+
+    # Two requests accepted, the third stored but answered 503 (the exporter
+    # cannot know the receiver kept it), then the receiver refuses.
+    receiver.script = ["ok", "ok", "store-503"]
+    receiver.default = "503"
+    first = export_closed_runs(receiver=exporter(receiver, timeout=1.5))
+    assert first.error and "503" in first.error and not first.caught_up
+    assert first.runs == 1  # the first run's 4 spans went in requests 1 and 2
+    cursor = ExportCursor.objects.get()
+    assert (cursor.finished_at, cursor.run_id) == (runs[0].finished_at, runs[0].id)
+
+    # The receiver dies: the pass fails at once, the cursor stays.
+    receiver.stop()
+    dead = export_closed_runs(receiver=exporter(receiver, timeout=1.0))
+    assert dead.error and "no answer" in dead.error and dead.runs == 0
+    assert ExportCursor.objects.get().run_id == runs[0].id
+
+    # Back again: everything arrives; what it got twice is the same span.
+    receiver.restart()
+    receiver.default = "ok"
+    last = export_closed_runs(receiver=exporter(receiver))
+    assert last.error == "" and last.caught_up and last.runs == 3
+    assert set(receiver.unique()) == expected
+    twice = [span_id for span_id, n in receiver.duplicates().items() if n > 1]
+    assert twice  # the request answered 503 was sent again...
+    for span_id in twice:  # ...as the very same spans
+        copies = [s for s in receiver.spans if s.span_id == span_id]
+        assert all(c == copies[0] for c in copies)
+    assert ExportCursor.objects.get().exported_runs == 4
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 0
+
+
+def test_an_open_terminal_transaction_holds_the_cursor_back_R_OTEL_1(
+    user, replay_models, export_config, receiver, db_name
+):
+    early = execute(user, "plain_answer")
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    slow = make_run(thread)
+    settings = connection.settings_dict
+    other = psycopg.connect(
+        host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432, user=settings["USER"], dbname=db_name
+    )
+    try:
+        # A terminal transaction that has set finished_at but not committed.
+        other.execute(
+            "UPDATE audit_agentrun SET status = 'failed', error_type = 'slow', finished_at = clock_timestamp() WHERE id = %s",
+            [slow.id],
+        )
+        late = execute(user, "plain_answer")  # finishes and commits after it
+        first = export_closed_runs(receiver=exporter(receiver))
+        assert first.runs == 1 and "open since" in first.waiting_for
+        assert {s.trace_id for s in receiver.spans} == {early.id.hex}
+        other.commit()
+    finally:
+        other.close()
+    second = export_closed_runs(receiver=exporter(receiver))
+    assert second.runs == 2 and second.waiting_for == ""
+    assert {s.trace_id for s in receiver.spans} == {early.id.hex, slow.id.hex, late.id.hex}
+
+
+def test_export_otel_command_and_beat_task_run_the_same_export_R_OTEL_1(
+    user, replay_models, export_config, receiver, capsys
+):
+    from otel_export.tasks import export
+
+    first = execute(user, "tool_then_answer")
+    export_config.OTEL_EXPORTER_OTLP_ENDPOINT = ""
+    with pytest.raises(CommandError, match="OTEL_EXPORTER_OTLP_ENDPOINT is not set"):
+        call_command("export_otel", "--once")
+
+    export_config.OTEL_EXPORTER_OTLP_ENDPOINT = receiver.endpoint
+    receiver.default = "503"
+    export_config.OTEL_EXPORTER_OTLP_TIMEOUT = 1.0
+    with pytest.raises(CommandError, match="503"):
+        call_command("export_otel", "--once")
+    assert ExportCursor.objects.get().run_id is None
+
+    receiver.default = "ok"
+    call_command("export_otel", "--once")
+    out = capsys.readouterr().out
+    assert "exported 1/1 runs (4 spans, 1 requests)" in out and "done: 1 runs, 4 spans" in out
+    call_command("export_otel", "--once")
+    assert "nothing new to export" in capsys.readouterr().out
+
+    second = execute(user, "plain_answer")
+    assert export() == 1
+    assert {s.trace_id for s in receiver.spans} == {first.id.hex, second.id.hex}
+
+
+def test_interrupted_run_cancelled_later_is_exported_again_with_the_same_ids_R_OTEL_1(
+    user, replay_models, export_config, receiver
+):
+    run = execute(user, "approval_send_email", "Mail Bob")
+    assert run.status == "interrupted"
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 1
+    first = receiver.unique()
+    root_id = f"{run_span_id(run.id):016x}"
+    assert first[root_id].status_code == OK
+
+    services.run_request_cancel(user=user, run_id=run.id)  # gives the approval up
+    again = export_closed_runs(receiver=exporter(receiver))
+    assert again.runs == 1
+    latest = receiver.unique()
+    assert set(latest) == set(first)  # the same spans, by id
+    assert latest[root_id].status_code == ERROR and latest[root_id].attributes["yuxi.run.status"] == "cancelled"
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 0
+
+
+def test_one_export_pass_at_a_time_R_OTEL_1(user, replay_models, export_config, receiver, db_name):
+    from otel_export.services import DEFAULT_CURSOR, exporter_lock_key
+
+    run = execute(user, "plain_answer")
+    settings = connection.settings_dict
+    other = psycopg.connect(
+        host=settings["HOST"] or "127.0.0.1", port=settings["PORT"] or 5432, user=settings["USER"], dbname=db_name
+    )
+    other.autocommit = True
+    key = exporter_lock_key(DEFAULT_CURSOR)
+    try:
+        other.execute("SELECT pg_advisory_lock(%s)", [key])
+        busy = export_closed_runs(receiver=exporter(receiver))
+        assert busy.busy and busy.runs == 0 and receiver.requests == 0
+        export_config.OTEL_EXPORTER_OTLP_ENDPOINT = receiver.endpoint
+        with pytest.raises(CommandError, match="another export pass"):
+            call_command("export_otel", "--once")
+        other.execute("SELECT pg_advisory_unlock(%s)", [key])
+    finally:
+        other.close()
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 1
+    assert {s.trace_id for s in receiver.spans} == {run.id.hex}
+
+
+def test_the_applications_sampler_and_limits_do_not_thin_the_export_R_OTEL_1(
+    user, replay_models, export_config, receiver, monkeypatch
+):
+    run = execute(user, "tool_then_answer")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "2")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    export_config.OTEL_EXPORTER_OTLP_ENDPOINT = receiver.endpoint
+    with pytest.raises(CommandError, match="OTEL_SDK_DISABLED"):
+        call_command("export_otel", "--once")
+    monkeypatch.delenv("OTEL_SDK_DISABLED")
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 1
+    spans = receiver.unique()
+    assert set(spans) == expected_span_ids([run])
+    assert all(len(span.attributes) > 2 for span in spans.values())
