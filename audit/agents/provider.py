@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import httpx
+import httpx2
 import openai
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.exceptions import ModelError
@@ -120,14 +121,14 @@ def attempt_failure(exc: BaseException, attempt: int) -> AttemptFailure:
         )
     if isinstance(exc, openai.APIConnectionError):  # refused, reset, closed, timed out
         return AttemptFailure(attempt, error, connected=False, retryable=True)
-    if isinstance(exc, (httpx.TransportError, TimeoutError)):
+    if isinstance(exc, (httpx.TransportError, httpx2.TransportError, TimeoutError)):
         # Raised while reading a response that had begun (status 200, no
         # chunk yet): the connection broke or stalled before the first chunk.
         return AttemptFailure(attempt, error, connected=True, retryable=True)
     return AttemptFailure(attempt, error, connected=False, retryable=False)
 
 
-def retry_after_seconds(headers: httpx.Headers) -> float | None:
+def retry_after_seconds(headers: Any) -> float | None:
     """The wait a response asks for: ``retry-after-ms`` (OpenAI), else
     ``Retry-After`` in seconds or as an HTTP date; None when absent or
     unreadable."""
