@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -107,3 +107,5 @@ def get_config() -> Config:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"invalid environment: {problems}") from None
+    except SettingsError as exc:  # a JSON setting that is not JSON
+        raise ConfigError(f"invalid environment: {exc}") from None

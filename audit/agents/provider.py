@@ -277,6 +277,9 @@ class AuditedChatOpenAI(ChatOpenAI):
                         await stream.aclose()
                         failures.append(attempt_failure(exc, attempt.retry_state.attempt_number))
                         raise
+                    except BaseException:  # cancelled: release the connection, never retry
+                        await stream.aclose()
+                        raise
         except ApplicationError:
             raise
         except Exception as exc:

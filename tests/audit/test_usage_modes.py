@@ -152,13 +152,16 @@ def test_the_usage_mode_comes_from_the_setting_then_the_replay_scenario_R_MA_11(
 
 
 def test_the_setting_is_validated_R_MA_11(monkeypatch):
-    from yuxi_project.config import Config
+    from yuxi_project.config import Config, ConfigError
 
     monkeypatch.setenv("MODEL_USAGE_MODES", '{"openai:x": "delta"}')
     assert Config().MODEL_USAGE_MODES == {"openai:x": "delta"}
     monkeypatch.setenv("MODEL_USAGE_MODES", '{"openai:x": "sum"}')
-    with pytest.raises(ValueError):
-        Config()
+    with pytest.raises(ConfigError, match="MODEL_USAGE_MODES"):
+        get_config.__wrapped__()
+    monkeypatch.setenv("MODEL_USAGE_MODES", "{not json")
+    with pytest.raises(ConfigError, match="MODEL_USAGE_MODES"):
+        get_config.__wrapped__()
 
 
 # --- through the wire, LangChain and PostgreSQL ----------------------------------------------
