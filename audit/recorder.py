@@ -6,6 +6,12 @@ calls an :class:`AuditSink` at the lifecycle boundaries only —
 message-start, message-finish, tool-started, tool-finished, tool-error —
 never per token (R-MA-4, R-RUN-5). Every sink call is awaited before the
 next event is consumed: no fire-and-forget writes.
+
+A second feed comes from LangChain's callbacks (``audit.model_requests``):
+:meth:`LifecycleRecorder.model_request` when a model request is sent (the
+row opens before any chunk, R-MA-10), :meth:`~LifecycleRecorder.model_retry`
+per failed attempt (R-RUN-12) and :meth:`~LifecycleRecorder.model_error`.
+They run in the model's task, awaited before the request goes out.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from langchain_core.messages import BaseMessage
+from langchain_core.utils.utils import LC_ID_PREFIX
 
 from .errors import AuditConflict
 from .jsonable import message_text, to_jsonable
@@ -27,8 +34,20 @@ class AuditSink(Protocol):
     """Where the recorder's facts go. The worker's sink writes them through
     the lease-checking services (``audit.runner``)."""
 
-    async def model_start(
+    async def model_open(
         self, *, operation_id: str, sequence: int, started_at: dt.datetime, metadata: dict
+    ) -> None: ...
+
+    async def model_retry(self, *, operation_id: str, failure: dict) -> None: ...
+
+    async def model_start(
+        self,
+        *,
+        operation_id: str,
+        sequence: int,
+        started_at: dt.datetime,
+        metadata: dict,
+        opened_as: str | None = None,
     ) -> None: ...
 
     async def model_finish(
@@ -81,6 +100,11 @@ class _ModelCall:
     text_deltas: dict[int, list[str]] = field(default_factory=dict)
     finished_blocks: dict[int, dict] = field(default_factory=dict)
     finished: bool = False
+    # False while a call opened at request start awaits its message-start:
+    # its sequence is provisional until then (R-MA-10).
+    streamed: bool = True
+    error: str | None = None
+    ended_mono: float | None = None
 
 
 def event_time(event: dict) -> dt.datetime:
@@ -114,10 +138,16 @@ class LifecycleRecorder:
         self.interrupts: tuple = ()
         self.model_calls = 0
         self.tool_calls = 0
+        self.last_seq = 0  # the highest root seq consumed so far
+        # message id -> model run id, for whole messages (a model that does
+        # not stream) whose stream payload carries no run id.
+        self._whole_message_runs: dict[str, str] = {}
 
     async def handle(self, event: dict) -> None:
         method = event.get("method")
         params = event.get("params") or {}
+        if isinstance(event.get("seq"), int):
+            self.last_seq = max(self.last_seq, event["seq"])
         namespace = list(params.get("namespace") or [])
         if method == "messages":
             payload, meta = params["data"]
@@ -130,6 +160,64 @@ class LifecycleRecorder:
         elif method == "values" and not namespace:
             self.last_values = params.get("data")
             self.interrupts = tuple(params.get("interrupts") or ())
+
+    # -- model requests (LangChain callbacks: R-MA-10, R-RUN-12) -------------
+
+    async def model_request(self, *, model_run_id: str, metadata: dict, started_at: dt.datetime | None = None) -> None:
+        """A model request is about to be sent (LangChain's chat-model start
+        for ``model_run_id``): open its row under ``lc_run--<model run id>``,
+        the id its message-start will carry, at the provisional sequence
+        ``last_seq + 1`` (R-MA-10). ``metadata`` is the callback metadata
+        (``langgraph_checkpoint_ns`` gives the namespace). A second call for
+        the same model run does nothing."""
+        if not model_run_id or model_run_id in self._calls:
+            return
+        operation_id = request_operation_id(model_run_id)
+        namespace = namespace_of_checkpoint(metadata.get("langgraph_checkpoint_ns") or "")
+        call = _ModelCall(operation_id, self.last_seq + 1, self._clock(), namespace, streamed=False)
+        self._calls[model_run_id] = call
+        self.model_calls += 1
+        row_metadata = {"namespace": namespace, "model_run_id": model_run_id}
+        if metadata.get("langgraph_node"):
+            row_metadata["node"] = metadata["langgraph_node"]
+        if metadata.get("lc_agent_name"):
+            row_metadata["agent_name"] = metadata["lc_agent_name"]
+        await self._sink.model_open(
+            operation_id=operation_id,
+            sequence=call.sequence,
+            started_at=started_at or dt.datetime.now(dt.UTC),
+            metadata=row_metadata,
+        )
+
+    async def model_retry(self, *, model_run_id: str, failure: dict) -> None:
+        """Attempt ``failure["attempt"]`` of the request failed before its
+        first chunk and is sent again (R-RUN-12): count it on the row."""
+        call = self._calls.get(model_run_id)
+        if call is None or call.streamed:
+            return
+        await self._sink.model_retry(operation_id=call.operation_id, failure=to_jsonable(failure))
+
+    def model_end(self, *, model_run_id: str, message_id: str | None) -> None:
+        """The model call returned (LangChain's ``on_llm_end``). When it
+        never streamed, its whole message comes on the stream under
+        ``message_id`` and maybe without a run id (PROTOCOL.md §4, capture
+        h): remember whose it is, so the row opened at request start is the
+        one it closes."""
+        call = self._calls.get(model_run_id)
+        if call is not None and not call.streamed and message_id:
+            self._whole_message_runs[message_id] = model_run_id
+
+    def model_error(self, *, model_run_id: str, error: BaseException) -> None:
+        """The model call ended with ``error`` (before or after its first
+        chunk). Kept in memory for the terminal transaction, which closes
+        the row ``failed`` with it (:meth:`cut_calls`). A cancellation is
+        not an error: the run's terminal closes the row ``interrupted``."""
+        call = self._calls.get(model_run_id)
+        if call is None or call.finished or not isinstance(error, Exception):
+            return
+        call.ended_mono = self._clock()
+        kind = getattr(error, "audit_error_type", None)
+        call.error = f"{kind + ': ' if kind else ''}{type(error).__name__}: {error}"[:2000]
 
     # -- model calls -------------------------------------------------------
 
@@ -162,14 +250,37 @@ class LifecycleRecorder:
         elif kind == "message-finish":
             await self._finish(event, call, payload)
 
-    async def _start(self, event: dict, operation_id: str, model_run_id: str, namespace: list[str], meta: dict) -> None:
+    async def _start(
+        self,
+        event: dict,
+        operation_id: str,
+        model_run_id: str,
+        namespace: list[str],
+        meta: dict,
+        *,
+        whole_message: bool = False,
+    ) -> None:
         sequence = event["seq"]
         # One lifecycle is one LangChain model run; a payload without a run
         # id (a whole message from a model that does not stream) is its own
         # lifecycle under its operation id.
         lifecycle = model_run_id or operation_id
         known = self._calls.get(lifecycle)
-        if known is not None:
+        opened_as = None
+        if known is not None and not known.streamed:
+            # Opened at request start (R-MA-10): this start gives the real
+            # sequence. Only a whole message (a model that does not stream)
+            # may carry another id than the request's: the row is re-keyed.
+            if known.operation_id != operation_id:
+                if not whole_message:
+                    raise AuditConflict(
+                        f"message-start of model call {model_run_id} carries {operation_id}, "
+                        f"not the request's {known.operation_id}",
+                        extra={"reason": "operation_key_changed"},
+                    )
+                opened_as, known.operation_id = known.operation_id, operation_id
+            known.sequence, known.streamed, known.namespace = sequence, True, namespace
+        elif known is not None:
             if known.operation_id != operation_id:
                 raise AuditConflict(
                     f"model call {model_run_id} changed its key from {known.operation_id} to {operation_id}",
@@ -191,7 +302,11 @@ class LifecycleRecorder:
         if meta.get("lc_agent_name"):
             metadata["agent_name"] = meta["lc_agent_name"]
         await self._sink.model_start(
-            operation_id=operation_id, sequence=sequence, started_at=event_time(event), metadata=metadata
+            operation_id=operation_id,
+            sequence=sequence,
+            started_at=event_time(event),
+            metadata=metadata,
+            **({"opened_as": opened_as} if opened_as else {}),
         )
         if self._publish and not namespace:
             await self._publish("model.started", {"operation_id": operation_id})
@@ -223,7 +338,7 @@ class LifecycleRecorder:
         start/finish (PROTOCOL.md §4): record it as one completed row."""
         if message.type not in ("ai", "AIMessageChunk"):
             return
-        model_run_id = str(meta.get("run_id") or "")
+        model_run_id = str(meta.get("run_id") or "") or self._whole_message_runs.get(message.id or "", "")
         operation_id = message.id or model_run_id
         if not operation_id:
             raise AuditConflict(
@@ -233,7 +348,7 @@ class LifecycleRecorder:
         lifecycle = model_run_id or operation_id
         if lifecycle in self._calls and self._calls[lifecycle].finished:
             return
-        await self._start(event, operation_id, model_run_id, namespace, meta)
+        await self._start(event, operation_id, model_run_id, namespace, meta, whole_message=True)
         call = self._calls[lifecycle]
         call.finished_blocks = {0: {"type": "text", "text": message_text(message.content)}}
         for i, tc in enumerate(getattr(message, "tool_calls", None) or [], start=1):
@@ -305,11 +420,42 @@ class LifecycleRecorder:
             if not call.finished and call.text_deltas
         }
 
+    def cut_calls(self) -> dict[str, dict]:
+        """``{operation_id: {"duration_ms", "error"}}`` of the model calls
+        that started (at request start or message-start) but never finished:
+        their monotonic duration until the error that ended them, or until
+        now (a cancel, or the run ended around them); ``error`` as
+        :meth:`model_error` recorded it, else None (R-MA-10)."""
+        now = self._clock()
+        return {
+            call.operation_id: {
+                "duration_ms": round(((call.ended_mono or now) - call.started_mono) * 1000),
+                "error": call.error,
+            }
+            for call in self._calls.values()
+            if not call.finished
+        }
+
     def interrupt_payloads(self) -> list[dict]:
         return [to_jsonable(i) for i in self.interrupts]
 
 
 _FINISH_METADATA = {"finish_reason", "model_name", "model_provider", "system_fingerprint"}
+
+
+def request_operation_id(model_run_id: str) -> str:
+    """The operation id of a model call from its LangChain model run id:
+    ``lc_run--<model run id>``, the id langchain-core gives the streamed
+    message (``f"{LC_ID_PREFIX}-{run_id}"``, PROTOCOL.md §5) and hence the
+    id of its message-start (R-MA-2, R-MA-10)."""
+    return f"{LC_ID_PREFIX}-{model_run_id}"
+
+
+def namespace_of_checkpoint(checkpoint_ns: str) -> list[str]:
+    """The stream namespace of a model call from its callback metadata's
+    ``langgraph_checkpoint_ns`` (``"tools:a9|model:81"`` → ``["tools:a9"]``:
+    every segment but the model node's own)."""
+    return [part for part in checkpoint_ns.split("|")[:-1] if part]
 
 
 def _content_of(call: _ModelCall) -> tuple[str, list[dict]]:

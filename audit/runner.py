@@ -55,6 +55,7 @@ from .errors import (
 )
 from .events import RunEventPublisher
 from .lease import Lease
+from .model_requests import ModelRequestAudit
 from .models import AgentRun, RunCancelRequest
 from .recorder import LifecycleRecorder
 from .services.trace import run_set_trace
@@ -126,6 +127,12 @@ class LeasedAuditSink:
 
     def __init__(self, lease: Lease):
         self._lease = lease
+
+    async def model_open(self, **kwargs: Any) -> None:
+        await write_with_retry(services.model_call_open, lease=self._lease, **kwargs)
+
+    async def model_retry(self, **kwargs: Any) -> None:
+        await write_with_retry(services.model_call_retry, lease=self._lease, **kwargs)
 
     async def model_start(self, **kwargs: Any) -> None:
         await write_with_retry(services.model_call_start, lease=self._lease, **kwargs)
@@ -223,13 +230,19 @@ class RunExecutor:
                 graph = build_agent(
                     self.run.agent_id, model=self.run.model, checkpointer=saver, http_async_client=http_client
                 )
-                graph_config = {"configurable": {"thread_id": str(self.run.thread_id)}, "recursion_limit": 40}
+                # The model request callback opens each model row before its
+                # request is sent (R-MA-10) and counts retries (R-RUN-12).
+                graph_config = {
+                    "configurable": {"thread_id": str(self.run.thread_id)},
+                    "recursion_limit": 40,
+                    # The budget check runs first (inline): a run over its
+                    # budget opens no model row and sends no request (R-COST-3).
+                    "callbacks": [BudgetGuard(user_id=self.run.user_id), ModelRequestAudit(self.recorder)],
+                }
                 trace = start_run_trace(self.run.id)
                 if trace.trace_id:
                     await write_with_retry(run_set_trace, lease=self.lease, trace_id=trace.trace_id)
-                    graph_config["callbacks"] = trace.callbacks
-                # R-COST-3: no model call once the user's budget is used up.
-                graph_config["callbacks"] = [*graph_config.get("callbacks", []), BudgetGuard(user_id=self.run.user_id)]
+                    graph_config["callbacks"] += list(trace.callbacks)
                 snapshot = await graph.aget_state(graph_config)
                 self.prior_message_ids = {
                     m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)
@@ -265,7 +278,9 @@ class RunExecutor:
             return _Outcome(Status.FAILED, exc.code, exc.message)
         except Exception as exc:  # the agent, the model or a tool failed
             log.info("run %s failed: %r", self.run.id, exc)
-            return _Outcome(Status.FAILED, _error_type(exc), f"{type(exc).__name__}: {exc}"[:4000])
+            attempts = getattr(exc, "model_attempts", None)
+            after = f" (after {len(attempts)} attempts)" if attempts and len(attempts) > 1 else ""
+            return _Outcome(Status.FAILED, _error_type(exc), f"{type(exc).__name__}: {exc}{after}"[:4000])
         if self.recorder.interrupts:
             return _Outcome(Status.INTERRUPTED)
         return _Outcome(Status.COMPLETED)
@@ -346,6 +361,7 @@ class RunExecutor:
             "error_type": outcome.error_type,
             "error_message": outcome.error_message,
             "partial_content": self.recorder.partial_contents(),
+            "cut_calls": self.recorder.cut_calls(),
         }
         while True:
             try:
@@ -440,9 +456,15 @@ def _run_status(*, lease: Lease) -> str:
 
 
 def _error_type(exc: BaseException) -> str:
-    """A stable error type naming the cause of a failed run."""
+    """A stable error type naming the cause of a failed run. The chat model
+    names provider faults itself (``audit_error_type``: ``model_unreachable``,
+    ``model_http_error``, ``model_request_failed``, ``model_stream_broken``,
+    R-RUN-12); the rest by the exception's type."""
     import openai
 
+    named = getattr(exc, "audit_error_type", None)
+    if isinstance(named, str) and named:
+        return named
     if isinstance(exc, openai.APIStatusError):
         return "model_http_error"
     if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError)):

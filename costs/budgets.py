@@ -143,6 +143,9 @@ class BudgetGuard(AsyncCallbackHandler):
     which the worker records as the run's error type (R-COST-3)."""
 
     raise_error = True
+    # Inline handlers run first, in order, before the others are gathered:
+    # the check ends the call before the audit opens its row.
+    run_inline = True
 
     def __init__(self, *, user_id: int):
         self.user_id = user_id

@@ -99,6 +99,21 @@ class Config(BaseSettings):
     EVENT_STREAM_MAXLEN: int = Field(default=50_000, ge=1)
     WORKSPACE_ROOT: Path = BASE_DIR / "var" / "workspaces"
     CELERY_QUEUE: str = "agent-runs"
+    # How each model's provider reports token usage while streaming (R-MA-11):
+    # JSON {"<model name>": "final" | "cumulative" | "delta"}; a model not
+    # listed is "final", a replay:<scenario> model not listed takes the mode
+    # its scenario turn declares. See README "Token usage".
+    MODEL_USAGE_MODES: dict[str, Literal["final", "cumulative", "delta"]] = {}
+    # Provider faults (R-RUN-12): attempts for one model request that fails
+    # before its first streamed chunk (the first attempt included), and the
+    # exponential backoff between them: initial * 2**(n-1) seconds plus a
+    # random jitter of up to MODEL_RETRY_JITTER_SECONDS, capped at
+    # MODEL_RETRY_MAX_DELAY_SECONDS. A provider's Retry-After is honoured; one
+    # longer than the cap ends the retries.
+    MODEL_RETRY_ATTEMPTS: int = Field(default=6, ge=1, le=20)
+    MODEL_RETRY_INITIAL_DELAY_SECONDS: float = Field(default=0.5, ge=0)
+    MODEL_RETRY_MAX_DELAY_SECONDS: float = Field(default=8.0, ge=0)
+    MODEL_RETRY_JITTER_SECONDS: float = Field(default=0.5, ge=0)
     LANGFUSE_PUBLIC_KEY: str = ""
     LANGFUSE_SECRET_KEY: str = ""
     LANGFUSE_HOST: str = ""

@@ -3,16 +3,20 @@
 ``replay:<scenario>`` goes to the project's replay model server;
 ``openai:<model>`` to an OpenAI-compatible endpoint. Both use
 langchain-openai with ``stream_usage=True`` so that message-finish carries
-the provider's usage (PROTOCOL.md §11).
+the provider's usage (PROTOCOL.md §11), through
+:class:`~audit.agents.provider.AuditedChatOpenAI`: usage folded by the
+model's usage mode (R-MA-11) and our own retries before the first chunk
+(R-RUN-12; the OpenAI SDK's retries are off so every attempt is audited).
 """
 
 from __future__ import annotations
 
 import httpx
-from langchain_openai import ChatOpenAI
 
 from yuxi_project.config import get_config
 from yuxi_project.errors import InvalidInput
+
+from .provider import AuditedChatOpenAI
 
 
 class UnknownModel(InvalidInput):
@@ -36,7 +40,7 @@ def validate_model_name(name: str) -> str:
     return name
 
 
-def chat_model(name: str, *, http_async_client: httpx.AsyncClient | None = None) -> ChatOpenAI:
+def chat_model(name: str, *, http_async_client: httpx.AsyncClient | None = None) -> AuditedChatOpenAI:
     """Build the chat model for ``provider:name``.
 
     ``http_async_client`` should be a client owned by the caller's event
@@ -48,7 +52,8 @@ def chat_model(name: str, *, http_async_client: httpx.AsyncClient | None = None)
     provider, _, model = name.partition(":")
     config = get_config()
     if provider == "replay" and model:
-        return ChatOpenAI(
+        return AuditedChatOpenAI(
+            configured_name=name,
             model=model,
             base_url=config.REPLAY_MODEL_URL,
             api_key="replay",
@@ -59,13 +64,14 @@ def chat_model(name: str, *, http_async_client: httpx.AsyncClient | None = None)
             http_async_client=http_async_client,
         )
     if provider == "openai" and model:
-        return ChatOpenAI(
+        return AuditedChatOpenAI(
+            configured_name=name,
             model=model,
             base_url=config.OPENAI_BASE_URL or None,
             api_key=config.OPENAI_API_KEY or None,
             stream_usage=True,
             streaming=True,
-            max_retries=1,
+            max_retries=0,
             timeout=120,
             http_async_client=http_async_client,
         )

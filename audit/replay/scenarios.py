@@ -14,17 +14,20 @@ client asks for). It holds an ordered list of assistant turns::
         {"text": "It is 18°C and sunny in Paris.",
          "usage": {"prompt_tokens": 90, "completion_tokens": 11}}]}
 
-Turn keys: ``text``, ``tool_calls``, ``usage``, ``chunk_delay_ms``,
-``chunk_chars``, ``http_status`` + ``error_message``, ``fail_after_chunks``.
-Validation is strict: unknown keys and wrongly typed values are rejected,
-and every problem is reported as :class:`ScenarioError` naming the file.
+Turn keys: ``text``, ``tool_calls``, ``usage`` (with optional
+``prompt_tokens_details`` / ``completion_tokens_details``), ``usage_mode``,
+``chunk_delay_ms``, ``chunk_chars``, ``http_status`` + ``error_message``,
+``fail_after_chunks``, ``connect_error_times``, ``fail_before_first_chunk``
+(see :class:`Turn`). Validation is strict: unknown keys and wrongly typed
+values are rejected, and every problem is reported as :class:`ScenarioError`
+naming the file.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -68,15 +71,66 @@ class ToolCall(_Strict):
         return json.dumps(self.arguments, ensure_ascii=False)
 
 
+class PromptTokensDetails(_Strict):
+    """Parts of ``prompt_tokens`` as OpenAI reports them: ``cached_tokens``
+    (read from the prompt cache) and ``cache_write_tokens`` (written to it;
+    langchain-openai maps it to ``cache_creation``). Both are included in
+    ``prompt_tokens``, never added to it."""
+
+    cached_tokens: int | None = Field(default=None, ge=0)
+    cache_write_tokens: int | None = Field(default=None, ge=0)
+
+
+class CompletionTokensDetails(_Strict):
+    """Parts of ``completion_tokens``: ``reasoning_tokens`` (included in
+    ``completion_tokens``)."""
+
+    reasoning_tokens: int | None = Field(default=None, ge=0)
+
+
 class Usage(_Strict):
-    """Token counts reported for a turn; ``total_tokens`` is their sum."""
+    """Token counts the provider bills for a turn; ``total_tokens`` is
+    ``prompt_tokens + completion_tokens`` (details are parts of those, never
+    counted twice)."""
 
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
+    prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @model_validator(mode="after")
+    def _details_within_totals(self) -> Usage:
+        prompt = self.prompt_tokens_details
+        if prompt is not None and (prompt.cached_tokens or 0) + (prompt.cache_write_tokens or 0) > self.prompt_tokens:
+            raise ValueError("cached_tokens + cache_write_tokens exceed prompt_tokens")
+        completion = self.completion_tokens_details
+        if completion is not None and (completion.reasoning_tokens or 0) > self.completion_tokens:
+            raise ValueError("reasoning_tokens exceed completion_tokens")
+        return self
+
+
+UsageMode = Literal["final", "cumulative", "delta"]
+"""How a provider reports usage while streaming (R-MA-11): ``final`` — one
+report in a last chunk with empty ``choices`` (OpenAI's
+``stream_options.include_usage``); ``cumulative`` — running totals on every
+chunk, then the totals (vLLM's continuous usage stats); ``delta`` —
+increments on every chunk that add up to the totals."""
+
+
+class FailBeforeFirstChunk(_Strict):
+    """Answer the first ``times`` requests of a turn with HTTP ``status``
+    (and an OpenAI-style error body) before any chunk; ``retry_after`` (s)
+    adds ``Retry-After`` (whole seconds, rounded up) and ``retry-after-ms``
+    headers, as OpenAI sends them. Later requests play the turn."""
+
+    status: int = Field(ge=400, le=599)
+    times: int = Field(default=1, ge=1)
+    retry_after: float | None = Field(default=None, ge=0)
+    error_message: str | None = None
 
 
 class Turn(_Strict):
@@ -94,6 +148,20 @@ class Turn(_Strict):
     - ``fail_after_chunks``: when streaming, send this many chunks (the first,
       role-only chunk included) then break the connection: no finish chunk,
       no usage, no ``[DONE]``. A non-streaming request gets a 500 error.
+    - ``usage_mode``: how the streamed usage is reported (:data:`UsageMode`);
+      default ``final``. A ``replay:<scenario>`` model in the worker takes
+      this mode unless ``MODEL_USAGE_MODES`` names the model (R-MA-11).
+    - ``connect_error_times``: close the connection of the first N requests
+      of this turn without any response (R-RUN-12).
+    - ``fail_before_first_chunk``: see :class:`FailBeforeFirstChunk`.
+
+    The requests of a turn are counted per distinct request: the scenario,
+    the turn and the request's messages (a client's retry re-sends the same
+    messages). The first ``connect_error_times`` requests are closed, the
+    next ``fail_before_first_chunk.times`` answer its status, the rest play
+    the turn. Counts live in the server process: a restarted server counts
+    from zero, and two conversations that send byte-identical messages share
+    one count.
     """
 
     text: str | None = None
@@ -105,12 +173,17 @@ class Turn(_Strict):
     http_status: int | None = Field(default=None, ge=400, le=599)
     error_message: str | None = None
     fail_after_chunks: int | None = Field(default=None, ge=0)
+    usage_mode: UsageMode = "final"
+    connect_error_times: int = Field(default=0, ge=0)
+    fail_before_first_chunk: FailBeforeFirstChunk | None = None
 
     @model_validator(mode="after")
     def _check_shape(self) -> Turn:
         if self.http_status is not None:
             extra = [
-                key for key in ("text", "tool_calls", "usage", "fail_after_chunks") if key in self.model_fields_set
+                key
+                for key in ("text", "tool_calls", "usage", "fail_after_chunks", "usage_mode", "fail_before_first_chunk")
+                if key in self.model_fields_set
             ]
             if extra:
                 raise ValueError(f"a turn with http_status cannot also give {', '.join(extra)}")

@@ -9,6 +9,13 @@ on resume after a human-approval interrupt) gets the right turn.
 
 Routes: ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /v1/models/{name}``, ``GET /healthz``.
+
+Provider behaviours a turn can play (see :class:`~audit.replay.scenarios.Turn`):
+usage reported ``final`` / ``cumulative`` / ``delta`` with token details
+(R-MA-11), connections closed before any response (``connect_error_times``)
+and HTTP errors before the first chunk (``fail_before_first_chunk``)
+(R-RUN-12). The last two need the only state the server keeps: how many
+times it has seen each distinct request.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -30,7 +38,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Send
 
-from .scenarios import Scenario, Turn, load_scenarios
+from .scenarios import Scenario, Turn, Usage, load_scenarios
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +92,27 @@ class _ReplayStreamingResponse(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+async def _close_connection(request: Request) -> JSONResponse:
+    """Close the client's connection without sending any response: the
+    client sees the server disconnect before a status line, like a refused
+    or reset connection (R-RUN-12).
+
+    ASGI has no message for this, so the socket is reached through
+    uvicorn's request cycle (the ``receive`` callable is its bound method).
+    Without a socket (an in-process ASGI client) the exception raised here
+    reaches the client instead, which it reads the same way.
+    """
+    transport = getattr(getattr(request.receive, "__self__", None), "transport", None)
+    if transport is None:
+        raise ConnectionResetError("replay: connect_error_times (no socket to close)")
+    transport.abort()
+    # Let uvicorn see the disconnect before the app returns, so it does not
+    # try to answer 500 on the closed socket.
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return JSONResponse({}, status_code=599)
+
+
 def error_response(status: int, message: str, *, code: str | None, error_type: str | None = None) -> JSONResponse:
     """An OpenAI-style error: ``{"error": {"message", "type", "code", "param"}}``
     with HTTP ``status``; ``error_type`` defaults from the status."""
@@ -101,18 +130,104 @@ def turn_index(messages: list[dict[str, Any]]) -> int:
     return sum(1 for m in messages[last_user + 1 :] if m.get("role") == "assistant")
 
 
+def _request_digest(scenario: str, index: int, messages: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps([scenario, index, messages], sort_keys=True, default=str).encode()).hexdigest()
+
+
 def _completion_id(scenario: str, index: int, messages: list[dict[str, Any]]) -> str:
     # Deterministic for a given request, yet distinct across conversations:
     # the audit may key provider response ids, and two threads playing the
     # same scenario must not collide.
-    digest = hashlib.sha256(json.dumps([scenario, index, messages], sort_keys=True, default=str).encode()).hexdigest()
-    return f"chatcmpl-replay-{digest[:24]}"
+    return f"chatcmpl-replay-{_request_digest(scenario, index, messages)[:24]}"
 
 
-def _usage(turn: Turn) -> dict[str, int]:
-    prompt = turn.usage.prompt_tokens if turn.usage else 0
-    completion = turn.usage.completion_tokens if turn.usage else 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _usage_object(
+    usage: Usage | None, prompt: int, completion: int, cached: int, cache_write: int, reasoning: int
+) -> dict[str, Any]:
+    """An OpenAI ``usage`` object; the details objects only when the
+    scenario declares them, with the figures given."""
+    body: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if usage is not None and usage.prompt_tokens_details is not None:
+        details = usage.prompt_tokens_details
+        body["prompt_tokens_details"] = {
+            **({"cached_tokens": cached} if details.cached_tokens is not None else {}),
+            **({"cache_write_tokens": cache_write} if details.cache_write_tokens is not None else {}),
+        }
+    if usage is not None and usage.completion_tokens_details is not None:
+        if usage.completion_tokens_details.reasoning_tokens is not None:
+            body["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+        else:
+            body["completion_tokens_details"] = {}
+    return body
+
+
+def _figures(usage: Usage | None) -> tuple[int, int, int, int, int]:
+    """(prompt, completion, cached, cache write, reasoning) billed totals."""
+    if usage is None:
+        return 0, 0, 0, 0, 0
+    prompt_details = usage.prompt_tokens_details
+    completion_details = usage.completion_tokens_details
+    return (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        (prompt_details.cached_tokens or 0) if prompt_details else 0,
+        (prompt_details.cache_write_tokens or 0) if prompt_details else 0,
+        (completion_details.reasoning_tokens or 0) if completion_details else 0,
+    )
+
+
+def _usage(turn: Turn) -> dict[str, Any]:
+    """The turn's billed totals as an OpenAI ``usage`` object."""
+    return _usage_object(turn.usage, *_figures(turn.usage))
+
+
+def stream_usage_reports(turn: Turn, chunk_count: int) -> tuple[list[dict[str, Any] | None], dict[str, Any] | None]:
+    """Where a streamed turn reports usage, by its ``usage_mode`` (R-MA-11).
+
+    ``chunk_count`` is the number of streamed chunks with ``choices``: the
+    role chunk, the content chunks and the finish chunk. Returns the usage
+    of each of those chunks (None: ``"usage": null``) and the usage of the
+    last chunk with empty ``choices`` (None: no such chunk).
+
+    - ``final``: no usage on the chunks; the totals in the last chunk.
+    - ``cumulative``: running totals on every chunk — the prompt figures
+      from the start, completion figures growing with each content chunk
+      (``total * k // n`` after content chunk k of n) — then the totals
+      again in the last chunk.
+    - ``delta``: increments whose sum is the totals: the prompt figures on
+      the role chunk, the completion figures spread over the content chunks
+      (the difference of the running totals above), anything left on the
+      finish chunk; no last chunk.
+    """
+    prompt, completion, cached, cache_write, reasoning = _figures(turn.usage)
+    content = max(chunk_count - 2, 0)
+
+    def running(total: int, k: int) -> int:
+        return total * k // content if content else 0
+
+    if turn.usage_mode == "final":
+        return [None] * chunk_count, _usage(turn)
+    if turn.usage_mode == "cumulative":
+        reports: list[dict[str, Any] | None] = [
+            _usage_object(turn.usage, prompt, running(completion, k), cached, cache_write, running(reasoning, k))
+            for k in range(chunk_count - 1)  # the role chunk (k = 0), then content chunk k
+        ]
+        return [*reports, _usage(turn)], _usage(turn)
+    reports = [_usage_object(turn.usage, prompt, 0, cached, cache_write, 0)]
+    for k in range(1, chunk_count):
+        if k <= content:
+            step = (
+                running(completion, k) - running(completion, k - 1),
+                running(reasoning, k) - running(reasoning, k - 1),
+            )
+        else:  # the finish chunk: what the content chunks did not carry
+            step = (completion - running(completion, content), reasoning - running(reasoning, content))
+        reports.append(_usage_object(turn.usage, 0, step[0], 0, 0, step[1]))
+    return reports, None
 
 
 def _pieces(text: str, size: int) -> list[str]:
@@ -155,11 +270,17 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 async def _stream(turn: Turn, base: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes | _AbortStream]:
     delay = turn.chunk_delay_ms / 1000
-    # OpenAI sends "usage": null on every chunk when usage was requested.
-    extra = {"usage": None} if include_usage else {}
+    deltas = _deltas(turn)
+    # OpenAI sends "usage": null on every chunk when usage was requested;
+    # cumulative and delta providers send a usage object instead.
+    reports, last_usage = stream_usage_reports(turn, len(deltas) + 1)
+
+    def usage_of(i: int) -> dict[str, Any]:
+        return {"usage": reports[i]} if include_usage else {}
+
     chunks = [
-        {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], **extra}
-        for delta in _deltas(turn)
+        {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], **usage_of(i)}
+        for i, delta in enumerate(deltas)
     ]
     if turn.fail_after_chunks is not None:
         for chunk in chunks[: turn.fail_after_chunks]:
@@ -169,10 +290,14 @@ async def _stream(turn: Turn, base: dict[str, Any], include_usage: bool) -> Asyn
         yield _ABORT
         return
     chunks.append(
-        {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": turn.finish_reason}], **extra}
+        {
+            **base,
+            "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": turn.finish_reason}],
+            **usage_of(len(deltas)),
+        }
     )
-    if include_usage:
-        chunks.append({**base, "choices": [], "usage": _usage(turn)})
+    if include_usage and last_usage is not None:
+        chunks.append({**base, "choices": [], "usage": last_usage})
     for chunk in chunks:
         if delay:
             await asyncio.sleep(delay)
@@ -190,8 +315,12 @@ def build_app(scenarios: dict[str, Scenario]) -> Starlette:
     ``scenario_exhausted`` when the turn index is past the last turn, 400
     ``invalid_request`` for a malformed body, the turn's ``http_status`` for
     an error turn, and 500 ``replay_stream_failed`` for a non-streaming
-    request to a ``fail_after_chunks`` turn.
+    request to a ``fail_after_chunks`` turn. A turn's
+    ``connect_error_times`` and ``fail_before_first_chunk`` apply to the
+    first requests of each distinct request (see
+    :class:`~audit.replay.scenarios.Turn`), counted in this app.
     """
+    seen: dict[str, int] = {}  # request digest -> requests received
 
     async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
         try:
@@ -221,6 +350,26 @@ def build_app(scenarios: dict[str, Scenario]) -> Starlette:
                 code="scenario_exhausted",
             )
         turn = scenario.turns[index]
+        failing = turn.fail_before_first_chunk
+        if turn.connect_error_times or failing is not None:
+            digest = _request_digest(name, index, messages)
+            seen[digest] = count = seen.get(digest, 0) + 1
+            if count <= turn.connect_error_times:
+                logger.info(
+                    "replay: closing the connection without a response (%d of %d)", count, turn.connect_error_times
+                )
+                return await _close_connection(request)
+            if failing is not None and count <= turn.connect_error_times + failing.times:
+                logger.info("replay: answering HTTP %d before the first chunk", failing.status)
+                response = error_response(
+                    failing.status,
+                    failing.error_message or f"replay: HTTP {failing.status} before the first chunk",
+                    code="replay_fail_before_first_chunk",
+                )
+                if failing.retry_after is not None:
+                    response.headers["retry-after"] = str(math.ceil(failing.retry_after))
+                    response.headers["retry-after-ms"] = str(round(failing.retry_after * 1000))
+                return response
         if stream and turn.fail_after_chunks is not None:
             # uvicorn then logs "ASGI callable returned without completing
             # response.": that is this deliberate break, not a bug.

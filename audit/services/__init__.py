@@ -5,7 +5,7 @@ Every write that a worker makes into a run goes through
 R-RUN-5). Functions take keyword-only arguments and own their transaction.
 """
 
-from .model_audit import model_call_finish, model_call_start
+from .model_audit import model_call_finish, model_call_open, model_call_retry, model_call_start
 from .runs import lease_renew, run_acquire, run_request_cancel, run_resume, run_submit, run_sweep_expired_leases
 from .terminal import StateMessage, run_finish, run_finish_fallback
 from .tool_audit import tool_call_error, tool_call_finish, tool_call_start
@@ -14,6 +14,8 @@ __all__ = [
     "StateMessage",
     "lease_renew",
     "model_call_finish",
+    "model_call_open",
+    "model_call_retry",
     "model_call_start",
     "run_acquire",
     "run_finish",

@@ -1,4 +1,11 @@
-"""Model audit rows: one per model call (R-MA-1..5)."""
+"""Model audit rows: one per model call (R-MA-1..5, R-MA-10, R-RUN-12).
+
+A row opens when the model request is sent (:func:`model_call_open`,
+R-MA-10) with a provisional ``sequence`` and ``metadata.awaiting_first_chunk``;
+message-start (:func:`model_call_start`) finds it and gives it the stream's
+sequence, once. Failed attempts before the first chunk are counted on the
+row (:func:`model_call_retry`, R-RUN-12).
+"""
 
 from __future__ import annotations
 
@@ -23,8 +30,87 @@ ExecStatus = Message.ExecutionStatus
 
 
 # --------------------------------------------------------------------------
-# Model audit (R-MA-1..5)
+# Model audit (R-MA-1..5, R-MA-10)
 # --------------------------------------------------------------------------
+
+
+@metrics.audit_write("model_open")
+def model_call_open(
+    *,
+    lease: Lease,
+    operation_id: str,
+    sequence: int,
+    started_at: datetime,
+    metadata: dict[str, Any] | None = None,
+) -> Message:
+    """Open the ``model_audit`` row of one model call when its request is
+    sent, before any chunk (R-MA-10).
+
+    Args:
+        operation_id: ``lc_run--<model run id>``, the id message-start will
+            carry (LangChain's chat-model start gives the model run id).
+        sequence: provisional position: one past the last stream ``seq``
+            the worker had consumed when the request went out (the earliest
+            its message-start can carry). message-start replaces it; a call
+            that never streams keeps it, so the run's rows stay in order.
+        started_at: when the request was sent (wall clock).
+        metadata: namespace, model run id, node.
+
+    The row is ``running`` with ``metadata.awaiting_first_chunk = true`` and
+    ``metadata.attempts = 1``. Opening the same operation again returns the
+    row unchanged.
+
+    Raises:
+        LeaseError: see :func:`lock_run`.
+    """
+    with transaction.atomic():
+        run = lock_run(lease)
+        row = _operation_row(run, Message.Role.ASSISTANT, operation_id)
+        if row is not None:
+            return row
+        return Message.objects.create(
+            thread_id=run.thread_id,
+            run=run,
+            role=Message.Role.ASSISTANT,
+            message_type=Message.Type.MODEL_AUDIT,
+            operation_id=operation_id,
+            sequence=sequence,
+            started_at=started_at,
+            execution_status=ExecStatus.RUNNING,
+            metadata={**(metadata or {}), "awaiting_first_chunk": True, "attempts": 1},
+        )
+
+
+@metrics.audit_write("model_retry")
+def model_call_retry(*, lease: Lease, operation_id: str, failure: dict[str, Any]) -> Message:
+    """Record one failed attempt of a model request that is sent again
+    (R-RUN-12): ``metadata.attempts`` becomes ``failure["attempt"] + 1`` and
+    ``failure`` (``{attempt, error, connected, retryable, status,
+    retry_after, retry_in_ms}``) is appended to ``metadata.attempt_errors``.
+    The same attempt again changes nothing.
+
+    Raises:
+        AuditConflict: unknown operation, or a row that is no longer
+            waiting for its first chunk (retries happen only before it).
+        LeaseError: see :func:`lock_run`.
+    """
+    with transaction.atomic():
+        run = lock_run(lease)
+        row = _operation_row(run, Message.Role.ASSISTANT, operation_id)
+        if row is None:
+            raise AuditConflict(f"retry of unknown operation {operation_id}", extra={"reason": "unknown_operation"})
+        errors = list(row.metadata.get("attempt_errors") or [])
+        attempt = int(failure.get("attempt") or 0)
+        if any(e.get("attempt") == attempt for e in errors):
+            return row
+        if row.execution_status != ExecStatus.RUNNING or not row.metadata.get("awaiting_first_chunk"):
+            raise AuditConflict(
+                f"operation {operation_id} retried after its first chunk", extra={"reason": "retry_after_first_chunk"}
+            )
+        errors.append(failure)
+        row.metadata = {**row.metadata, "attempts": attempt + 1, "attempt_errors": errors}
+        row.save(update_fields=["metadata", "updated_at"])
+        return row
 
 
 @metrics.audit_write("model_start")
@@ -35,18 +121,27 @@ def model_call_start(
     sequence: int,
     started_at: datetime,
     metadata: dict[str, Any] | None = None,
+    opened_as: str | None = None,
 ) -> Message:
-    """Open the ``model_audit`` row of one model call at message-start.
+    """Record message-start of one model call: find the row opened at
+    request start (R-MA-10) or open it now.
 
     Args:
         operation_id: the message-start id (``lc_run--<model run id>``) or,
             without one, the model run id (R-MA-2).
         sequence: the event's root ``seq`` (per run, from 1).
-        started_at: the event's wall clock (display only).
+        started_at: the event's wall clock (display only; a row opened at
+            request start keeps its request time).
         metadata: namespace, model and provider names.
+        opened_as: the key the row was opened under at request start, when
+            it differs: a model that does not stream sends its whole message
+            under the provider's id (PROTOCOL.md §4), and that row is re-keyed
+            once, while it still awaits its first chunk.
 
-    A repeated start with the same key and sequence returns the row
-    unchanged (it never reopens a completed row, R-MA-5).
+    A row still ``awaiting_first_chunk`` takes ``sequence`` and loses the
+    mark (its status is never changed: a closed row is never reopened,
+    R-MA-5). A repeated start with the same key and sequence returns the
+    row unchanged.
 
     Raises:
         AuditConflict: the key exists with another sequence (R-MA-3).
@@ -55,7 +150,19 @@ def model_call_start(
     with transaction.atomic():
         run = lock_run(lease)
         row = _operation_row(run, Message.Role.ASSISTANT, operation_id)
+        if row is None and opened_as:
+            row = _operation_row(run, Message.Role.ASSISTANT, opened_as)
+            if row is not None and row.metadata.get("awaiting_first_chunk"):
+                row.operation_id = operation_id
+            else:
+                row = None
         if row is not None:
+            if row.metadata.get("awaiting_first_chunk"):
+                row.sequence = sequence
+                row.metadata = {**row.metadata, **(metadata or {})}
+                row.metadata.pop("awaiting_first_chunk", None)
+                row.save(update_fields=["operation_id", "sequence", "metadata", "updated_at"])
+                return row
             if row.sequence != sequence:
                 raise AuditConflict(
                     f"operation {operation_id} started at sequence {row.sequence}, not {sequence}",

@@ -61,6 +61,7 @@ def run_finish(
     error_type: str = "",
     error_message: str = "",
     partial_content: dict[str, str] | None = None,
+    cut_calls: dict[str, dict[str, Any]] | None = None,
 ) -> AgentRun:
     """End the run in one lease-fenced transaction.
 
@@ -74,6 +75,13 @@ def run_finish(
         partial_content: ``{operation_id: text}`` streamed so far by model
             calls that never finished; kept on their rows, marked
             ``content_partial`` (one write here, never one per token).
+        cut_calls: ``{operation_id: {"duration_ms": int, "error": str |
+            None}}`` for model calls that started (at request start, R-MA-10)
+            but never finished: their monotonic duration until they were cut
+            off, and the error that ended them. A call with an error is
+            closed ``failed`` whatever the run's status (a handled model
+            error in a completed run is still a failed call), with the error
+            in ``metadata.error``; the others are closed by the run's status.
 
     Reconciles the State with this run's audit rows, closes running rows,
     binds ``output_message``, aggregates usage and releases the lease; after
@@ -97,6 +105,8 @@ def run_finish(
             _bind_output(run, final_state, own_ai)
         if partial_content:
             _keep_partial_content(run, partial_content)
+        if cut_calls:
+            _close_cut_calls(run, cut_calls, now=now)
         _terminate(
             run, status=status, now=now, error_type=error_type, error_message=error_message, interrupts=interrupts
         )
@@ -139,6 +149,31 @@ def _keep_partial_content(run: AgentRun, partial_content: dict[str, str]) -> Non
         row.content = partial_content[row.operation_id]
         row.metadata = {**row.metadata, "content_partial": True}
         row.save(update_fields=["content", "metadata", "updated_at"])
+
+
+def _close_cut_calls(run: AgentRun, cut_calls: dict[str, dict[str, Any]], *, now: datetime) -> None:
+    """Duration and, when an error ended it, the ``failed`` close of each
+    model call that never finished (R-MA-10, R-RUN-12). Usage stays unknown."""
+    rows = Message.objects.filter(
+        run=run, role=Message.Role.ASSISTANT, execution_status=ExecStatus.RUNNING, operation_id__in=list(cut_calls)
+    )
+    for row in rows:
+        facts = cut_calls[row.operation_id]
+        update = ["metadata", "updated_at"]
+        if row.duration_ms is None and facts.get("duration_ms") is not None:
+            row.duration_ms = max(0, int(facts["duration_ms"]))
+            update.append("duration_ms")
+        if facts.get("error"):
+            row.execution_status = ExecStatus.FAILED
+            row.finished_at = row.finished_at or now
+            row.metadata = {
+                **row.metadata,
+                "error": str(facts["error"])[:2000],
+                "closed_by": "run_terminal",
+                "usage_unknown": row.usage is None,
+            }
+            update += ["execution_status", "finished_at"]
+        row.save(update_fields=update)
 
 
 def _own_ai_messages(run: AgentRun, final_state: list[StateMessage], prior: set[str]) -> dict[str, StateMessage]:

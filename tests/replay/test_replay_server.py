@@ -131,6 +131,48 @@ GOOD_TURN = {"text": "hi"}
         (json.dumps({"turns": [{"http_status": 500, "text": "x"}]}), "cannot also give text"),
         (json.dumps({"turns": [{"text": "x", "error_message": "boom"}]}), "error_message needs http_status"),
         (json.dumps({"name": "other", "turns": [GOOD_TURN]}), "'name' is not allowed"),
+        (json.dumps({"turns": [{"text": "hi", "usage_mode": "sum"}]}), "turns[0].usage_mode"),
+        (
+            json.dumps(
+                {
+                    "turns": [
+                        {
+                            "text": "hi",
+                            "usage": {
+                                "prompt_tokens": 10,
+                                "completion_tokens": 1,
+                                "prompt_tokens_details": {"cached_tokens": 11},
+                            },
+                        }
+                    ]
+                }
+            ),
+            "exceed prompt_tokens",
+        ),
+        (
+            json.dumps(
+                {
+                    "turns": [
+                        {
+                            "text": "hi",
+                            "usage": {
+                                "prompt_tokens": 1,
+                                "completion_tokens": 1,
+                                "completion_tokens_details": {"reasoning_tokens": 2},
+                            },
+                        }
+                    ]
+                }
+            ),
+            "reasoning_tokens exceed completion_tokens",
+        ),
+        (json.dumps({"turns": [{"text": "hi", "connect_error_times": -1}]}), "turns[0].connect_error_times"),
+        (json.dumps({"turns": [{"text": "hi", "fail_before_first_chunk": {"status": 200}}]}), "status"),
+        (json.dumps({"turns": [{"text": "hi", "fail_before_first_chunk": {"status": 503, "times": 0}}]}), "times"),
+        (
+            json.dumps({"turns": [{"http_status": 500, "fail_before_first_chunk": {"status": 503}}]}),
+            "cannot also give fail_before_first_chunk",
+        ),
         (
             json.dumps(
                 {
@@ -458,3 +500,92 @@ def test_the_management_command_announces_the_url_once_listening():
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+# --- usage modes and provider faults (R-MA-11, R-RUN-12) -----------------------------------
+
+
+def _unique_user() -> dict:
+    """A user message no other test sends: the fault counters are per
+    distinct request."""
+    return {"role": "user", "content": f"question {time.monotonic_ns()}"}
+
+
+def _raw_chunks(client, model: str) -> list:
+    stream = client.chat.completions.create(
+        model=model, messages=[USER], stream=True, stream_options={"include_usage": True}
+    )
+    return list(stream)
+
+
+def test_final_usage_comes_once_in_a_last_chunk_with_empty_choices_and_details_R_MA_11(client):
+    chunks = _raw_chunks(client, "usage_final_details")
+    assert all(chunk.usage is None for chunk in chunks[:-1])
+    last = chunks[-1]
+    assert last.choices == []
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.total_tokens) == (100, 7, 107)
+    assert last.usage.prompt_tokens_details.cached_tokens == 64
+    assert last.usage.completion_tokens_details.reasoning_tokens == 2
+
+
+def test_cumulative_usage_sends_running_totals_on_every_chunk_R_MA_11(client):
+    chunks = _raw_chunks(client, "usage_cumulative")
+    assert len(chunks) == 15 and all(chunk.usage is not None for chunk in chunks)
+    assert all(chunk.usage.prompt_tokens == 100 for chunk in chunks)
+    completions = [chunk.usage.completion_tokens for chunk in chunks]
+    assert completions == sorted(completions) and completions[-1] == 12
+    assert chunks[-1].choices == []
+    # What adding them up would give (issue 10 finding 2).
+    assert sum(c.usage.prompt_tokens for c in chunks) == 1500 and sum(completions) == 102
+
+
+def test_delta_usage_sends_increments_that_add_up_to_the_bill_R_MA_11(client):
+    chunks = _raw_chunks(client, "usage_delta")
+    assert all(chunk.choices for chunk in chunks), "no extra usage chunk"
+    usages = [chunk.usage for chunk in chunks]
+    assert sum(u.prompt_tokens for u in usages) == 120 and sum(u.completion_tokens for u in usages) == 30
+    assert sum(u.total_tokens for u in usages) == 150
+    assert sum(u.prompt_tokens_details.cached_tokens for u in usages) == 64
+    assert sum(u.prompt_tokens_details.cache_write_tokens for u in usages) == 16
+    assert sum(u.completion_tokens_details.reasoning_tokens for u in usages) == 8
+    assert sum(1 for u in usages if u.completion_tokens) > 5, "spread over the chunks"
+
+
+def test_every_mode_reports_the_same_totals_without_streaming_R_MA_11(client):
+    for model, figures in (("usage_cumulative", (100, 12)), ("usage_delta", (120, 30))):
+        usage = client.chat.completions.create(model=model, messages=[USER]).usage
+        assert (usage.prompt_tokens, usage.completion_tokens) == figures
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_connect_error_times_closes_the_first_requests_without_a_response_R_RUN_12(client, stream):
+    messages = [_unique_user()]
+    for _ in range(2):
+        with pytest.raises(openai.APIConnectionError):
+            response = client.chat.completions.create(model="flaky_connect", messages=messages, stream=stream)
+            list(response) if stream else None
+    # Another request is counted on its own; the third of these is answered.
+    with pytest.raises(openai.APIConnectionError):
+        client.chat.completions.create(model="flaky_connect", messages=[_unique_user()], stream=stream)
+    answer = client.chat.completions.create(model="flaky_connect", messages=messages, stream=stream)
+    text = (
+        "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
+        if stream
+        else answer.choices[0].message.content
+    )
+    assert text == "Answered on the third attempt."
+
+
+def test_fail_before_first_chunk_answers_its_status_with_retry_after_then_plays_R_RUN_12(base_url):
+    messages = [_unique_user()]
+    body = {"model": "rate_limited", "messages": messages, "stream": True}
+    for _ in range(2):
+        response = httpx.post(f"{base_url}/chat/completions", json=body)
+        assert response.status_code == 429
+        assert response.headers["retry-after"] == "1" and response.headers["retry-after-ms"] == "300"
+        assert response.json()["error"]["type"] == "rate_limit_error"
+    with httpx.stream("POST", f"{base_url}/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line]
+    assert json.loads(lines[0].removeprefix("data: "))["choices"][0]["delta"]["role"] == "assistant"
+    assert lines[-1] == "data: [DONE]"

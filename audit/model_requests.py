@@ -1,0 +1,71 @@
+"""Model calls audited from the moment their request is sent (R-MA-10) and
+each failed attempt before the first chunk (R-RUN-12).
+
+The v3 stream says nothing about a model call until its first chunk
+(message-start is built from it, PROTOCOL.md §4), so a call cancelled or
+failed before then would leave no trace. LangChain's callbacks do: the
+chat-model start callback fires with the model run id before the request
+goes out, and langchain-core names the streamed message
+``lc_run--<model run id>`` — the id message-start then carries. This handler
+feeds those callbacks to the run's :class:`~audit.recorder.LifecycleRecorder`:
+
+- ``on_chat_model_start`` → the row opens (``running``,
+  ``awaiting_first_chunk``), awaited before the request is sent;
+- ``on_retry`` with ``attempt_failure`` (sent by
+  :class:`~audit.agents.provider.AuditedChatOpenAI`) → the attempt is counted
+  on the row;
+- ``on_llm_end`` → for a call that never streamed, which whole message
+  is its answer (a non-streaming model's message may come without a run id);
+- ``on_llm_error`` → remembered for the terminal transaction, which closes
+  the row ``failed`` with the error (a cancel is closed ``interrupted``).
+
+``raise_error`` is on: a write refused because the lease is gone stops the
+model call, as any audit write does (R-RUN-4).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackHandler
+from langchain_core.messages import BaseMessage
+
+from .recorder import LifecycleRecorder
+
+
+class ModelRequestAudit(AsyncCallbackHandler):
+    """Callback handler for one run's graph config (``callbacks=[...]``)."""
+
+    raise_error = True
+    run_inline = True
+
+    def __init__(self, recorder: LifecycleRecorder):
+        self._recorder = recorder
+
+    async def on_chat_model_start(
+        self,
+        serialized: dict[str, Any],
+        messages: list[list[BaseMessage]],
+        *,
+        run_id: uuid.UUID,
+        parent_run_id: uuid.UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        await self._recorder.model_request(model_run_id=str(run_id), metadata=metadata or {})
+
+    async def on_retry(self, retry_state: Any, *, run_id: uuid.UUID, **kwargs: Any) -> None:
+        failure = kwargs.get("attempt_failure")
+        if isinstance(failure, dict):
+            await self._recorder.model_retry(model_run_id=str(run_id), failure=failure)
+
+    async def on_llm_end(self, response: Any, *, run_id: uuid.UUID, **kwargs: Any) -> None:
+        generations = getattr(response, "generations", None) or [[]]
+        first = generations[0][0] if generations and generations[0] else None
+        message = getattr(first, "message", None)
+        self._recorder.model_end(model_run_id=str(run_id), message_id=getattr(message, "id", None))
+
+    async def on_llm_error(self, error: BaseException, *, run_id: uuid.UUID, **kwargs: Any) -> None:
+        self._recorder.model_error(model_run_id=str(run_id), error=error)
