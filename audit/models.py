@@ -97,6 +97,10 @@ class AgentRun(models.Model):
             # its date filter and the dashboard's runs per day.
             models.Index(fields=["created_at"], name="run_created_idx"),
             models.Index(fields=["user", "-created_at"], name="run_user_created_idx"),
+            # Run list filtered by error type, newest first (R-ADM-2).
+            models.Index(
+                fields=["error_type", "-created_at"], name="run_error_created_idx", condition=~Q(error_type="")
+            ),
         ]
 
     def __str__(self) -> str:
