@@ -6,6 +6,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from conversations.models import ApiToken
 
+from ._database import require_database
+
 
 class Command(BaseCommand):
     help = "Issue an API token for a user and print it (shown once; only its digest is stored)."
@@ -15,6 +17,7 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="cli", help="a label for the token")
 
     def handle(self, *args, username: str, name: str, **options):
+        require_database()
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"no user named {username!r}")
