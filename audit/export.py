@@ -26,6 +26,7 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Q, QuerySet
 from django.http import StreamingHttpResponse
+from ninja.responses import NinjaJSONEncoder
 
 from conversations.models import Message
 from yuxi_project.db import release_connection
@@ -105,10 +106,19 @@ def thread_rows(thread_id: uuid.UUID | str) -> Iterator[Message]:
 
 
 def records(rows: Iterable[Message]) -> Iterator[dict[str, Any]]:
-    """One JSON-ready dict per row, exactly as the timeline API serialises
-    it (ISO 8601 times, ids as strings where the API has them)."""
+    """One dict per row, validated by the timeline API's schema; written
+    out with the API's JSON encoder (:func:`as_json`), its values are the
+    API's, byte for byte (ISO 8601 times to the millisecond in UTC, ``Z``)."""
     for row in rows:
-        yield TimelineItemOut.model_validate(timeline_item(row, include_raw_output=True)).model_dump(mode="json")
+        yield TimelineItemOut.model_validate(timeline_item(row, include_raw_output=True)).model_dump()
+
+
+_ENCODER = NinjaJSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def as_json(value: Any) -> str:
+    """JSON text of ``value`` as the API writes it."""
+    return _ENCODER.encode(value)
 
 
 def render(items: Iterable[dict[str, Any]], fmt: str) -> Iterator[str]:
@@ -141,7 +151,7 @@ def check_format(fmt: str) -> None:
 
 def _jsonl_lines(items: Iterable[dict[str, Any]]) -> Iterator[str]:
     for item in items:
-        yield json.dumps(item, ensure_ascii=False, separators=(",", ":")) + "\n"
+        yield as_json(item) + "\n"
 
 
 def _csv_lines(items: Iterable[dict[str, Any]]) -> Iterator[str]:
@@ -163,10 +173,13 @@ def _cell(name: str, value: Any) -> str:
     if value is None:
         return ""
     if name in _JSON_COLUMNS:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        return as_json(value)
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    if isinstance(value, (int, str)):
+        return str(value)
+    # Times and ids exactly as in the JSON, without the quotes.
+    return json.loads(as_json(value))
 
 
 # --------------------------------------------------------------------------
