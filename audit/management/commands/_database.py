@@ -3,15 +3,15 @@
 Without ``DATABASE_URL`` the settings choose the embedded SQLite file
 ``var/yuxi.sqlite3``; opening it creates it, empty, and the command then
 fails deep inside with ``no such table``. Commands that read or write data
-call :func:`require_database` first: one line saying what to set, and no
-file created.
+derive from :class:`DatabaseCommand`, which calls :func:`require_database`
+before anything else: one line saying what to set, and no file created.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from django.core.management.base import CommandError
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from yuxi_project.config import get_config
@@ -42,3 +42,13 @@ def require_database() -> None:
         raise CommandError(
             f"database {settings['NAME']!s} has no tables of this project: run manage.py migrate first, or {HINT}"
         )
+
+
+class DatabaseCommand(BaseCommand):
+    """A command that reads or writes the project's data: it refuses with
+    :func:`require_database` before anything opens the database (Django's
+    system checks do, which would create an empty SQLite file)."""
+
+    def execute(self, *args, **options):
+        require_database()
+        return super().execute(*args, **options)

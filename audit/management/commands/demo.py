@@ -1,14 +1,14 @@
 """``python manage.py demo --base-url URL``: the quick start's demo turns."""
 
 import httpx
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from audit.demo import ensure_demo_user, run_demo
 
-from ._database import require_database
+from ._database import DatabaseCommand
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = "Create the demo admin user, submit a few turns over the HTTP API and print their audit."
 
     def add_arguments(self, parser):
@@ -18,7 +18,6 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each run")
 
     def handle(self, *args, base_url, username, password, timeout, **options):
-        require_database()
         demo_user = ensure_demo_user(username=username, password=password)
         token = demo_user.token
         if demo_user.created:

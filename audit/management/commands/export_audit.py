@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from pydantic import ValidationError
 
 from audit import export, search
@@ -20,7 +20,7 @@ from audit.schemas import RunFilterQuery
 from conversations.models import Conversation
 from yuxi_project.errors import ApplicationError
 
-from ._database import require_database
+from ._database import DatabaseCommand
 
 # Filter options, named as the query parameters of GET /api/audit/runs.
 FILTERS = (
@@ -40,7 +40,7 @@ FILTERS = (
 )
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = "Export the audit of a run, a thread or the runs matching filters as JSON lines or CSV (streamed)."
 
     def add_arguments(self, parser):
@@ -55,7 +55,6 @@ class Command(BaseCommand):
             )
 
     def handle(self, *args, run, thread, format, output, **options):
-        require_database()
         given = {name: options[f"filter_{name}"] for name in FILTERS if options.get(f"filter_{name}") is not None}
         if given and (run or thread):
             raise CommandError("filters select runs: give them without --run or --thread")
