@@ -251,7 +251,7 @@ class AgentRunAdmin(admin.ModelAdmin):
                     ("thread_link", "user"),
                     "turn_links",
                     ("usage_text", "duration"),
-                    ("created_display", "started_display", "finished_display"),
+                    ("created_full", "started_display", "finished_display"),
                     "error_type",
                     "output_message_link",
                     "export_links",
@@ -336,6 +336,12 @@ class AgentRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="created", ordering="created_at")
     def created_display(self, run):
+        # The list drops the year (width at 1280 px); the tooltip has the
+        # exact ISO time, the run page the whole date.
+        return time_html(run.created_at, form="short")
+
+    @admin.display(description="created")
+    def created_full(self, run):
         return time_html(run.created_at)
 
     @admin.display(description="started")
@@ -350,7 +356,7 @@ class AgentRunAdmin(admin.ModelAdmin):
     def cancel_requested_display(self, run):
         return time_html(run.cancel_requested_at)
 
-    @admin.display(description="calls (model / tool)")
+    @admin.display(description="calls")
     def calls(self, run):
         return format_html(
             '<span title="{} model calls, {} tool executions">{} / {}</span>',

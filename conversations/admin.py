@@ -265,7 +265,7 @@ class MessageAdmin(admin.ModelAdmin):
 
     @admin.display(description="created", ordering="id")
     def created_display(self, message):
-        return time_html(message.created_at)
+        return time_html(message.created_at, form="short")
 
     @admin.display(description="run")
     def run_short(self, message):

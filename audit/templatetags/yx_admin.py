@@ -11,14 +11,19 @@ from django.utils.html import format_html
 register = template.Library()
 
 
-def time_html(value: dt.datetime | None, *, date: bool = True) -> str:
-    """A time to the millisecond (``2026-11-30 06:23:41.517``, or only the
-    clock with ``date=False``) in the current zone, its exact ISO 8601 form
-    in ``datetime`` and ``title`` for copying; ``—`` for none."""
+_FORMATS = {"full": "%Y-%m-%d %H:%M:%S", "short": "%m-%d %H:%M:%S", "clock": "%H:%M:%S"}
+
+
+def time_html(value: dt.datetime | None, *, date: bool = True, form: str | None = None) -> str:
+    """A time to the millisecond (``2026-11-30 06:23:41.517``; ``form``
+    ``short`` drops the year, ``clock`` — or ``date=False`` — the date) in
+    the current zone, its exact ISO 8601 form in ``datetime`` and ``title``
+    for copying; ``—`` for none."""
     if value is None:
         return "—"
     local = timezone.localtime(value) if timezone.is_aware(value) else value
-    text = local.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S") + f".{local.microsecond // 1000:03d}"
+    pattern = _FORMATS[form or ("full" if date else "clock")]
+    text = local.strftime(pattern) + f".{local.microsecond // 1000:03d}"
     iso = value.isoformat(timespec="microseconds")
     return format_html('<time datetime="{}" title="{}">{}</time>', iso, iso, text)
 
