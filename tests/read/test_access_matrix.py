@@ -26,6 +26,8 @@ def body_of(response) -> bytes:
     """The whole body, also of an (async) event stream."""
     if not response.streaming:
         return response.content
+    if not response.is_async:  # the exports stream synchronously under WSGI
+        return b"".join(response.streaming_content)
 
     async def collect():
         return b"".join([chunk async for chunk in response.streaming_content])
