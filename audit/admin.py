@@ -12,15 +12,15 @@ import datetime as dt
 import json
 import uuid
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, DecimalField, IntegerField, OuterRef, Q, Subquery, Sum, Value
-from django.db.models.functions import Coalesce
+from django.db.models import DecimalField, OuterRef, Subquery, Sum
 from django.http import Http404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from pydantic import ValidationError
 
 from conversations.models import Message
 from costs.selectors import run_cost, usd_text
@@ -28,22 +28,17 @@ from yuxi_project.errors import InvalidInput
 from yuxi_project.paginator import EstimatingPaginator
 from yuxi_project.storable import visible, visible_fields
 
-from . import selectors
+from . import export, search, selectors
 from .agents.assistant import AGENTS
 from .agents.models import available_models
+from .agents.tools import ASSISTANT_TOOLS
 from .models import AgentRun
+from .schemas import RunFilterQuery
+from .templatetags.yx_admin import time_html
 
 # Minimum width of a waterfall bar, in percent of the run's span, so that
 # a 1 ms call stays visible next to a 30 s one.
 _MIN_BAR_PERCENT = 0.6
-
-
-def _count_of(rows) -> Subquery:
-    """A correlated ``COUNT`` of ``rows`` of the outer run. Evaluated only
-    for the rows of the page (after ORDER BY ... LIMIT), unlike a JOIN with
-    GROUP BY, which would aggregate every run's rows first."""
-    counted = rows.filter(run=OuterRef("pk")).order_by().values("run").annotate(n=Count("id")).values("n")
-    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
 
 
 def cost_of(rows, *, by: str = "run") -> Subquery:
@@ -87,6 +82,122 @@ class ModelFilter(admin.SimpleListFilter):
         return queryset.filter(model=self.value()) if self.value() else queryset
 
 
+class RunFilter(admin.SimpleListFilter):
+    """A run filter of :mod:`audit.search` under its API parameter name, so
+    the admin and ``GET /api/audit/runs`` share one definition (R-ADM-2).
+    A malformed value shows an error and no runs, never all runs."""
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value in (None, ""):
+            return queryset
+        try:
+            query = RunFilterQuery.model_validate({self.parameter_name: value})
+            return search.filter_runs(queryset, query.as_filters())
+        except ValidationError as exc:
+            messages.error(request, f"{self.title}: {exc.errors()[0]['msg']}")
+        except InvalidInput as exc:
+            messages.error(request, f"{self.title}: {exc.message}")
+        return queryset.none()
+
+
+class InputFilter(RunFilter):
+    """A run filter typed into a text box (values that no list holds)."""
+
+    template = "admin/audit/input_filter.html"
+    placeholder = ""
+    input_type = "text"
+
+    def __init__(self, request, params, model, model_admin):
+        self.other_params = [(k, v) for k, v in request.GET.items() if k not in (self.parameter_name, "p", "e")]
+        super().__init__(request, params, model, model_admin)
+
+    def lookups(self, request, model_admin):
+        return ()
+
+    def has_output(self):
+        return True
+
+    def choices(self, changelist):
+        yield {
+            "selected": self.value() in (None, ""),
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": "All",
+            "value": self.value() or "",
+            "hidden": self.other_params,
+        }
+
+
+class ErrorTypeFilter(InputFilter):
+    title = "error type"
+    parameter_name = "error_type"
+    placeholder = "model_error"
+
+
+class UserFilter(InputFilter):
+    title = "user"
+    parameter_name = "user"
+    placeholder = "username or id"
+
+
+class CreatedFromFilter(InputFilter):
+    title = "created from"
+    parameter_name = "from"
+    placeholder = "2026-11-30T06:00"
+    input_type = "datetime-local"
+
+
+class CreatedToFilter(InputFilter):
+    title = "created before"
+    parameter_name = "to"
+    placeholder = "2026-11-30T18:00"
+    input_type = "datetime-local"
+
+
+class MinDurationFilter(InputFilter):
+    title = "duration at least (ms)"
+    parameter_name = "min_duration_ms"
+    placeholder = "5000"
+    input_type = "number"
+
+
+class StatusFilter(RunFilter):
+    """``?status=failed`` or several, ``?status=failed,cancelled``."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        return AgentRun.Status.choices
+
+
+class ToolFilter(RunFilter):
+    """Tools of the built-in agents (no ``SELECT DISTINCT``); any other
+    tool name works in the URL (``?tool=name``)."""
+
+    title = "tool"
+    parameter_name = "tool"
+
+    def lookups(self, request, model_admin):
+        return [(tool.name, tool.name) for tool in ASSISTANT_TOOLS]
+
+
+class ToolStatusFilter(RunFilter):
+    title = "tool status"
+    parameter_name = "tool_status"
+
+    def lookups(self, request, model_admin):
+        return Message.ExecutionStatus.choices
+
+
+class RejectedFilter(RunFilter):
+    title = "rejected approval"
+    parameter_name = "rejected"
+
+    def lookups(self, request, model_admin):
+        return [("true", "has a rejected approval"), ("false", "has none")]
+
+
 def status_badge(status: str | None) -> str:
     return format_html('<span class="yx-badge yx-status-{}">{}</span>', status or "none", status or "—")
 
@@ -105,22 +216,38 @@ class AgentRunAdmin(admin.ModelAdmin):
 
     change_form_template = "admin/audit/agentrun/change_form.html"
     timeline_template = "admin/audit/timeline.html"
+    # What fits at 1280 px beside the filters; thread, agent, ids and times
+    # of each step are on the run page.
     list_display = (
         "short_id",
         "status_display",
-        "thread_link",
+        "created_display",
         "user",
-        "agent_id",
         "model",
-        "model_call_count",
-        "tool_execution_count",
+        "calls",
         "tokens",
         "cost",
         "duration",
-        "created_at",
     )
-    list_filter = ("status", AgentFilter, ModelFilter, ("created_at", admin.DateFieldListFilter))
-    search_help_text = "Exact run id, request id or thread id."
+    list_filter = (
+        StatusFilter,
+        ErrorTypeFilter,
+        AgentFilter,
+        ModelFilter,
+        UserFilter,
+        ToolFilter,
+        ToolStatusFilter,
+        RejectedFilter,
+        MinDurationFilter,
+        CreatedFromFilter,
+        CreatedToFilter,
+        ("created_at", admin.DateFieldListFilter),
+    )
+    search_help_text = (
+        "A run, thread or turn id (or its first 8 characters), a request id, a tool call id, "
+        'or words of the messages and audit rows ("a phrase", or, -word).'
+    )
+    actions = ("export_jsonl", "export_csv")
     search_fields = ("request_id",)  # replaced by get_search_results: exact matches only
     list_select_related = ("user", "thread")
     show_full_result_count = False
@@ -142,8 +269,10 @@ class AgentRunAdmin(admin.ModelAdmin):
                     ("thread_link", "user"),
                     "turn_links",
                     ("usage_text", "cost_text", "duration"),
+                    ("created_full", "started_display", "finished_display"),
                     "error_type",
                     "output_message_link",
+                    "export_links",
                 )
             },
         ),
@@ -159,7 +288,7 @@ class AgentRunAdmin(admin.ModelAdmin):
                     "interrupts_text",
                     ("lease_owner", "fencing_token", "lease_expires_at"),
                     "trace_id",
-                    ("created_at", "started_at", "finished_at", "cancel_requested_at"),
+                    "cancel_requested_display",
                 ),
             },
         ),
@@ -186,30 +315,33 @@ class AgentRunAdmin(admin.ModelAdmin):
     # --- changelist ---------------------------------------------------------
 
     def get_queryset(self, request):
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                model_call_count=_count_of(Message.objects.model_calls()),
-                tool_execution_count=_count_of(Message.objects.tool_executions()),
-                cost_usd=cost_of(Message.objects.model_calls()),
-            )
+        return selectors.with_operation_counts(super().get_queryset(request)).annotate(
+            cost_usd=cost_of(Message.objects.model_calls())
         )
 
     def get_search_results(self, request, queryset, search_term):
-        """Exact lookups on indexed columns: a run id, a thread id or a
-        request id. A ``LIKE '%term%'`` over millions of runs is never run."""
+        """Ids (whole or their first 8+ hex digits), request ids and tool
+        call ids through B-tree indexes; words through the GIN-indexed
+        full-text search of :mod:`audit.search` (R-ADM-2). A ``LIKE
+        '%term%'`` over millions of rows is never run."""
         term = search_term.strip()
         if not term:
             return queryset, False
-        condition = Q(request_id=term)
-        try:
-            as_uuid = uuid.UUID(term)
-        except ValueError:
-            pass
-        else:
-            condition |= Q(pk=as_uuid) | Q(thread_id=as_uuid)
-        return queryset.filter(condition), False
+        return queryset.filter(search.search_condition(term)), False
+
+    @admin.action(description="Export the audit of the selected runs as JSON lines")
+    def export_jsonl(self, request, queryset):
+        return self._export(request, queryset, "jsonl")
+
+    @admin.action(description="Export the audit of the selected runs as CSV")
+    def export_csv(self, request, queryset):
+        return self._export(request, queryset, "csv")
+
+    def _export(self, request, queryset, fmt: str):
+        """The selected runs (or, with "select all", every run the filters
+        match) streamed in creation order (R-ADM-2)."""
+        pieces = export.render(export.records(export.runs_rows(queryset)), fmt)
+        return export.streaming_response(request, pieces, fmt=fmt, filename=export.export_filename("runs"))
 
     @admin.display(description="run", ordering="created_at")
     def short_id(self, run):
@@ -217,7 +349,51 @@ class AgentRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_display(self, run):
-        return status_badge(run.status)
+        badge = format_html('<span data-yx-live="status">{}</span>', status_badge(run.status))
+        if run.error_type:
+            return format_html('{} <span class="yx-error-type">{}</span>', badge, run.error_type)
+        return badge
+
+    @admin.display(description="created", ordering="created_at")
+    def created_display(self, run):
+        # The list drops the year (width at 1280 px); the tooltip has the
+        # exact ISO time, the run page the whole date.
+        return time_html(run.created_at, form="short")
+
+    @admin.display(description="created")
+    def created_full(self, run):
+        return time_html(run.created_at)
+
+    @admin.display(description="started")
+    def started_display(self, run):
+        return time_html(run.started_at)
+
+    @admin.display(description="finished")
+    def finished_display(self, run):
+        return format_html('<span data-yx-live="finished">{}</span>', time_html(run.finished_at))
+
+    @admin.display(description="cancel requested")
+    def cancel_requested_display(self, run):
+        return time_html(run.cancel_requested_at)
+
+    @admin.display(description="calls")
+    def calls(self, run):
+        return format_html(
+            '<span title="{} model calls, {} tool executions">{} / {}</span>',
+            run.model_call_count,
+            run.tool_execution_count,
+            run.model_call_count,
+            run.tool_execution_count,
+        )
+
+    @admin.display(description="export")
+    def export_links(self, run):
+        url = reverse("admin:audit_agentrun_export", args=[run.pk])
+        return format_html(
+            '<a class="yx-export" href="{}?format=jsonl">JSON lines</a> · <a class="yx-export" href="{}?format=csv">CSV</a>',
+            url,
+            url,
+        )
 
     @admin.display(description="thread")
     def thread_link(self, run):
@@ -242,7 +418,10 @@ class AgentRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="duration")
     def duration(self, run):
-        return duration_text(run.started_at, run.finished_at if run.is_terminal else None)
+        return format_html(
+            '<span data-yx-live="duration">{}</span>',
+            duration_text(run.started_at, run.finished_at if run.is_terminal else None),
+        )
 
     # --- run page -----------------------------------------------------------
 
@@ -289,7 +468,7 @@ class AgentRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="usage")
     def usage_text(self, run):
-        return json.dumps(run.usage, ensure_ascii=False) if run.usage else "—"
+        return format_html('<span data-yx-live="usage">{}</span>', run_usage_text(run))
 
     @admin.display(description="cost")
     def cost_text(self, run):
@@ -318,6 +497,11 @@ class AgentRunAdmin(admin.ModelAdmin):
                 self.admin_site.admin_view(self.timeline_view),
                 name="audit_agentrun_timeline",
             ),
+            path(
+                "<uuid:run_id>/export/",
+                self.admin_site.admin_view(self.export_view),
+                name="audit_agentrun_export",
+            ),
             *super().get_urls(),
         ]
 
@@ -337,6 +521,19 @@ class AgentRunAdmin(admin.ModelAdmin):
             raise PermissionDenied
         return TemplateResponse(request, self.timeline_template, self.timeline_context(request, run))
 
+    def export_view(self, request, run_id):
+        """The run's whole audit as a download, ``?format=jsonl|csv`` (R-ADM-2)."""
+        run = AgentRun.objects.filter(pk=run_id).only("id").first()
+        if run is None:
+            raise Http404("run not found")
+        if not self.has_view_permission(request, run):
+            raise PermissionDenied
+        fmt = request.GET.get("format", "jsonl")
+        if fmt not in export.FORMATS:
+            raise Http404("unknown export format")
+        pieces = export.render(export.records(export.run_rows(run.pk)), fmt)
+        return export.streaming_response(request, pieces, fmt=fmt, filename=export.export_filename("run", run.pk))
+
     def timeline_context(self, request, run: AgentRun) -> dict:
         """Rows of one page of the run's timeline (``?before=<cursor>``
         pages back) with their waterfall geometry (R-ADM-1, R-READ-3)."""
@@ -346,7 +543,16 @@ class AgentRunAdmin(admin.ModelAdmin):
             base_url=reverse("admin:audit_agentrun_change", args=[run.pk]),
             live=not run.is_terminal,
             refresh_url=reverse("admin:audit_agentrun_timeline", args=[run.pk]),
-            extra={"run": run},
+            extra={
+                "run": run,
+                "approval": approval_display(selectors.approval_of(run)),
+                "run_live": {
+                    "status": status_badge(run.status),
+                    "usage": run_usage_text(run),
+                    "duration": duration_text(run.started_at, run.finished_at if run.is_terminal else None),
+                    "finished": time_html(run.finished_at),
+                },
+            },
         )
 
 
@@ -377,9 +583,13 @@ def timeline_page_context(
     ends = [r["finished_at"] or (now if live else r["started_at"]) for r in rows if r["started_at"]]
     t0 = min(starts, default=None)
     span = max((max(ends) - t0).total_seconds(), 0.001) if t0 and ends else None
-    for r in rows:
+    for row, r in zip(page.items, rows, strict=True):
         r["status_badge"] = status_badge(r["status"])
-        r["label"] = r["tool_name"] if r["kind"] == "tool" else (r["metadata"].get("model_name") or "model call")
+        # The configured model name (``replay:...``), as everywhere else.
+        r["label"] = r["tool_name"] if r["kind"] == "tool" else getattr(row, "run_model", None) or "model call"
+        # An answer that declares tool calls asks for them (an interrupted
+        # run's call waiting for approval): no final answer, no feedback.
+        r["asks_for_tools"] = r["kind"] == "model" and row.message_type == Message.Type.TEXT and row.asks_for_tools
         r["tool_calls_json"] = _pretty(r["tool_calls"])
         r["tool_input_json"] = _pretty(r["tool_input"])
         r["raw_output_json"] = _pretty(r.get("raw_output"))
@@ -401,6 +611,38 @@ def timeline_page_context(
         "timeline_limit": selectors.TIMELINE_MAX_ROWS,
         "timeline_show_run": show_run,
     }
+
+
+def approval_display(approval: dict | None) -> dict | None:
+    """:func:`selectors.approval_of` with pretty JSON arguments and each
+    action request's decision beside it, for ``admin/audit/approval.html``."""
+    if approval is None:
+        return None
+    decisions = approval["decisions"] or []
+    actions = []
+    for i, action in enumerate(approval["action_requests"]):
+        decision = decisions[i] if i < len(decisions) and isinstance(decisions[i], dict) else None
+        actions.append(
+            {
+                **action,
+                "args_json": _pretty(action["args"]) or "{}",
+                "decision": decision and {**decision, "args_json": _pretty(decision.get("args"))},
+            }
+        )
+    return {**approval, "action_requests": actions}
+
+
+def run_usage_text(run: AgentRun) -> str:
+    """Tokens of a run; while it runs, the sum of its finished calls so far."""
+    usage = run.usage
+    if usage is None and not run.is_terminal:
+        usage = selectors.usage_so_far(run.pk)
+    if not usage:
+        return "—"
+    text = _usage_text(usage)
+    if usage.get("unknown_calls"):
+        text += f" (+{usage['unknown_calls']} call(s) with unknown usage)"
+    return text if run.is_terminal else f"{text} so far"
 
 
 def _pretty(value) -> str | None:

@@ -16,10 +16,21 @@ from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
 from yuxi_project.errors import InvalidInput, NotFound, PermissionDenied
 
-from . import selectors, services
+from . import export, search, selectors, services
 from .events import run_event_stream
 from .models import AgentRun
-from .schemas import RunIn, RunOut, RunResumeIn, TimelineOut, TimelineQuery
+from .schemas import (
+    ExportQuery,
+    RunIn,
+    RunListExportQuery,
+    RunListOut,
+    RunListQuery,
+    RunOut,
+    RunResumeIn,
+    RunSummaryOut,
+    TimelineOut,
+    TimelineQuery,
+)
 
 router = Router(tags=["runs"])
 
@@ -109,6 +120,78 @@ def thread_timeline(request, thread_id: uuid.UUID, query: Query[TimelineQuery]):
     if not Conversation.objects.filter(pk=thread_id).exists():
         raise NotFound("thread not found")
     return _timeline_out(selectors.thread_timeline(thread_id=thread_id, limit=query.limit, before=query.before))
+
+
+# --------------------------------------------------------------------------
+# Finding and exporting runs (staff, R-ADM-2)
+# --------------------------------------------------------------------------
+
+
+@router.get("/audit/runs", response={200: RunListOut, **STAFF_ERRORS}, tags=["audit"])
+def list_runs(request, query: Query[RunListQuery]):
+    """Staff only (R-ADM-2): runs matching every given filter, newest first,
+    keyset-paginated (``before=next_before``), with model-call and
+    tool-execution counts. ``q`` finds a run by its run, thread or turn id
+    (or their first 8+ hex digits), request id, operation id, or by words of
+    its messages and audit rows (PostgreSQL full-text search)."""
+    _require_staff(request)
+    page = search.run_list_page(query.as_filters(), limit=query.limit, before=query.before)
+    return RunListOut(
+        items=[RunSummaryOut.from_run(run) for run in page.items], has_more=page.has_more, next_before=page.next_before
+    )
+
+
+def _export_doc(what: str) -> dict:
+    return {
+        "responses": {
+            200: {
+                "description": f"{what}: one record per timeline row (the fields of the timeline API), streamed.",
+                "content": {
+                    export.CONTENT_TYPES["jsonl"].split(";")[0]: {"schema": {"type": "string"}},
+                    export.CONTENT_TYPES["csv"].split(";")[0]: {"schema": {"type": "string"}},
+                },
+            }
+        }
+    }
+
+
+@router.get("/audit/runs/export", response=STAFF_ERRORS, tags=["audit"], openapi_extra=_export_doc("The matching runs"))
+def export_runs(request, query: Query[RunListExportQuery]):
+    """Staff only (R-ADM-2): the audit of every run matching the filters of
+    ``GET /api/audit/runs``, runs in creation order, as JSON lines or CSV."""
+    _require_staff(request)
+    runs = search.filter_runs(AgentRun.objects.all(), query.as_filters())
+    pieces = export.render(export.records(export.runs_rows(runs)), query.format)
+    return export.streaming_response(request, pieces, fmt=query.format, filename=export.export_filename("runs"))
+
+
+@router.get("/audit/runs/{run_id}/export", response=STAFF_ERRORS, tags=["audit"], openapi_extra=_export_doc("The run"))
+def export_run(request, run_id: uuid.UUID, query: Query[ExportQuery]):
+    """Staff only (R-ADM-2): the run's audit timeline, every row, as JSON
+    lines or CSV (``format=jsonl|csv``), streamed."""
+    _require_staff(request)
+    if not AgentRun.objects.filter(pk=run_id).exists():
+        raise NotFound("run not found")
+    pieces = export.render(export.records(export.run_rows(run_id)), query.format)
+    return export.streaming_response(request, pieces, fmt=query.format, filename=export.export_filename("run", run_id))
+
+
+@router.get(
+    "/audit/threads/{thread_id}/export",
+    response=STAFF_ERRORS,
+    tags=["audit"],
+    openapi_extra=_export_doc("Every run of the thread"),
+)
+def export_thread(request, thread_id: uuid.UUID, query: Query[ExportQuery]):
+    """Staff only (R-ADM-2): every run of the thread in creation order, each
+    run's rows in order, as JSON lines or CSV, streamed."""
+    _require_staff(request)
+    if not Conversation.objects.filter(pk=thread_id).exists():
+        raise NotFound("thread not found")
+    pieces = export.render(export.records(export.thread_rows(thread_id)), query.format)
+    return export.streaming_response(
+        request, pieces, fmt=query.format, filename=export.export_filename("thread", thread_id)
+    )
 
 
 def _owned_run_id(user, run_id: uuid.UUID) -> uuid.UUID:

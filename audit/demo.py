@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import httpx
 from django.contrib.auth import get_user_model
+from django.db import transaction
 
 from conversations.models import ApiToken, Message
 
@@ -36,18 +37,37 @@ class DemoRun:
     cost_usd: str | None = None  # the run API's cost.total_usd (R-COST-2)
 
 
-def ensure_demo_user(*, username: str, password: str) -> str:
-    """Create (or reset) a staff superuser and return a fresh API token."""
+DEMO_TOKEN_NAME = "quickstart"
+
+
+@dataclass
+class DemoUser:
+    username: str
+    token: str
+    # True when this call created the user (with the given password);
+    # an existing user is never changed.
+    created: bool
+    is_staff: bool
+
+
+@transaction.atomic
+def ensure_demo_user(*, username: str, password: str) -> DemoUser:
+    """The quick start's admin user and a fresh API token for the demo.
+
+    The user is created as a staff superuser with ``password`` only when no
+    user of that name exists; an existing user keeps its password and its
+    flags. The demo token is rotated: earlier ``quickstart`` tokens of the
+    user are deleted, so running the quick start again never piles up
+    never-expiring tokens and only the newest printed one works.
+    """
     users = get_user_model()
     user = users.objects.filter(username=username).first()
-    if user is None:
+    created = user is None
+    if created:
         user = users.objects.create_superuser(username=username, password=password, email="")
-    else:
-        user.set_password(password)
-        user.is_staff = user.is_superuser = True
-        user.save()
-    _, plaintext = ApiToken.objects.issue(user=user, name="quickstart")
-    return plaintext
+    ApiToken.objects.filter(user=user, name=DEMO_TOKEN_NAME).delete()
+    _, plaintext = ApiToken.objects.issue(user=user, name=DEMO_TOKEN_NAME)
+    return DemoUser(username=username, token=plaintext, created=created, is_staff=user.is_staff)
 
 
 def run_demo(*, base_url: str, token: str, timeout: float = 60.0, say: Callable[[str], None] = print) -> list[DemoRun]:

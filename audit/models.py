@@ -124,6 +124,10 @@ class AgentRun(models.Model):
                 name="run_finished_idx",
                 condition=Q(finished_at__isnull=False),
             ),
+            # Run list filtered by error type, newest first (R-ADM-2).
+            models.Index(
+                fields=["error_type", "-created_at"], name="run_error_created_idx", condition=~Q(error_type="")
+            ),
         ]
 
     def __str__(self) -> str:

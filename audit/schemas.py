@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Literal
 
 from ninja import Field, Schema
@@ -45,6 +46,23 @@ class RunCostOut(Schema):
     unknown_cost_calls: int = Field(0, description="Finished model calls whose cost is unknown (never counted as 0).")
 
 
+class ActionRequestOut(Schema):
+    name: str | None
+    args: Any = None
+    description: str | None = None
+    allowed_decisions: list[str]
+
+
+class ApprovalOut(Schema):
+    """A human approval an interrupted run asked for (R-TA-5)."""
+
+    status: Literal["pending", "answered"] = Field(..., description="`answered` once a resume run exists.")
+    action_requests: list[ActionRequestOut]
+    resume_run_id: uuid.UUID | None = Field(None, description="The resume run that answered it.")
+    resume_run_status: str | None = None
+    decisions: list[dict[str, Any]] | None = Field(None, description="The decisions, one per action request.")
+
+
 class RunOut(Schema):
     run_id: uuid.UUID
     thread_id: uuid.UUID
@@ -58,7 +76,12 @@ class RunOut(Schema):
     error_message: str
     output_message_id: int | None
     pending_approval: list[dict[str, Any]] | None = Field(
-        None, description="The interrupt payloads (action requests and review configs) while interrupted."
+        None,
+        description="The interrupt payloads (action requests and review configs) while the approval is open: "
+        "null once a resume run answered it.",
+    )
+    approval: ApprovalOut | None = Field(
+        None, description="The approval the run asked for and, once answered, by which resume run and decisions."
     )
     usage: UsageOut | None
     cost: RunCostOut
@@ -70,7 +93,10 @@ class RunOut(Schema):
     def from_run(run) -> RunOut:
         from costs.selectors import run_cost, usd_text
 
+        from .selectors import approval_of
+
         cost = run_cost(run.id)
+        approval = approval_of(run)
         return RunOut(
             run_id=run.id,
             thread_id=run.thread_id,
@@ -83,7 +109,8 @@ class RunOut(Schema):
             error_type=run.error_type,
             error_message=run.error_message,
             output_message_id=run.output_message_id,
-            pending_approval=run.interrupts if run.status == "interrupted" else None,
+            pending_approval=run.interrupts if approval and approval["status"] == "pending" else None,
+            approval=approval,
             usage=run.usage,
             cost=RunCostOut(total_usd=usd_text(cost["total_usd"]), unknown_cost_calls=cost["unknown_cost_calls"]),
             created_at=run.created_at,
@@ -131,4 +158,115 @@ class TimelineItemOut(Schema):
 class TimelineOut(Schema):
     items: list[TimelineItemOut] = Field(..., description="Runs in creation order, then sequence.")
     truncated: bool = Field(..., description="Older rows exist; page back with `next_before`.")
+    next_before: str | None
+
+
+# --------------------------------------------------------------------------
+# Finding and exporting runs (R-ADM-2, staff)
+# --------------------------------------------------------------------------
+
+RunStatus = Literal["pending", "running", "cancel_requested", "completed", "failed", "cancelled", "interrupted"]
+ExecutionStatus = Literal["running", "completed", "failed", "interrupted", "abandoned", "rejected"]
+
+
+class RunFilterQuery(Schema):
+    """Run filters of the staff run list and export (R-ADM-2). Every filter
+    is optional; given ones must all match."""
+
+    status: str | None = Field(
+        None, max_length=200, description="A run status, or several separated by commas (`failed,cancelled`)."
+    )
+    error_type: str | None = Field(None, max_length=100, description="Exact error type (`model_error`, …).")
+    model: str | None = Field(None, max_length=200, description="Configured model name (`replay:plain_answer`).")
+    agent: str | None = Field(None, max_length=100, description="Agent id.")
+    user: str | None = Field(None, max_length=150, description="Username, or numeric user id.")
+    from_: datetime | None = Field(None, alias="from", description="Created at or after (ISO 8601; naive = UTC).")
+    to: datetime | None = Field(None, description="Created before (ISO 8601; naive = UTC).")
+    tool: str | None = Field(None, max_length=200, description="A tool row of this tool name.")
+    tool_status: ExecutionStatus | None = Field(
+        None, description="A tool row in this status (with `tool`: the same row)."
+    )
+    rejected: bool | None = Field(None, description="true: has a rejected approval; false: has none.")
+    min_duration_ms: int | None = Field(None, ge=0, le=10**12, description="Run duration at least this, in ms.")
+    min_cost_usd: Decimal | None = Field(
+        None, ge=0, max_digits=18, decimal_places=9, description="Run cost at least this, in USD (where recorded)."
+    )
+    q: str | None = Field(
+        None,
+        max_length=500,
+        description="A run/thread/turn id or its first 8+ hex digits, a request id, an operation id, "
+        'or words of one of the run\'s messages or audit rows (`websearch_to_tsquery`: `"a phrase"`, `or`, `-word`).',
+    )
+
+    def as_filters(self):
+        from .search import filters_from
+
+        return filters_from({**self.model_dump(exclude={"from_"}), "from": self.from_})
+
+
+class RunListQuery(RunFilterQuery):
+    limit: int = Field(50, ge=1, le=200, description="At most 200 runs per page.")
+    before: str | None = Field(None, max_length=500, description="`next_before` of the previous page.")
+
+
+class ExportQuery(Schema):
+    format: Literal["jsonl", "csv"] = Field("jsonl", description="JSON lines or CSV.")
+
+
+class RunListExportQuery(RunFilterQuery):
+    format: Literal["jsonl", "csv"] = Field("jsonl", description="JSON lines or CSV.")
+
+
+class RunSummaryOut(Schema):
+    """One run of the staff run list."""
+
+    run_id: uuid.UUID
+    thread_id: uuid.UUID
+    turn_id: uuid.UUID
+    resumed_from: uuid.UUID | None
+    request_id: str
+    user: str
+    agent_id: str
+    model: str
+    status: RunStatus
+    error_type: str
+    model_calls: int
+    tool_executions: int
+    usage: UsageOut | None
+    duration_ms: int | None = Field(None, description="Finished minus started, in ms (null while not finished).")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @staticmethod
+    def from_run(run) -> RunSummaryOut:
+        duration = (
+            round((run.finished_at - run.started_at).total_seconds() * 1000)
+            if run.started_at and run.finished_at
+            else None
+        )
+        return RunSummaryOut(
+            run_id=run.id,
+            thread_id=run.thread_id,
+            turn_id=run.turn_id,
+            resumed_from=run.resumed_from_id,
+            request_id=run.request_id,
+            user=run.user.get_username(),
+            agent_id=run.agent_id,
+            model=run.model,
+            status=run.status,
+            error_type=run.error_type,
+            model_calls=run.model_call_count,
+            tool_executions=run.tool_execution_count,
+            usage=run.usage,
+            duration_ms=duration,
+            created_at=run.created_at,
+            started_at=run.started_at,
+            finished_at=run.finished_at,
+        )
+
+
+class RunListOut(Schema):
+    items: list[RunSummaryOut] = Field(..., description="Newest first.")
+    has_more: bool = Field(..., description="Older matching runs exist; page with `before=next_before`.")
     next_before: str | None

@@ -6,8 +6,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import F, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Sum, Value
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Coalesce
 
 from conversations.models import Message
 from costs.selectors import usd_text
@@ -23,6 +24,23 @@ def run_of(user, run_id: uuid.UUID) -> AgentRun:
     if run is None:
         raise NotFound("run not found")
     return run
+
+
+def _count_of(rows) -> Subquery:
+    """A correlated ``COUNT`` of ``rows`` of the outer run. Evaluated only
+    for the rows of the page (after ORDER BY ... LIMIT), unlike a JOIN with
+    GROUP BY, which would aggregate every run's rows first."""
+    counted = rows.filter(run=OuterRef("pk")).order_by().values("run").annotate(n=Count("id")).values("n")
+    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
+
+
+def with_operation_counts(runs):
+    """``runs`` annotated with ``model_call_count`` and
+    ``tool_execution_count`` (executions that started: R-READ-4)."""
+    return runs.annotate(
+        model_call_count=_count_of(Message.objects.model_calls()),
+        tool_execution_count=_count_of(Message.objects.tool_executions()),
+    )
 
 
 # --------------------------------------------------------------------------
@@ -83,7 +101,11 @@ def thread_timeline(
 def _timeline_page(rows, *, limit: int, before: str | None) -> TimelinePage:
     if not 1 <= limit <= TIMELINE_MAX_ROWS:
         raise InvalidInput(f"limit must be between 1 and {TIMELINE_MAX_ROWS}", extra={"reason": "bad_limit"})
-    rows = rows.annotate(run_created=F("run__created_at"), sequence_key=Coalesce("sequence", Value(_NO_SEQUENCE)))
+    rows = rows.annotate(
+        run_created=F("run__created_at"),
+        run_model=F("run__model"),
+        sequence_key=Coalesce("sequence", Value(_NO_SEQUENCE)),
+    )
     items, truncated, next_before = keyset_page(rows, key=_TIMELINE_KEY, limit=limit, before=before)
     return TimelinePage(items=items, truncated=truncated, next_before=next_before)
 
@@ -122,7 +144,7 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
         "tool_name": row.tool_name or None,
         "tool_input": row.tool_input,
         "declared_by_id": row.declared_by_id,
-        "is_final_answer": row.message_type == Message.Type.TEXT,
+        "is_final_answer": row.is_final_answer,
         "metadata": {k: v for k, v in (row.metadata or {}).items() if k not in _TIMELINE_HIDDEN_METADATA},
     }
     if include_raw_output:
@@ -221,3 +243,63 @@ def tool_row_workspace_path(row: Message) -> str | None:
     return tool_row_large_result_path(
         thread_id=row.thread_id, run_id=row.run_id, tool_call_id=row.operation_id
     ).as_posix()
+
+
+# --------------------------------------------------------------------------
+# Approval of an interrupted run (R-TA-5)
+# --------------------------------------------------------------------------
+
+
+def approval_of(run: AgentRun) -> dict[str, Any] | None:
+    """The human approval an interrupted run asked for, and its answer.
+
+    ``None`` when the run asked for none. Else ``{"status", "action_requests",
+    "resume_run_id", "resume_run_status", "decisions"}``: ``status`` is
+    ``pending`` until a resume run answers it, then ``answered``;
+    ``action_requests`` are ``[{name, args, description, allowed_decisions}]``
+    in order; ``decisions`` are the resume run's decisions as submitted
+    (``[{type, args?, message?}]``, one per action request). One query for
+    the resume run. Implements R-TA-5.
+    """
+    if run.status != AgentRun.Status.INTERRUPTED or not run.interrupts:
+        return None
+    from .services.terminal import pending_action_requests
+
+    allowed: list[list[str]] = []
+    for item in run.interrupts:
+        value = item.get("value") if isinstance(item, dict) else None
+        for config in (value or {}).get("review_configs") or []:
+            allowed.append(list(config.get("allowed_decisions") or []) if isinstance(config, dict) else [])
+    requests = [
+        {
+            "name": action.get("name"),
+            "args": action.get("args"),
+            "description": action.get("description"),
+            "allowed_decisions": allowed[i] if i < len(allowed) else ["approve", "edit", "reject"],
+        }
+        for i, action in enumerate(pending_action_requests(run.interrupts))
+    ]
+    resume = AgentRun.objects.filter(resumed_from=run).only("id", "status", "input").first()
+    return {
+        "status": "pending" if resume is None else "answered",
+        "action_requests": requests,
+        "resume_run_id": resume.id if resume else None,
+        "resume_run_status": resume.status if resume else None,
+        "decisions": (resume.input or {}).get("decisions") if resume else None,
+    }
+
+
+def usage_so_far(run_id: uuid.UUID) -> dict[str, int]:
+    """Tokens of a run's model calls that reported usage so far
+    (``{input_tokens, output_tokens, total_tokens}``), for a run that is
+    not terminal yet: its ``usage`` is aggregated at the end. One query."""
+    return (
+        Message.objects.model_calls()
+        .filter(run_id=run_id, usage__isnull=False)
+        .aggregate(
+            **{
+                key: Coalesce(Sum(Cast(KeyTextTransform(key, "usage"), IntegerField())), 0)
+                for key in ("input_tokens", "output_tokens", "total_tokens")
+            }
+        )
+    )

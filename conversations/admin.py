@@ -17,9 +17,12 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
+from audit import export as audit_export
+from audit import search as audit_search
 from audit import selectors as audit_selectors
 from audit.admin import cost_of, cost_text, status_badge, timeline_page_context
 from audit.models import AgentRun
+from audit.templatetags.yx_admin import time_html
 from yuxi_project.paginator import EstimatingPaginator
 from yuxi_project.storable import visible, visible_fields
 
@@ -83,7 +86,15 @@ class ConversationAdmin(admin.ModelAdmin):
         if thread.pk is None:
             return "—"
         url = reverse("admin:conversations_conversation_timeline", args=[thread.pk])
-        return format_html('<a class="yx-thread-timeline" href="{}">Audit timeline of this thread →</a>', url)
+        export = reverse("admin:conversations_conversation_export", args=[thread.pk])
+        return format_html(
+            '<a class="yx-thread-timeline" href="{}">Audit timeline of this thread →</a>'
+            ' · export: <a class="yx-export" href="{}?format=jsonl">JSON lines</a>'
+            ' · <a class="yx-export" href="{}?format=csv">CSV</a>',
+            url,
+            export,
+            export,
+        )
 
     @admin.display(description=f"history (last {HISTORY_ROWS} ordinary messages)")
     def history(self, thread):
@@ -107,8 +118,29 @@ class ConversationAdmin(admin.ModelAdmin):
                 self.admin_site.admin_view(self.thread_timeline_view),
                 name="conversations_conversation_timeline",
             ),
+            path(
+                "<uuid:thread_id>/export/",
+                self.admin_site.admin_view(self.thread_export_view),
+                name="conversations_conversation_export",
+            ),
             *super().get_urls(),
         ]
+
+    def thread_export_view(self, request, thread_id):
+        """Every run of the thread as a download, ``?format=jsonl|csv``
+        (R-ADM-2); staff with view permission on runs."""
+        thread = Conversation.objects.filter(pk=thread_id).only("id").first()
+        if thread is None:
+            raise Http404("thread not found")
+        if not self.admin_site._registry[AgentRun].has_view_permission(request):
+            raise PermissionDenied
+        fmt = request.GET.get("format", "jsonl")
+        if fmt not in audit_export.FORMATS:
+            raise Http404("unknown export format")
+        pieces = audit_export.render(audit_export.records(audit_export.thread_rows(thread.pk)), fmt)
+        return audit_export.streaming_response(
+            request, pieces, fmt=fmt, filename=audit_export.export_filename("thread", thread.pk)
+        )
 
     def thread_timeline_view(self, request, thread_id):
         """The audit timeline of every run of the thread (R-READ-3), paged
@@ -152,16 +184,15 @@ class AuditRowFilter(admin.SimpleListFilter):
 class MessageAdmin(admin.ModelAdmin):
     """All messages. Audit rows are read-only; nothing is added here."""
 
+    # What fits at 1280 px beside the filters; the row's page has the rest.
     list_display = (
         "id",
-        "thread_short",
         "run_short",
-        "role",
         "message_type",
-        "operation_id",
+        "operation_short",
         "status_display",
         "sequence",
-        "created_at",
+        "created_display",
     )
     list_filter = (AuditRowFilter, "message_type", "role", "execution_status")
 
@@ -170,7 +201,10 @@ class MessageAdmin(admin.ModelAdmin):
 
     list_select_related = ()
     search_fields = ("operation_id",)  # replaced by get_search_results: exact matches only
-    search_help_text = "Exact thread id, run id or operation id."
+    search_help_text = (
+        "A thread or run id (or its first 8 characters), an operation id, "
+        'or words of the content ("a phrase", or, -word).'
+    )
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # one COUNT per filter option
     paginator = EstimatingPaginator
@@ -231,19 +265,34 @@ class MessageAdmin(admin.ModelAdmin):
         return super().has_delete_permission(request, obj)
 
     def get_search_results(self, request, queryset, search_term):
+        """Indexed lookups only (R-ADM-2): ids or id prefixes, an exact
+        operation id, or words through the GIN-indexed full-text search."""
         term = search_term.strip()
         if not term:
             return queryset, False
-        as_uuid = _uuid_or_none(term)
         condition = Q(operation_id=term)
-        if as_uuid:
-            condition |= Q(thread_id=as_uuid) | Q(run_id=as_uuid)
+        ids = audit_search.id_range(term)
+        if ids:
+            condition |= Q(thread__pk__range=ids) | Q(run__pk__range=ids)
+        else:
+            condition |= audit_search.words_condition(term, using=queryset.db)
         return queryset.filter(condition), False
 
     # FK columns shown as ids: no join and no per-row query.
     @admin.display(description="thread")
     def thread_short(self, message):
         return str(message.thread_id)[:8]
+
+    @admin.display(description="operation")
+    def operation_short(self, message):
+        if not message.operation_id:
+            return "—"
+        op = message.operation_id
+        return format_html('<code title="{}">{}</code>', op, op if len(op) <= 24 else op[:23] + "…")
+
+    @admin.display(description="created", ordering="id")
+    def created_display(self, message):
+        return time_html(message.created_at, form="short")
 
     @admin.display(description="run")
     def run_short(self, message):

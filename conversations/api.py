@@ -52,6 +52,12 @@ def list_threads(request):
     return selectors.threads_of(request.auth)
 
 
+@router.get("/threads/{thread_id}", response={200: ThreadOut, **ERRORS})
+def get_thread(request, thread_id: uuid.UUID):
+    """One of the caller's threads; another user's thread answers 404."""
+    return selectors.thread_of(request.auth, thread_id)
+
+
 @router.get("/threads/{thread_id}/history", response={200: HistoryPageOut, **ERRORS})
 def thread_history(request, thread_id: uuid.UUID, query: Query[HistoryQuery]):
     """The chat history (R-READ-1): user messages, final answers and, for

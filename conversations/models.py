@@ -217,6 +217,12 @@ class Message(models.Model):
                 name="message_model_finished_idx",
                 condition=Q(operation_id__isnull=False, role="assistant"),
             ),
+            # Search by exact operation id (tool call id) across runs (R-ADM-2).
+            models.Index(
+                fields=["operation_id"],
+                name="message_operation_idx",
+                condition=Q(operation_id__isnull=False),
+            ),
             # Terminal transaction and sweeper: a run's rows still running.
             models.Index(
                 fields=["run"],
@@ -232,6 +238,23 @@ class Message(models.Model):
     @property
     def is_audit(self) -> bool:
         return self.operation_id is not None
+
+    @property
+    def asks_for_tools(self) -> bool:
+        """A model answer that declares tool calls (e.g. the call an
+        interrupted run waits to have approved): it asks for tools, it
+        answers nothing yet."""
+        return bool(self.tool_calls)
+
+    @property
+    def is_final_answer(self) -> bool:
+        """An assistant text that answers the user: the ordinary assistant
+        message bound as a run's output, unless it only declares tool calls
+        (the model row of an interrupted run that waits for approval).
+        Feedback is taken only on these (R-READ-4, R-TA-5)."""
+        return (
+            self.message_type == Message.Type.TEXT and self.role == Message.Role.ASSISTANT and not self.asks_for_tools
+        )
 
 
 class MessageFeedbackQuerySet(models.QuerySet):

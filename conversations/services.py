@@ -11,7 +11,7 @@ from yuxi_project.config import get_config
 from yuxi_project.errors import InvalidInput
 from yuxi_project.storable import fit_text
 
-from .models import Conversation, Message, MessageFeedback
+from .models import Conversation, MessageFeedback
 from .selectors import message_feedback_of
 
 
@@ -37,17 +37,15 @@ def message_feedback_submit(*, user, message_id: int, rating: str, reason: str =
 
     Raises:
         NotFound: no such message in the user's threads (R-READ-5).
-        InvalidInput: the message is not a final answer (a user message or
-            an audit row, ``reason: not_a_final_answer``), or a bad rating.
+        InvalidInput: the message is not a final answer (a user message, an
+            audit row, or an answer that only asks for tool calls, such as
+            the one an interrupted run waits to have approved;
+            ``reason: not_a_final_answer``), or a bad rating.
     """
     if rating not in MessageFeedback.Rating.values:
         raise InvalidInput("rating must be like or dislike", extra={"reason": "bad_rating"})
     message = message_feedback_of(user, message_id)
-    is_final_answer = (
-        message.message_type == Message.Type.TEXT
-        and message.role == Message.Role.ASSISTANT
-        and AgentRun.objects.filter(output_message=message).exists()
-    )
+    is_final_answer = message.is_final_answer and AgentRun.objects.filter(output_message=message).exists()
     if not is_final_answer:
         raise InvalidInput("feedback is only for a final answer", extra={"reason": "not_a_final_answer"})
     values = {"rating": rating, "reason": reason[:2000]}

@@ -22,6 +22,7 @@ from django.db import connections
 from django.db.models import (
     Aggregate,
     Count,
+    F,
     FloatField,
     IntegerField,
     Q,
@@ -116,12 +117,14 @@ def _json_int(field: str, key: str):
 
 
 def _model_name():
-    """The model a call went to, as the provider reported it in the audit
-    row's metadata. One instance of this expression must be used for both
-    the SELECT and the GROUP BY of a query: the JSON key is a bound
-    parameter, and PostgreSQL only accepts the grouped expression in the
-    select list when both are the same expression."""
-    return Coalesce(KeyTextTransform("model_name", "metadata"), Value(UNKNOWN_MODEL), output_field=TextField())
+    """The configured model name of the call's run (``replay:plain_answer``,
+    ``openai:gpt-4o-mini``): the name threads, runs, the API and the admin
+    use, known also for calls cut off before the provider named its model
+    (the provider's own name, ``metadata.model_name``, is kept on the row).
+    One instance of this expression must be used for both the SELECT and
+    the GROUP BY of a query: PostgreSQL only accepts the grouped expression
+    in the select list when both are the same expression."""
+    return Coalesce(F("run__model"), Value(UNKNOWN_MODEL), output_field=TextField())
 
 
 def _in(window: Window, field: str) -> Q:

@@ -43,6 +43,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Unknown /api/ paths and methods answer the API's JSON error shape.
+    "yuxi_project.middleware.ApiJsonErrorsMiddleware",
 ]
 
 ROOT_URLCONF = "yuxi_project.urls"

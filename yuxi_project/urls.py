@@ -6,6 +6,10 @@ from ops.views import healthz, metrics_view, readyz
 
 from .api import api
 
+# The run and message lists need the width at 1280 px (R-ADM-2): no
+# navigation sidebar beside them (the index and breadcrumbs navigate).
+admin.site.enable_nav_sidebar = False
+
 urlpatterns = [
     # Before admin.site.urls, whose catch-all would answer 404 (R-DASH-1).
     path("admin/dashboard/", admin.site.admin_view(dashboard_page), name="admin-dashboard"),

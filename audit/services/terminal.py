@@ -294,7 +294,9 @@ def _record_rejections(run: AgentRun, final_state: list[StateMessage], prior: se
       while this run has no tool row for it.
 
     The row has no ``started_at`` (the tool never started, so it counts as
-    no execution: R-READ-4), ``metadata.source = "approval_decision"`` with
+    no execution: R-READ-4), ``sequence`` 0 (the timeline shows it at the
+    decision, before the resume run's first event), ``metadata.source =
+    "approval_decision"`` with
     the decision, and the ToolMessage text as content. Runs again, it
     inserts nothing twice.
     """
@@ -325,6 +327,9 @@ def _record_rejections(run: AgentRun, final_state: list[StateMessage], prior: se
             tool_input=tool_call.get("args"),
             content=message.content,
             execution_status=ExecStatus.REJECTED,
+            # The decision came before this run's stream (its seq starts at
+            # 1): the row sorts first in the resume run, where it happened.
+            sequence=0,
             finished_at=now,
             declared_by=declared_by,
             metadata={"source": "approval_decision", "decision": decision, "state_reconciled": True},

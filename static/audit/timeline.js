@@ -1,5 +1,7 @@
 // Live refresh of a run's audit timeline while the run is not terminal
-// (R-ADM-1): re-fetch the timeline fragment, keep expanded rows expanded.
+// (R-ADM-1): re-fetch the timeline fragment, keep expanded rows expanded,
+// and bring the run's status, usage, duration and finish time in the page
+// header up to date from the fragment's hidden copies (data-yx-live).
 (function () {
   "use strict";
   var PERIOD_MS = 2000;
@@ -23,6 +25,11 @@
               if (open[tr.dataset.id]) tr.querySelector("details").open = true;
             });
             current.replaceWith(next);
+            next.querySelectorAll(".yx-run-live [data-yx-live]").forEach(function (fresh) {
+              document.querySelectorAll("[data-yx-live='" + fresh.dataset.yxLive + "']").forEach(function (shown) {
+                if (!shown.closest(".yx-run-live")) shown.innerHTML = fresh.innerHTML;
+              });
+            });
           }
         }
         window.setTimeout(refresh, PERIOD_MS);

@@ -1,5 +1,6 @@
-"""Reading the recorded LangGraph v3 streams in ``shared/protocol/captures``
-back into the live objects the worker sees (tuples, LangChain messages,
+"""Reading the recorded LangGraph v3 streams in ``tests/fixtures/captures``
+(copies of the protocol notes' captures; provenance in their README) back
+into the live objects the worker sees (tuples, LangChain messages,
 Interrupts), grouped into runs."""
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from typing import Any
 from langchain_core import messages as lc_messages
 from langgraph.types import Interrupt
 
-REPO = Path(__file__).resolve().parents[2]
-CAPTURES = REPO.parent / "shared" / "protocol" / "captures"
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures"
 
 _MESSAGE_CLASSES = {
     name: getattr(lc_messages, name)

@@ -84,6 +84,36 @@ def insert_model_row(run, *, sequence: int) -> None:
         )
 
 
+def finish_run(run) -> None:
+    """End a run the way the terminal transaction would, from another
+    connection (committed)."""
+    s = connection.settings_dict
+    with psycopg.connect(
+        dbname=s["NAME"],
+        user=s.get("USER") or None,
+        host=s.get("HOST") or "127.0.0.1",
+        port=s.get("PORT") or 5432,
+        autocommit=True,
+    ) as conn:
+        conn.execute(
+            """UPDATE audit_agentrun SET status = 'completed', finished_at = started_at + interval '4 seconds',
+                   usage = '{"input_tokens": 30, "output_tokens": 12, "total_tokens": 42, "unknown_calls": 0}'::jsonb
+               WHERE id = %s""",
+            [run.pk],
+        )
+
+
+def _no_horizontal_scroll(page) -> bool:
+    """Neither the page nor the changelist's own scroll box (Django's
+    ``.results``) needs horizontal scrolling: every column is visible."""
+    widths = page.evaluate(
+        """() => [[document.documentElement.scrollWidth, window.innerWidth],
+                  ...[...document.querySelectorAll('.results')].map(e => [e.scrollWidth, e.clientWidth])]"""
+    )
+    assert all(needed <= shown for needed, shown in widths), widths
+    return True
+
+
 @pytest.mark.parametrize(("viewport", "scheme"), VIEWS)
 def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, admin_world, browser, viewport, scheme):
     staff, run, resume, live = admin_world
@@ -100,11 +130,22 @@ def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, 
         page.wait_for_url("**/admin/")
         assert page.locator("#yx-dashboard-link").is_visible()
 
-        # The run list: counts per run, status badges, filters.
+        # The run list: counts per run, status badges, filters. At 1280 px
+        # its columns fit beside the filters: no horizontal scrolling.
         page.goto("/admin/audit/agentrun/")
         assert page.locator("#result_list tbody tr").count() == 5
         assert page.locator("#changelist-filter").count() == 1
         page.screenshot(path=SCREENSHOTS / f"runs-{name}.png", full_page=True)
+        if viewport["width"] >= 1280:
+            assert _no_horizontal_scroll(page), "run list"
+        # Filtered by a tool and searched by words of the audit (R-ADM-2).
+        page.goto("/admin/audit/agentrun/?tool=get_weather&q=lorem")
+        assert page.locator("#result_list tbody tr").count() == 2  # the two big runs
+        page.screenshot(path=SCREENSHOTS / f"runs-filtered-{name}.png", full_page=False)
+        page.goto("/admin/conversations/message/")
+        page.screenshot(path=SCREENSHOTS / f"messages-{name}.png", full_page=False)
+        if viewport["width"] >= 1280:
+            assert _no_horizontal_scroll(page), "message list"
 
         # The run page: newest 500 rows, every status, the truncation notice.
         page.goto(f"/admin/audit/agentrun/{run.pk}/change/")
@@ -153,6 +194,15 @@ def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, 
         insert_model_row(live, sequence=4)
         page.wait_for_selector("#yx-timeline tr.yx-row[data-id] >> nth=3", timeout=15_000)
         assert page.locator("#yx-timeline td.yx-seq").nth(3).inner_text() == "4"
+        # The header too: when the run ends, its status, usage and duration
+        # change without a reload.
+        header_status = page.locator(".field-status_display [data-yx-live='status']")
+        assert "running" in header_status.inner_text()
+        finish_run(live)
+        page.wait_for_selector(".field-status_display [data-yx-live='status'] .yx-status-completed", timeout=15_000)
+        assert "= 42" in page.locator(".field-usage_text [data-yx-live='usage']").inner_text()
+        assert "running" not in page.locator(".field-duration [data-yx-live='duration']").inner_text()
+        page.screenshot(path=SCREENSHOTS / f"run-live-finished-{name}.png", full_page=False)
 
         # Dashboard: every chart drawn with the vendored Chart.js.
         page.goto("/admin/dashboard/")

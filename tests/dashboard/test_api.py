@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import bearer
 
-from .world import D, build_world
+from .world import MODEL_A, MODEL_B, D, build_world
 
 pytestmark = pytest.mark.django_db
 
@@ -49,11 +49,10 @@ def test_overview_tools_and_feedback_over_http_R_DASH_1(client, staff_user, worl
 
     models = client.get(f"/api/dashboard/models?{q}", headers=headers).json()
     assert {(r["model"], r["total_tokens"]) for r in models["tokens_by_model_day"]} == {
-        ("gpt-a", 45),
-        ("gpt-b", 3),
-        ("unknown", 0),
+        (MODEL_A, 45),
+        (MODEL_B, 3),
     }
-    assert {r["model"]: r["p95_ms"] for r in models["latency"]}["gpt-a"] == pytest.approx(290.0)
+    assert {r["model"]: r["p95_ms"] for r in models["latency"]}[MODEL_A] == pytest.approx(290.0)
 
     series = client.get(f"/api/dashboard/timeseries?{q}", headers=headers).json()
     assert series["days"] == [

@@ -12,7 +12,7 @@ from django.db import connection
 from dashboard import selectors
 from yuxi_project.errors import InvalidInput
 
-from .world import D, build_world
+from .world import MODEL_A, MODEL_B, D, build_world
 
 pytestmark = pytest.mark.django_db
 
@@ -40,15 +40,16 @@ def test_overview_counts_ordinary_messages_only_R_DASH_1_R_READ_4(world):
 
 
 def test_tokens_by_model_and_day_groups_by_one_bound_json_expression_R_DASH_1(world):
-    """Runs on PostgreSQL: the model name is a JSON key expression that is
-    both selected and grouped by."""
+    """Runs on PostgreSQL: the model name is an expression that is both
+    selected and grouped by. It is the configured model of the call's run,
+    as everywhere else, also for a call cut off before the provider named
+    its model (never "unknown")."""
     rows = selectors.tokens_by_model_day(utc_day())
     assert [(r["day"], r["model"], r["calls"], r["total_tokens"]) for r in rows] == [
-        (D, "gpt-a", 2, 45),
-        (D, "gpt-b", 1, 3),
-        (D, "unknown", 1, 0),
+        (D, MODEL_B, 2, 3),
+        (D, MODEL_A, 2, 45),
     ]
-    assert rows[0]["input_tokens"] == 30 and rows[0]["output_tokens"] == 15
+    assert rows[1]["input_tokens"] == 30 and rows[1]["output_tokens"] == 15
 
 
 def test_tokens_by_model_day_follows_time_zone_R_DASH_1(world):
@@ -56,9 +57,8 @@ def test_tokens_by_model_day_follows_time_zone_R_DASH_1(world):
     rows = selectors.tokens_by_model_day(window)
     # Run 2 ran at 20:00 UTC: the next day in Shanghai.
     assert [(r["day"], r["model"]) for r in rows] == [
-        (D, "gpt-a"),
-        (D + dt.timedelta(days=1), "gpt-b"),
-        (D + dt.timedelta(days=1), "unknown"),
+        (D, MODEL_A),
+        (D + dt.timedelta(days=1), MODEL_B),
     ]
     only_d = selectors.dashboard_window(first_day=D, last_day=D, tz="Asia/Shanghai")
     assert selectors.overview(only_d)["messages"] == 2
@@ -66,11 +66,12 @@ def test_tokens_by_model_day_follows_time_zone_R_DASH_1(world):
 
 def test_model_latency_percentiles_of_completed_calls_R_DASH_1(world):
     rows = {r["model"]: r for r in selectors.model_latency(utc_day())}
-    assert set(rows) == {"gpt-a", "gpt-b"}  # the abandoned call has no latency
-    assert rows["gpt-a"]["calls"] == 2
-    assert rows["gpt-a"]["p50_ms"] == pytest.approx(200.0)
-    assert rows["gpt-a"]["p95_ms"] == pytest.approx(290.0)
-    assert rows["gpt-b"]["p50_ms"] == pytest.approx(200.0)
+    assert set(rows) == {MODEL_A, MODEL_B}
+    assert rows[MODEL_A]["calls"] == 2
+    assert rows[MODEL_B]["calls"] == 1  # the abandoned call has no latency
+    assert rows[MODEL_A]["p50_ms"] == pytest.approx(200.0)
+    assert rows[MODEL_A]["p95_ms"] == pytest.approx(290.0)
+    assert rows[MODEL_B]["p50_ms"] == pytest.approx(200.0)
 
 
 def test_python_percentiles_match_postgresql_percentile_cont_R_DASH_1():
@@ -178,7 +179,7 @@ def test_json_group_by_works_with_server_side_binding_and_rebuilt_expression_fai
     expression must be used wherever it is grouped."""
     query = selectors.tokens_by_model_day_query(utc_day())
     rows = _server_side_rows(query)
-    assert [(r[0], r[2]) for r in rows] == [("gpt-a", 2), ("gpt-b", 1), ("unknown", 1)]
+    assert [(r[0], r[2]) for r in rows] == [(MODEL_B, 2), (MODEL_A, 2)]
 
     class Rebuilt:
         """SELECT and GROUP BY each with their own JSON key placeholder."""

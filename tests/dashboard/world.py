@@ -10,10 +10,13 @@ Known answers for the window D..D in UTC:
 - messages 3: user 1, answer of run 1, user 2. The 7 audit rows (model
   calls and tool rows) are not counted;
 - tokens: input 31, output 17, total 48;
-- tokens by model: gpt-a 2 calls 45 tokens, gpt-b 1 call 3 tokens,
-  unknown 1 call 0 tokens (cut off before usage);
-- latency of completed calls: gpt-a p50 200 ms, p95 290 ms (100 and 300);
-  gpt-b 200 ms;
+- tokens by model — the configured model of the call's run, never the
+  provider's name (``gpt-a``/``gpt-b`` in the rows' metadata), and the
+  call cut off before usage counts under its run's model too:
+  MODEL_A (replay:tool_then_answer) 2 calls 45 tokens, MODEL_B
+  (replay:plain_answer) 2 calls 3 tokens (one cut off, 0 tokens);
+- latency of completed calls: MODEL_A p50 200 ms, p95 290 ms (100 and
+  300); MODEL_B 200 ms;
 - tools: 3 executions (get_weather 2: 1 success, 1 failure; calculator 1
   interrupted), the rejected send_email is no execution;
 - feedback: 1 like, 1 dislike (rate 0.5); the like on an audit row is
@@ -28,6 +31,9 @@ from dataclasses import dataclass
 
 from audit.models import AgentRun
 from conversations.models import Conversation, Message, MessageFeedback
+
+MODEL_A = "replay:tool_then_answer"
+MODEL_B = "replay:plain_answer"
 
 D = dt.date(2026, 3, 10)
 UTC = dt.UTC
@@ -77,8 +83,8 @@ def build_world(user_a, user_b, *, day: dt.date = D) -> World:
     def at_(*args):
         return at(*args, day=day)
 
-    thread_a = Conversation.objects.create(user=user_a, agent_id="assistant", model="replay:tool_then_answer")
-    thread_b = Conversation.objects.create(user=user_b, agent_id="assistant", model="replay:plain_answer")
+    thread_a = Conversation.objects.create(user=user_a, agent_id="assistant", model=MODEL_A)
+    thread_b = Conversation.objects.create(user=user_b, agent_id="assistant", model=MODEL_B)
     Conversation.objects.filter(pk=thread_a.pk).update(created_at=at_(8))
     Conversation.objects.filter(pk=thread_b.pk).update(created_at=at_(19))
 

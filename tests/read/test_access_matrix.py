@@ -26,6 +26,8 @@ def body_of(response) -> bytes:
     """The whole body, also of an (async) event stream."""
     if not response.streaming:
         return response.content
+    if not response.is_async:  # the exports stream synchronously under WSGI
+        return b"".join(response.streaming_content)
 
     async def collect():
         return b"".join([chunk async for chunk in response.streaming_content])
@@ -71,6 +73,11 @@ MATRIX = {
     ("get", "/api/runs/{run_id}/events"): ("/api/runs/{run_id}/events", None, {**OWNED, "owner": 200}),
     ("get", "/api/audit/runs/{run_id}/timeline"): ("/api/audit/runs/{run_id}/timeline", None, STAFF_ONLY),
     ("get", "/api/audit/threads/{thread_id}/timeline"): ("/api/audit/threads/{thread_id}/timeline", None, STAFF_ONLY),
+    ("get", "/api/threads/{thread_id}"): ("/api/threads/{thread_id}", None, {**OWNED, "owner": 200}),
+    ("get", "/api/audit/runs"): ("/api/audit/runs", None, STAFF_ONLY),
+    ("get", "/api/audit/runs/export"): ("/api/audit/runs/export", None, STAFF_ONLY),
+    ("get", "/api/audit/runs/{run_id}/export"): ("/api/audit/runs/{run_id}/export?format=csv", None, STAFF_ONLY),
+    ("get", "/api/audit/threads/{thread_id}/export"): ("/api/audit/threads/{thread_id}/export", None, STAFF_ONLY),
     ("get", "/api/dashboard/overview"): ("/api/dashboard/overview", None, STAFF_ONLY),
     ("get", "/api/dashboard/models"): ("/api/dashboard/models", None, STAFF_ONLY),
     ("get", "/api/dashboard/tools"): ("/api/dashboard/tools", None, STAFF_ONLY),
@@ -109,8 +116,8 @@ def test_access_matrix_R_READ_5_R_READ_6(endpoint, thread, other_user, staff_use
         if role != "staff":
             assert b"raw-envelope" not in content and b"raw_output" not in content, (role, path)
         else:
-            if endpoint[1].startswith("/api/audit/"):
-                assert b"raw-envelope" in content  # staff do see the raw tool output
+            if endpoint[1].startswith("/api/audit/") and endpoint[1] != "/api/audit/runs":
+                assert b"raw-envelope" in content  # staff do see the raw tool output (timelines, exports)
     # No refused request changed anything: the other user and the anonymous
     # caller left no rows in the owner's thread.
     assert not Message.objects.filter(thread=thread).exclude(run__user=thread.user).exists()

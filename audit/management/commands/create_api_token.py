@@ -2,12 +2,14 @@
 Bearer token for the JSON APIs and print it once."""
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from conversations.models import ApiToken
 
+from ._database import DatabaseCommand
 
-class Command(BaseCommand):
+
+class Command(DatabaseCommand):
     help = "Issue an API token for a user and print it (shown once; only its digest is stored)."
 
     def add_arguments(self, parser):

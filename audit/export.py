@@ -1,0 +1,217 @@
+"""Export of the audit as JSON lines or CSV, streamed (R-ADM-2).
+
+A selection — one run, one thread, or the runs matching a filter — is
+exported as one record per timeline row, with the fields and JSON forms of
+the staff timeline API (:class:`audit.schemas.TimelineItemOut`), in
+timeline order: runs by creation, then each run's rows by ``sequence``
+(rows without one last), then id.
+
+Memory stays constant whatever the size: runs are read in keyset chunks of
+:data:`RUN_CHUNK`, each run's rows in keyset chunks of :data:`ROW_CHUNK`
+(index ``message_run_sequence_idx``), and the text is produced as it is
+sent. The API, the admin (run page, thread page, run-list action) and
+``manage.py export_audit`` share these generators.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.db.models import Q, QuerySet
+from django.http import StreamingHttpResponse
+from ninja.responses import NinjaJSONEncoder
+
+from conversations.models import Message
+from yuxi_project.db import release_connection
+from yuxi_project.errors import InvalidInput
+
+from .models import AgentRun
+from .schemas import TimelineItemOut
+from .selectors import timeline_item
+
+FORMATS = ("jsonl", "csv")
+CONTENT_TYPES = {"jsonl": "application/x-ndjson; charset=utf-8", "csv": "text/csv; charset=utf-8"}
+COLUMNS = tuple(TimelineItemOut.model_fields)
+# Columns that hold JSON: a JSON text in a CSV cell.
+_JSON_COLUMNS = {"usage", "tool_calls", "tool_input", "metadata", "raw_output"}
+ROW_CHUNK = 1000
+RUN_CHUNK = 200
+# Text is sent in pieces of about this many characters.
+SEND_CHARS = 64 * 1024
+
+
+# --------------------------------------------------------------------------
+# Rows in timeline order, in bounded chunks
+# --------------------------------------------------------------------------
+
+
+def run_rows(run_id: uuid.UUID | str) -> Iterator[Message]:
+    """The run's model and tool rows in timeline order: first the rows with
+    a sequence by ``(sequence, id)``, then those without one by id. Keyset
+    chunks of :data:`ROW_CHUNK` rows."""
+    rows = Message.objects.audit().filter(run_id=run_id)
+    last: tuple[int, int] | None = None
+    while True:
+        chunk = rows.filter(sequence__isnull=False)
+        if last is not None:
+            # ``sequence >= s`` is the index condition; the OR only filters.
+            chunk = chunk.filter(Q(sequence__gte=last[0]) & (Q(sequence__gt=last[0]) | Q(pk__gt=last[1])))
+        page = list(chunk.order_by("sequence", "pk")[:ROW_CHUNK])
+        yield from page
+        if len(page) < ROW_CHUNK:
+            break
+        last = (page[-1].sequence, page[-1].pk)
+    last_id = 0
+    while True:
+        page = list(rows.filter(sequence__isnull=True, pk__gt=last_id).order_by("pk")[:ROW_CHUNK])
+        yield from page
+        if len(page) < ROW_CHUNK:
+            break
+        last_id = page[-1].pk
+
+
+def runs_rows(runs: QuerySet[AgentRun]) -> Iterator[Message]:
+    """The rows of every run of ``runs`` (any filtered QuerySet of runs),
+    runs in creation order, read in keyset chunks of :data:`RUN_CHUNK`."""
+    runs = AgentRun.objects.filter(pk__in=runs.order_by().values("pk"))
+    last = None
+    while True:
+        chunk = runs
+        if last is not None:
+            created_at, pk = last
+            chunk = chunk.filter(Q(created_at__gte=created_at) & (Q(created_at__gt=created_at) | Q(pk__gt=pk)))
+        page = list(chunk.order_by("created_at", "pk").values_list("created_at", "pk")[:RUN_CHUNK])
+        for _, run_id in page:
+            yield from run_rows(run_id)
+        if len(page) < RUN_CHUNK:
+            return
+        last = page[-1]
+
+
+def thread_rows(thread_id: uuid.UUID | str) -> Iterator[Message]:
+    """Every run of the thread in creation order, each run's rows in order."""
+    return runs_rows(AgentRun.objects.filter(thread_id=thread_id))
+
+
+# --------------------------------------------------------------------------
+# Records and text
+# --------------------------------------------------------------------------
+
+
+def records(rows: Iterable[Message]) -> Iterator[dict[str, Any]]:
+    """One dict per row, validated by the timeline API's schema; written
+    out with the API's JSON encoder (:func:`as_json`), its values are the
+    API's, byte for byte (ISO 8601 times to the millisecond in UTC, ``Z``)."""
+    for row in rows:
+        yield TimelineItemOut.model_validate(timeline_item(row, include_raw_output=True)).model_dump()
+
+
+_ENCODER = NinjaJSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def as_json(value: Any) -> str:
+    """JSON text of ``value`` as the API writes it."""
+    return _ENCODER.encode(value)
+
+
+def render(items: Iterable[dict[str, Any]], fmt: str) -> Iterator[str]:
+    """Text of ``items`` in ``fmt``, in pieces of about :data:`SEND_CHARS`.
+
+    ``jsonl``: one JSON object per line. ``csv``: a header of
+    :data:`COLUMNS`, then one line per item; JSON-valued fields are JSON
+    texts, a null is an empty cell.
+
+    Raises:
+        InvalidInput: an unknown format (``field: format``).
+    """
+    check_format(fmt)
+    pending: list[str] = []
+    size = 0
+    for line in _jsonl_lines(items) if fmt == "jsonl" else _csv_lines(items):
+        pending.append(line)
+        size += len(line)
+        if size >= SEND_CHARS:
+            yield "".join(pending)
+            pending, size = [], 0
+    if pending:
+        yield "".join(pending)
+
+
+def check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise InvalidInput(f"format must be one of {', '.join(FORMATS)}", extra={"field": "format"})
+
+
+def _jsonl_lines(items: Iterable[dict[str, Any]]) -> Iterator[str]:
+    for item in items:
+        yield as_json(item) + "\n"
+
+
+def _csv_lines(items: Iterable[dict[str, Any]]) -> Iterator[str]:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+
+    def line(values) -> str:
+        buffer.seek(0)
+        buffer.truncate()
+        writer.writerow(values)
+        return buffer.getvalue()
+
+    yield line(COLUMNS)
+    for item in items:
+        yield line([_cell(name, item.get(name)) for name in COLUMNS])
+
+
+def _cell(name: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if name in _JSON_COLUMNS:
+        return as_json(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, str)):
+        return str(value)
+    # Times and ids exactly as in the JSON, without the quotes.
+    return json.loads(as_json(value))
+
+
+# --------------------------------------------------------------------------
+# HTTP
+# --------------------------------------------------------------------------
+
+
+def streaming_response(request, pieces: Iterator[str], *, fmt: str, filename: str) -> StreamingHttpResponse:
+    """A download of ``pieces`` that streams under both servers.
+
+    Django consumes a synchronous iterator whole before sending it under
+    ASGI (and an asynchronous one under WSGI), so the iterator matches the
+    request: under ASGI each piece is produced in the request's sync thread
+    (where its database connection lives) and sent before the next is read.
+    """
+    content: Iterator[str] | AsyncIterator[str]
+    content = _async_pieces(pieces) if isinstance(request, ASGIRequest) else pieces
+    response = StreamingHttpResponse(content, content_type=CONTENT_TYPES[fmt])
+    response["Content-Disposition"] = f'attachment; filename="{filename}.{fmt}"'
+    response["Cache-Control"] = "no-store"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+async def _async_pieces(pieces: Iterator[str]) -> AsyncIterator[str]:
+    step = sync_to_async(lambda: next(pieces, None), thread_sensitive=True)
+    try:
+        while (piece := await step()) is not None:
+            yield piece
+    finally:
+        await sync_to_async(release_connection, thread_sensitive=True)()
+
+
+def export_filename(kind: str, ident: uuid.UUID | str | None = None) -> str:
+    return f"audit-{kind}-{ident}" if ident else f"audit-{kind}"

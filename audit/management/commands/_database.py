@@ -1,0 +1,54 @@
+"""A clear refusal for commands run where no database is set up.
+
+Without ``DATABASE_URL`` the settings choose the embedded SQLite file
+``var/yuxi.sqlite3``; opening it creates it, empty, and the command then
+fails deep inside with ``no such table``. Commands that read or write data
+derive from :class:`DatabaseCommand`, which calls :func:`require_database`
+before anything else: one line saying what to set, and no file created.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+
+from yuxi_project.config import get_config
+
+HINT = (
+    "set DATABASE_URL to the database bin/quickstart uses (by default "
+    "DATABASE_URL=postgres://postgres@127.0.0.1:5432/yuxi), or run bin/quickstart once to create the embedded one"
+)
+
+
+def require_database() -> None:
+    """Raise :class:`CommandError` (one line, no traceback) when the
+    configured database cannot hold this project's data: an embedded SQLite
+    file that does not exist (it is not created), or a database without the
+    project's tables (``manage.py migrate`` not run)."""
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        name = str(settings["NAME"])
+        if name != ":memory:" and not Path(name).exists():
+            if get_config().DATABASE_URL:
+                raise CommandError(f"there is no SQLite database at {name}: {HINT}")
+            raise CommandError(f"DATABASE_URL is not set and there is no embedded database at {name}: {HINT}")
+    try:
+        tables = set(connection.introspection.table_names())
+    except Exception as exc:  # unreachable server, bad credentials, ...
+        raise CommandError(f"cannot open the database ({type(exc).__name__}: {exc}); {HINT}") from None
+    if "auth_user" not in tables or "audit_agentrun" not in tables:
+        raise CommandError(
+            f"database {settings['NAME']!s} has no tables of this project: run manage.py migrate first, or {HINT}"
+        )
+
+
+class DatabaseCommand(BaseCommand):
+    """A command that reads or writes the project's data: it refuses with
+    :func:`require_database` before anything opens the database (Django's
+    system checks do, which would create an empty SQLite file)."""
+
+    def execute(self, *args, **options):
+        require_database()
+        return super().execute(*args, **options)

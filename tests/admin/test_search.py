@@ -1,0 +1,357 @@
+"""Finding runs (R-ADM-2): every filter on the staff API and in the admin
+run list gives the same runs; ids, request ids, tool call ids and words of
+the audit find a run; the full-text search is indexed and never breaks an
+audit write; paging is keyset; bad input is a 422 that changes nothing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+from dataclasses import dataclass
+
+import pytest
+from django.db import connection
+from django.urls import reverse
+
+from audit.models import AgentRun
+from conversations.models import Conversation, Message
+from tests.conftest import bearer
+
+pytestmark = pytest.mark.django_db
+
+# An hour ago, whole seconds: running runs started in the past.
+NOW = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=1)
+
+
+def iso(moment: dt.datetime, *, naive: bool = False) -> str:
+    return (moment.replace(tzinfo=None) if naive else moment).isoformat()
+
+
+def make_run(
+    thread,
+    *,
+    status: str = "completed",
+    error_type: str = "",
+    model: str | None = None,
+    agent_id: str = "assistant",
+    created: dt.datetime = NOW,
+    seconds: float | None = 2.0,
+    rows: list[dict] = (),
+) -> AgentRun:
+    """A run with the given audit rows (``{kind, status, tool, content,
+    op}``), written with the ORM: the readers are under test here."""
+    run = AgentRun.objects.create(
+        request_id=f"req-{uuid.uuid4().hex[:12]}",
+        thread=thread,
+        user=thread.user,
+        agent_id=agent_id,
+        model=model or thread.model,
+        status=status,
+        error_type=error_type,
+        started_at=created,
+        finished_at=created + dt.timedelta(seconds=seconds) if seconds is not None else None,
+        usage={"input_tokens": 1, "output_tokens": 1, "total_tokens": 2, "unknown_calls": 0},
+    )
+    AgentRun.objects.filter(pk=run.pk).update(created_at=created)
+    for i, row in enumerate(rows, start=1):
+        is_tool = row.get("kind") == "tool"
+        Message.objects.create(
+            thread=thread,
+            run=run,
+            role=Message.Role.TOOL if is_tool else Message.Role.ASSISTANT,
+            message_type=Message.Type.TOOL_AUDIT if is_tool else Message.Type.MODEL_AUDIT,
+            operation_id=row.get("op") or f"op-{uuid.uuid4().hex[:10]}",
+            sequence=i,
+            execution_status=row.get("status", "completed"),
+            started_at=None if row.get("status") == "rejected" else created,
+            finished_at=created,
+            tool_name=row.get("tool", "") if is_tool else "",
+            tool_input=row.get("input"),
+            content=row.get("content", ""),
+        )
+    run.refresh_from_db()
+    return run
+
+
+@dataclass
+class World:
+    paris: AgentRun
+    email_failed: AgentRun
+    email_rejected: AgentRun
+    slow: AgentRun
+    other_model: AgentRun
+    old: AgentRun
+    running: AgentRun
+    other_user_run: AgentRun
+
+    def all(self) -> set[str]:
+        return {str(r.pk) for r in vars(self).values()}
+
+
+@pytest.fixture
+def world(user, other_user) -> World:
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:tool_then_answer")
+    other = Conversation.objects.create(user=other_user, agent_id="assistant", model="replay:plain_answer")
+    return World(
+        paris=make_run(
+            thread,
+            created=NOW - dt.timedelta(minutes=1),
+            rows=[
+                {"kind": "model", "content": "Let me check the weather in Paris."},
+                {"kind": "tool", "tool": "get_weather", "op": "call_paris_1", "content": "sunny, 21 degrees"},
+                {"kind": "model", "content": "巴黎 今天 晴天"},
+            ],
+        ),
+        email_failed=make_run(
+            thread,
+            status="failed",
+            error_type="tool_error",
+            created=NOW - dt.timedelta(minutes=2),
+            rows=[{"kind": "tool", "tool": "send_email", "status": "failed", "content": "smtp relay refused"}],
+        ),
+        email_rejected=make_run(
+            thread,
+            created=NOW - dt.timedelta(minutes=3),
+            rows=[{"kind": "tool", "tool": "send_email", "status": "rejected", "content": "User rejected the call"}],
+        ),
+        slow=make_run(thread, created=NOW - dt.timedelta(minutes=4), seconds=90),
+        other_model=make_run(
+            thread,
+            status="failed",
+            error_type="model_error",
+            model="replay:plain_answer",
+            created=NOW - dt.timedelta(minutes=5),
+            rows=[{"kind": "tool", "tool": "get_weather", "status": "failed", "content": "unknown city Atlantis"}],
+        ),
+        old=make_run(thread, created=NOW - dt.timedelta(days=10)),
+        running=make_run(thread, status="running", created=NOW - dt.timedelta(minutes=6), seconds=None),
+        other_user_run=make_run(other, created=NOW - dt.timedelta(minutes=7)),
+    )
+
+
+def api_ids(client, headers, **params) -> set[str]:
+    response = client.get("/api/audit/runs", params | {"limit": 200}, headers=headers)
+    assert response.status_code == 200, response.content
+    return {item["run_id"] for item in response.json()["items"]}
+
+
+def admin_ids(client, **params) -> set[str]:
+    response = client.get(reverse("admin:audit_agentrun_changelist"), params)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'class="errornote"' not in html and "errorlist" not in html, html[:2000]
+    shown = set(re.findall(r'<th class="field-short_id"><a href="/admin/audit/agentrun/([0-9a-f-]{36})/change/', html))
+    return shown
+
+
+FILTER_CASES = [
+    ({"status": "failed"}, ["email_failed", "other_model"]),
+    ({"status": "failed,running"}, ["email_failed", "other_model", "running"]),
+    ({"error_type": "model_error"}, ["other_model"]),
+    ({"model": "replay:plain_answer"}, ["other_model", "other_user_run"]),
+    ({"agent": "assistant"}, None),  # every run
+    ({"tool": "send_email"}, ["email_failed", "email_rejected"]),
+    ({"tool": "send_email", "tool_status": "failed"}, ["email_failed"]),
+    ({"tool_status": "failed"}, ["email_failed", "other_model"]),
+    ({"tool": "get_weather", "tool_status": "rejected"}, []),  # the same row must have both
+    ({"rejected": "true"}, ["email_rejected"]),
+    ({"min_duration_ms": "60000"}, ["slow", "running"]),  # a running run counts up to now
+    # A naive time is UTC; ``to`` is exclusive.
+    (
+        {"from": iso(NOW - dt.timedelta(minutes=4), naive=True), "to": iso(NOW - dt.timedelta(minutes=1))},
+        ["email_failed", "email_rejected", "slow"],
+    ),
+    ({"from": (NOW - dt.timedelta(days=1)).date().isoformat()}, None),  # a date is midnight UTC: all but the old run
+    ({"q": "Paris"}, ["paris"]),
+    ({"q": "sunny degrees"}, ["paris"]),  # every word, in one row (message or audit row)
+    ({"q": "paris sunny"}, []),  # words of two different rows
+    ({"q": '"smtp relay"'}, ["email_failed"]),
+    ({"q": "smtp -relay"}, []),
+    ({"q": "晴天"}, ["paris"]),  # the simple configuration: any language with separated words
+    ({"q": "call_paris_1"}, ["paris"]),  # a tool call id
+    ({"q": "Atlantis", "status": "failed"}, ["other_model"]),
+]
+
+
+def _expected(world: World, names, params) -> set[str]:
+    if names is not None:
+        return {str(getattr(world, n).pk) for n in names}
+    if params.get("from") == (NOW - dt.timedelta(days=1)).date().isoformat():
+        return world.all() - {str(world.old.pk)}
+    return world.all()
+
+
+@pytest.mark.parametrize(("params", "names"), FILTER_CASES, ids=[str(p) for p, _ in FILTER_CASES])
+def test_each_filter_finds_the_same_runs_in_the_api_and_the_admin_R_ADM_2(
+    client, staff_user, world, params, names, monkeypatch
+):
+    expected = _expected(world, names, params)
+    assert api_ids(client, bearer(staff_user), **params) == expected
+    client.force_login(staff_user)
+    assert admin_ids(client, **params) == expected
+
+
+def test_user_filter_takes_a_username_or_an_id_R_ADM_2(client, staff_user, world, other_user):
+    headers = bearer(staff_user)
+    assert api_ids(client, headers, user=other_user.username) == {str(world.other_user_run.pk)}
+    assert api_ids(client, headers, user=str(other_user.pk)) == {str(world.other_user_run.pk)}
+    assert api_ids(client, headers, user="nobody-by-that-name") == set()
+    client.force_login(staff_user)
+    assert admin_ids(client, user=other_user.username) == {str(world.other_user_run.pk)}
+
+
+def test_ids_and_their_prefixes_find_a_run_R_ADM_2(client, staff_user, world):
+    headers = bearer(staff_user)
+    run = world.email_failed
+    for term in (str(run.pk), str(run.pk)[:8], str(run.pk).upper(), run.request_id):
+        assert api_ids(client, headers, q=term) == {str(run.pk)}, term
+    # A thread id (or its first 8 hex digits) finds the thread's runs.
+    thread_runs = {str(r.pk) for r in AgentRun.objects.filter(thread=run.thread)}
+    assert api_ids(client, headers, q=str(run.thread_id)[:8]) == thread_runs
+    # Turn id too.
+    assert api_ids(client, headers, q=str(run.turn_id)) == {str(run.pk)}
+    # Fewer than 8 hex digits is no id: no prefix scan, words only.
+    assert str(run.pk) not in api_ids(client, headers, q=str(run.pk)[:6])
+    client.force_login(staff_user)
+    assert admin_ids(client, q=str(run.pk)[:8]) == {str(run.pk)}
+
+
+def test_message_list_searches_words_ids_and_operation_ids_R_ADM_2(client, staff_user, world):
+    client.force_login(staff_user)
+    url = reverse("admin:conversations_message_changelist")
+    refused = Message.objects.get(content="smtp relay refused")
+    for term in ("smtp", '"relay refused"', str(world.email_failed.pk)[:8]):
+        html = client.get(url, {"q": term}).content.decode()
+        assert f"/admin/conversations/message/{refused.pk}/change/" in html, term
+    html = client.get(url, {"q": "call_paris_1"}).content.decode()
+    assert re.findall(r"/admin/conversations/message/(\d+)/change/", html)[0] == str(
+        Message.objects.get(operation_id="call_paris_1").pk
+    )
+
+
+def test_words_search_is_answered_by_the_gin_index_R_ADM_2(world):
+    """The query's expression is the indexed generated column: with
+    sequential scans off (tiny tables would make the planner prefer them),
+    PostgreSQL answers it from ``message_search_idx``."""
+    from audit.search import MatchesWords
+
+    query = Message.objects.filter(MatchesWords("paris")).values("run_id")
+    sql, params = query.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "message_search_idx" in plan, plan
+
+
+def test_huge_content_and_input_never_break_an_audit_write_R_ADM_2_R_MA_1(thread):
+    """The generated vector is cut to bounded parts: a row far beyond
+    PostgreSQL's 1 MB tsvector limit is written, its first words found."""
+    run = make_run(thread)
+    distinct_words = " ".join(f"w{i}x{uuid.uuid4().hex}" for i in range(60_000))  # ~2.5 MB, all distinct
+    row = Message.objects.create(
+        thread=thread,
+        run=run,
+        role=Message.Role.TOOL,
+        message_type=Message.Type.TOOL_AUDIT,
+        operation_id="call_huge",
+        content="needle-start " + distinct_words,
+        tool_name="lookup_docs",
+        tool_input={"query": distinct_words},
+        tool_calls=None,
+    )
+    row.content += " more"
+    row.save(update_fields=["content"])
+    from audit.search import MatchesWords
+
+    assert Message.objects.filter(MatchesWords("needle-start"), pk=row.pk).exists()
+
+
+def test_run_list_pages_by_keyset_newest_first_R_ADM_2(client, staff_user, world):
+    headers = bearer(staff_user)
+    seen: list[str] = []
+    before = None
+    pages = 0
+    while True:
+        params = {"limit": 3} | ({"before": before} if before else {})
+        body = client.get("/api/audit/runs", params, headers=headers).json()
+        seen += [item["run_id"] for item in body["items"]]
+        pages += 1
+        if not body["has_more"]:
+            assert body["next_before"] is None
+            break
+        before = body["next_before"]
+    assert pages == 3 and len(seen) == len(set(seen)) == 8
+    created = [AgentRun.objects.get(pk=run_id).created_at for run_id in seen]
+    assert created == sorted(created, reverse=True)
+    first = client.get("/api/audit/runs", {"limit": 1}, headers=headers).json()["items"][0]
+    assert first["run_id"] == str(world.paris.pk)
+    assert first["model_calls"] == 2 and first["tool_executions"] == 1
+    assert first["duration_ms"] == 2000 and first["user"] == world.paris.user.username
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"status": "bogus"}, "status"),
+        ({"status": "failed,"}, None),  # a trailing comma is fine
+        ({"tool_status": "exploded"}, "tool_status"),
+        ({"min_duration_ms": "-1"}, "min_duration_ms"),
+        ({"min_duration_ms": "9" * 30}, "min_duration_ms"),
+        ({"from": "yesterday"}, "from"),
+        ({"from": "2026-11-30T12:00:00Z", "to": "2026-11-30T11:00:00Z"}, "from"),  # not before "to"
+        ({"rejected": "perhaps"}, "rejected"),
+        ({"limit": "0"}, "limit"),
+        ({"limit": "201"}, "limit"),
+        ({"before": "not-a-cursor"}, "cursor"),
+        ({"q": "x" * 501}, "q"),
+        ({"min_cost_usd": "1.5"}, "min_cost_usd"),
+    ],
+)
+def test_bad_filters_answer_422_and_change_nothing_R_ADM_2_R_READ_6(client, staff_user, world, params, field):
+    before = AgentRun.objects.count(), Message.objects.count()
+    response = client.get("/api/audit/runs", params, headers=bearer(staff_user))
+    if field is None:
+        assert response.status_code == 200
+        return
+    if field == "min_cost_usd" and "cost_usd" in {f.name for f in Message._meta.get_fields()}:
+        assert response.status_code == 200  # cost recorded on this installation
+        return
+    assert response.status_code == 422, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid_input"
+    assert field in str(error), error
+    assert (AgentRun.objects.count(), Message.objects.count()) == before
+
+
+def test_bad_filter_in_the_admin_shows_an_error_and_no_runs_R_ADM_2(client, staff_user, world):
+    client.force_login(staff_user)
+    response = client.get(reverse("admin:audit_agentrun_changelist"), {"min_duration_ms": "soon"})
+    html = response.content.decode()
+    assert response.status_code == 200 and "duration at least (ms)" in html
+    assert "field-short_id" not in html
+
+
+def test_run_list_is_for_staff_R_READ_5(client, user, world):
+    assert client.get("/api/audit/runs").status_code == 401
+    response = client.get("/api/audit/runs", headers=bearer(user))
+    assert response.status_code == 403 and response.json()["error"]["code"] == "permission_denied"
+
+
+def test_run_list_queries_do_not_grow_with_runs_R_ADM_2(
+    client, staff_user, world, django_assert_max_num_queries, thread
+):
+    for _ in range(30):
+        make_run(thread, rows=[{"kind": "tool", "tool": "get_weather"}, {"kind": "model", "content": "Paris"}])
+    headers = bearer(staff_user)
+    client.get("/api/audit/runs", headers=headers)  # the token's first use writes last_used_at
+    for params in ({}, {"q": "Paris", "tool": "get_weather", "status": "completed"}, {"rejected": "false"}):
+        # token lookup, one page query
+        with django_assert_max_num_queries(2):
+            body = client.get("/api/audit/runs", params | {"limit": 50}, headers=headers).json()
+        assert body["items"], params
+    client.force_login(staff_user)
+    for params in ({}, {"q": "Paris", "tool": "get_weather"}, {"q": str(thread.pk)[:8]}, {"from": "2026-01-01"}):
+        with django_assert_max_num_queries(8):
+            assert client.get(reverse("admin:audit_agentrun_changelist"), params).status_code == 200
