@@ -412,7 +412,7 @@ class AgentRunAdmin(admin.ModelAdmin):
     def tokens(self, run):
         return (run.usage or {}).get("total_tokens", "—")
 
-    @admin.display(description="cost (USD)", ordering="cost_usd")
+    @admin.display(description="cost", ordering="cost_usd")
     def cost(self, run):
         return cost_text(run.cost_usd)
 

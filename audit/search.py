@@ -103,6 +103,16 @@ def aware(value: dt.datetime | None) -> dt.datetime | None:
     return timezone.make_aware(value)
 
 
+def _in_utc(value: dt.datetime, field: str) -> dt.datetime:
+    """``value`` in UTC: PostgreSQL refuses offsets beyond ±15:59 that
+    Python accepts (``+16:00``), and a time next to year 1 or 9999 may not
+    move into UTC at all (R-READ-6: 422, not 500)."""
+    try:
+        return aware(value).astimezone(dt.UTC)
+    except OverflowError:
+        raise InvalidInput(f"'{field}' is out of range", extra={"field": field}) from None
+
+
 def filter_runs(runs: QuerySet[AgentRun], filters: RunFilters) -> QuerySet[AgentRun]:
     """``runs`` narrowed to those matching every filter (R-ADM-2).
 
@@ -124,9 +134,9 @@ def filter_runs(runs: QuerySet[AgentRun], filters: RunFilters) -> QuerySet[Agent
     if f.user:
         runs = runs.filter(user_condition(f.user))
     if f.created_from:
-        runs = runs.filter(created_at__gte=f.created_from)
+        runs = runs.filter(created_at__gte=_in_utc(f.created_from, "from"))
     if f.created_to:
-        runs = runs.filter(created_at__lt=f.created_to)
+        runs = runs.filter(created_at__lt=_in_utc(f.created_to, "to"))
     if f.tool or f.tool_status:
         tool_rows = Message.objects.filter(message_type=Message.Type.TOOL_AUDIT)
         if f.tool:

@@ -25,10 +25,14 @@ ensure_venv() {
     local target="."
     [ -n "$extras" ] && target=".[$extras]"
     mkdir -p var/log
+    # One log per extras set, so the test install does not overwrite the
+    # quick start's.
+    local log="var/log/pip-install-${extras:-main}.log"
+    echo "installing the project${extras:+ with its $extras extras} into .venv (the first install takes a few minutes; log: $log)" >&2
     if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e "$target"; } \
-        >var/log/pip-install.log 2>&1; then
-      tail -n 40 var/log/pip-install.log >&2
-      echo "installing the project into .venv failed; full log: var/log/pip-install.log" >&2
+        >"$log" 2>&1; then
+      tail -n 40 "$log" >&2
+      echo "installing the project into .venv failed; full log: $log" >&2
       return 1
     fi
     touch "$stamp"

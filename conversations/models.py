@@ -159,8 +159,9 @@ class Message(models.Model):
     # unknown (never 0 for unknown); where the price came from and which
     # version of it. An empty source means "not priced (yet)". ---
     cost_usd = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
-    price_source = models.CharField(max_length=40, blank=True, default="")
-    price_version = models.CharField(max_length=100, blank=True, default="")
+    # db_default: rows written by raw SQL (tooling, bulk loads) need no price fields.
+    price_source = models.CharField(max_length=40, blank=True, default="", db_default="")
+    price_version = models.CharField(max_length=100, blank=True, default="", db_default="")
     # --- tool rows (R-TA-1) ---
     tool_name = StorableCharField(max_length=200, blank=True, default="")
     tool_input = StorableJSONField(null=True, blank=True)

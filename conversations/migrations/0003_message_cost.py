@@ -18,12 +18,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='message',
             name='price_source',
-            field=models.CharField(blank=True, default='', max_length=40),
+            field=models.CharField(blank=True, db_default='', default='', max_length=40),
         ),
         migrations.AddField(
             model_name='message',
             name='price_version',
-            field=models.CharField(blank=True, default='', max_length=100),
+            field=models.CharField(blank=True, db_default='', default='', max_length=100),
         ),
         migrations.AddIndex(
             model_name='message',

@@ -47,20 +47,31 @@ def _costed_run(user, *costs):
     return run
 
 
+def _cost_column(client, admin_name: str) -> int:
+    """The changelist's ``o`` index of its cost column (descending order
+    is ``-index``), read from the changelist itself: the action checkbox
+    column counts too."""
+    page = client.get(reverse(f"admin:{admin_name}_changelist"))
+    return page.context["cl"].list_display.index("cost")
+
+
 def test_run_and_thread_lists_show_and_sort_by_cost_R_COST_2(client, staff_user, user):
     # Created after the dear one: newest-first order alone would list it first.
     dear = _costed_run(user, "0.5", "0.25")
     cheap = _costed_run(user, "0.001")
     unknown = _costed_run(user, None)
     client.force_login(staff_user)
-    page = client.get(reverse("admin:audit_agentrun_changelist"), {"o": "-9"})  # list_display[9] = cost, descending
+    page = client.get(reverse("admin:audit_agentrun_changelist"), {"o": f"-{_cost_column(client, 'audit_agentrun')}"})
     assert page.status_code == 200
     ids = [r.pk for r in page.context["cl"].result_list]
     assert ids.index(dear.pk) < ids.index(cheap.pk)
     html = page.content.decode()
     assert "$0.75" in html and "$0.001" in html and unknown.pk in ids
 
-    threads = client.get(reverse("admin:conversations_conversation_changelist"), {"o": "-6"})  # list_display[6] = cost
+    threads = client.get(
+        reverse("admin:conversations_conversation_changelist"),
+        {"o": f"-{_cost_column(client, 'conversations_conversation')}"},
+    )
     assert threads.status_code == 200
     listed = [t.pk for t in threads.context["cl"].result_list]
     assert listed.index(dear.thread_id) < listed.index(cheap.thread_id)

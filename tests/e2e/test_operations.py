@@ -217,7 +217,10 @@ def test_metrics_after_completed_failed_and_cancelled_runs_agree_with_the_databa
     assert tool_rows.count() >= 1
     # Each kind of audit write was timed in the worker children.
     writes = by_label(before, after, "yuxi_audit_write_duration_seconds_count", "kind")
-    assert writes[("model_start",)] == model_rows.exclude(started_at=None).count()
+    # Every model row opens when its request is sent (R-MA-10); message-start
+    # finds it only for calls that streamed (not the HTTP error's).
+    assert writes[("model_open",)] == model_rows.exclude(started_at=None).count()
+    assert 0 < writes[("model_start",)] < writes[("model_open",)]
     assert writes[("run_finish",)] == 5
     # Nothing is pending or running any more; the stream is closed.
     assert summed(after, "yuxi_runs_active") == 0

@@ -137,8 +137,13 @@ def test_closed_runs_become_genai_spans_with_ids_from_the_database_R_OTEL_1(
             assert span.start_ns == int((row.started_at or row.finished_at).timestamp() * 1e6) * 1000
             if row.role == Message.Role.ASSISTANT:
                 assert span.name.startswith("chat ") and span.attributes["gen_ai.operation.name"] == "chat"
-                assert span.attributes["gen_ai.usage.input_tokens"] == row.usage["input_tokens"]
-                assert span.attributes["gen_ai.usage.output_tokens"] == row.usage["output_tokens"]
+                if row.usage:
+                    assert span.attributes["gen_ai.usage.input_tokens"] == row.usage["input_tokens"]
+                    assert span.attributes["gen_ai.usage.output_tokens"] == row.usage["output_tokens"]
+                else:
+                    # A call that failed before its first chunk keeps its row
+                    # (R-MA-10): usage unknown, never exported as 0.
+                    assert "gen_ai.usage.input_tokens" not in span.attributes
             else:
                 assert span.name == f"execute_tool {row.tool_name}"
                 assert span.attributes["gen_ai.tool.name"] == row.tool_name

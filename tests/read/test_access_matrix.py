@@ -83,6 +83,7 @@ MATRIX = {
     ("get", "/api/dashboard/tools"): ("/api/dashboard/tools", None, STAFF_ONLY),
     ("get", "/api/dashboard/timeseries"): ("/api/dashboard/timeseries", None, STAFF_ONLY),
     ("get", "/api/dashboard/feedback"): ("/api/dashboard/feedback", None, STAFF_ONLY),
+    ("get", "/api/dashboard/costs"): ("/api/dashboard/costs", None, STAFF_ONLY),
 }
 
 

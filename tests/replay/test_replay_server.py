@@ -424,7 +424,6 @@ def test_langchain_stream_aggregates_the_tool_call_and_usage(base_url):
 
 
 def test_langchain_astream_plays_the_turn_after_the_tool_result(base_url):
-    model = ChatOpenAI(model="tool_then_answer", base_url=base_url, api_key="x", stream_usage=True, max_retries=0)
     history = [
         HumanMessage("What is the weather in Paris?"),
         AIMessage(
@@ -435,7 +434,19 @@ def test_langchain_astream_plays_the_turn_after_the_tool_result(base_url):
     ]
 
     async def collect():
-        return [chunk async for chunk in model.astream(history)]
+        # A client of this event loop: langchain-openai's shared default
+        # async client stays bound to the loop of whichever test used the
+        # same base URL first, and that loop is closed by now.
+        async with httpx.AsyncClient() as http:
+            model = ChatOpenAI(
+                model="tool_then_answer",
+                base_url=base_url,
+                api_key="x",
+                stream_usage=True,
+                max_retries=0,
+                http_async_client=http,
+            )
+            return [chunk async for chunk in model.astream(history)]
 
     chunks = asyncio.run(collect())
     message = _aggregate(chunks)
