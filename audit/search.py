@@ -8,7 +8,7 @@ action, management command) and the message list search:
   a creation time range (``from``/``to``), ``min_duration_ms``;
 * what the run's audit rows hold: ``tool`` and ``tool_status`` (one tool row
   with both), ``rejected`` (a tool call a reviewer rejected),
-  ``min_cost_usd`` (only where model rows carry ``cost_usd``);
+  ``min_cost_usd`` (the sum of the run's known model-call costs);
 * ``q``: a run, thread or turn id (or the first 8+ hex digits of one, as
   the admin shows them), a request id, an operation id (tool call id), or
   words that one of the run's messages or audit rows holds (every word in
@@ -32,7 +32,6 @@ from dataclasses import dataclass, fields
 from decimal import Decimal
 from typing import Any
 
-from django.core.exceptions import FieldDoesNotExist
 from django.db import connections
 from django.db.models import BooleanField, DurationField, Expression, ExpressionWrapper, F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce, Now
@@ -117,8 +116,7 @@ def filter_runs(runs: QuerySet[AgentRun], filters: RunFilters) -> QuerySet[Agent
     """``runs`` narrowed to those matching every filter (R-ADM-2).
 
     Raises:
-        InvalidInput: ``min_cost_usd`` where model rows carry no cost
-            (``reason: cost_unavailable``), ``from`` not before ``to``.
+        InvalidInput: ``from`` not before ``to``, a time out of range.
     """
     f = filters
     if f.created_from and f.created_to and f.created_from >= f.created_to:
@@ -170,13 +168,8 @@ def user_condition(value: str) -> Q:
 
 
 def _runs_costing_at_least(usd: Decimal):
-    try:
-        Message._meta.get_field("cost_usd")
-    except FieldDoesNotExist:
-        raise InvalidInput(
-            "this installation records no cost per model call",
-            extra={"field": "min_cost_usd", "reason": "cost_unavailable"},
-        ) from None
+    # Unknown cost (NULL) adds nothing: a run whose known cost reaches
+    # ``usd`` matches, one with only unknown costs never does (R-COST-1).
     return (
         Message.objects.model_calls()
         .values("run_id")

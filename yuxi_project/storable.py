@@ -97,28 +97,28 @@ def fit_text(text: str, max_length: int) -> str:
     return text
 
 
+def _map_strings(value: Any, text: Any) -> Any:
+    """A copy of a JSON value with ``text`` applied to every string and key;
+    numbers, booleans and ``None`` unchanged; other objects pass through."""
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, dict):
+        return {text(k) if isinstance(k, str) else k: _map_strings(v, text) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_map_strings(v, text) for v in value]
+    return value
+
+
 def escape_json(value: Any) -> Any:
     """A copy of a JSON value with every string and key escaped; numbers,
     booleans and ``None`` unchanged. Other objects pass through for the
     JSON encoder to handle (or refuse)."""
-    if isinstance(value, str):
-        return escape_text(value)
-    if isinstance(value, dict):
-        return {escape_text(k) if isinstance(k, str) else k: escape_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [escape_json(v) for v in value]
-    return value
+    return _map_strings(value, escape_text)
 
 
 def decode_json(value: Any) -> Any:
     """The original of a stored JSON value (inverse of :func:`escape_json`)."""
-    if isinstance(value, str):
-        return decode_text(value)
-    if isinstance(value, dict):
-        return {decode_text(k): decode_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [decode_json(v) for v in value]
-    return value
+    return _map_strings(value, decode_text)
 
 
 def visible(value: Any) -> Any:
@@ -136,36 +136,36 @@ def visible_fields(instance: models.Model) -> models.Model:
     return instance
 
 
-class StorableTextField(models.TextField):
+class _StorableText:
+    """Escape on the way in, decode on the way out; migrations see the
+    plain Django field named by ``_plain``."""
+
+    _plain = ""
+
+    def get_prep_value(self, value):
+        value = super().get_prep_value(value)
+        return escape_text(value) if isinstance(value, str) else value
+
+    def from_db_value(self, value, expression, connection):
+        return decode_text(value) if isinstance(value, str) else value
+
+    def deconstruct(self):
+        name, _, args, kwargs = super().deconstruct()
+        return name, self._plain, args, kwargs
+
+
+class StorableTextField(_StorableText, models.TextField):
     """A ``TextField`` that stores :func:`escape_text` and reads back the
     original (R-RUN-11)."""
 
-    def get_prep_value(self, value):
-        value = super().get_prep_value(value)
-        return escape_text(value) if isinstance(value, str) else value
-
-    def from_db_value(self, value, expression, connection):
-        return decode_text(value) if isinstance(value, str) else value
-
-    def deconstruct(self):
-        name, _, args, kwargs = super().deconstruct()
-        return name, "django.db.models.TextField", args, kwargs
+    _plain = "django.db.models.TextField"
 
 
-class StorableCharField(models.CharField):
+class StorableCharField(_StorableText, models.CharField):
     """A ``CharField`` that stores :func:`escape_text` and reads back the
     original (R-RUN-11). ``max_length`` applies to the stored form."""
 
-    def get_prep_value(self, value):
-        value = super().get_prep_value(value)
-        return escape_text(value) if isinstance(value, str) else value
-
-    def from_db_value(self, value, expression, connection):
-        return decode_text(value) if isinstance(value, str) else value
-
-    def deconstruct(self):
-        name, _, args, kwargs = super().deconstruct()
-        return name, "django.db.models.CharField", args, kwargs
+    _plain = "django.db.models.CharField"
 
 
 class StorableJSONField(models.JSONField):

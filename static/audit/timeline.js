@@ -6,6 +6,19 @@
   "use strict";
   var PERIOD_MS = 2000;
 
+  // The page title, heading and breadcrumbs name the run with its status
+  // ("run … (running)"): once the status changes, say the new one there too.
+  function retitle(before, after) {
+    if (!before || !after || before === after) return;
+    document.title = document.title.split(before).join(after);
+    document.querySelectorAll("#content h1, #content h2, .breadcrumbs").forEach(function (element) {
+      var walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+      for (var node = walker.nextNode(); node; node = walker.nextNode()) {
+        if (node.nodeValue.indexOf(before) !== -1) node.nodeValue = node.nodeValue.split(before).join(after);
+      }
+    });
+  }
+
   function refresh() {
     var current = document.getElementById("yx-timeline");
     if (!current || current.dataset.live !== "1") return;
@@ -24,6 +37,7 @@
             next.querySelectorAll("tr.yx-detail[data-id]").forEach(function (tr) {
               if (open[tr.dataset.id]) tr.querySelector("details").open = true;
             });
+            retitle(current.dataset.runTitle, next.dataset.runTitle);
             current.replaceWith(next);
             next.querySelectorAll(".yx-run-live [data-yx-live]").forEach(function (fresh) {
               document.querySelectorAll("[data-yx-live='" + fresh.dataset.yxLive + "']").forEach(function (shown) {

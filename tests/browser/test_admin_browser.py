@@ -198,10 +198,16 @@ def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, 
         # change without a reload.
         header_status = page.locator(".field-status_display [data-yx-live='status']")
         assert "running" in header_status.inner_text()
+        assert "(running)" in page.title()
+        assert "(running)" in page.locator("#content h2").first.inner_text()
         finish_run(live)
         page.wait_for_selector(".field-status_display [data-yx-live='status'] .yx-status-completed", timeout=15_000)
         assert "= 42" in page.locator(".field-usage_text [data-yx-live='usage']").inner_text()
         assert "running" not in page.locator(".field-duration [data-yx-live='duration']").inner_text()
+        # ... and so do the page title, heading and breadcrumbs that name it.
+        assert f"run {live.pk} (completed)" in page.title(), page.title()
+        assert "(running)" not in page.locator("#content h2").first.inner_text()
+        assert "(completed)" in page.locator(".breadcrumbs").inner_text()
         page.screenshot(path=SCREENSHOTS / f"run-live-finished-{name}.png", full_page=False)
 
         # Dashboard: every chart drawn with the vendored Chart.js.
