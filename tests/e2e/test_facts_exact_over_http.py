@@ -186,8 +186,13 @@ def test_idempotency_keys_per_user_over_http_also_at_the_same_moment_R_IDEM_1(st
                 assert response.status_code == 409, response.text
                 assert response.json()["error"]["code"] == "request_id_reused"
         assert AgentRun.objects.filter(user=user, request_id="turn-key").count() == 1
+        # Let the worker finish before the test's database is flushed: a
+        # flush that meets a worker's open transaction fails the teardown.
+        wait_for_status(client, first.json()["run_id"], TERMINAL)
 
     # Another user's equal key is independent.
     with stack.client(bearer(other_user)) as stranger:
         own = create_thread(stranger, "replay:plain_answer")
-        assert _submit(stranger, own, "mine", request_id="turn-key").status_code == 202
+        mine = _submit(stranger, own, "mine", request_id="turn-key")
+        assert mine.status_code == 202
+        wait_for_status(stranger, mine.json()["run_id"], TERMINAL)
