@@ -174,6 +174,7 @@ def run_acquire(*, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datet
         thread_id=run.thread_id,
         owner=owner,
         fencing_token=run.fencing_token,
+        model=run.model,
     )
 
 
