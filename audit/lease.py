@@ -19,6 +19,7 @@ Two forms of the same lock and the same checks:
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -119,14 +120,20 @@ def leased_run_sql(lease: Lease, *, now: datetime) -> tuple[str, list]:
     When the write touched nothing, :func:`lease_check` names the reason.
     Implements R-RUN-4.
     """
+    return _LEASED_RUN_SQL(), [lease.run_id, lease.request_id, lease.thread_id, lease.owner, lease.fencing_token, now]
+
+
+@functools.cache
+def _LEASED_RUN_SQL() -> str:  # noqa: N802 - a constant, built once the connection is known
     table = connection.ops.quote_name(AgentRun._meta.db_table)
-    terminal = list(AgentRun.TERMINAL_STATUSES)
-    sql = (
+    # The terminal statuses are constants of the code: literals, so the
+    # statement's text never changes (it is prepared once per connection).
+    terminal = ", ".join(f"'{status}'" for status in AgentRun.TERMINAL_STATUSES)
+    return (
         f"SELECT id, thread_id FROM {table} WHERE id = %s AND request_id = %s AND thread_id = %s "
-        f"AND lease_owner = %s AND fencing_token = %s AND status NOT IN ({', '.join(['%s'] * len(terminal))}) "
+        f"AND lease_owner = %s AND fencing_token = %s AND status NOT IN ({terminal}) "
         "AND lease_expires_at > %s FOR NO KEY UPDATE"
     )
-    return sql, [lease.run_id, lease.request_id, lease.thread_id, lease.owner, lease.fencing_token, *terminal, now]
 
 
 def lease_check(lease: Lease, *, now: datetime) -> None:

@@ -208,21 +208,24 @@ class RunExecutor:
 
     async def execute(self) -> str:
         await self.publisher.publish("run.status", {"status": Status.RUNNING})
-        self._drive_task = asyncio.create_task(self._drive())
-        keeper = asyncio.create_task(self._keep_lease())
         try:
-            outcome = await self._drive_task
-        except asyncio.CancelledError:
-            if self._stop is None:
-                raise
-            outcome = self._stop
+            self._drive_task = asyncio.create_task(self._drive())
+            keeper = asyncio.create_task(self._keep_lease())
+            try:
+                outcome = await self._drive_task
+            except asyncio.CancelledError:
+                if self._stop is None:
+                    raise
+                outcome = self._stop
+            finally:
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await keeper
+            return await self._finish(outcome)
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await keeper
-        result = await self._finish(outcome)
-        await self.publisher.close()
-        return result
+            # Sends the events still batched (the terminal one, published by
+            # _finish after its transaction committed, last).
+            await self.publisher.close()
 
     async def _drive(self) -> _Outcome:
         try:

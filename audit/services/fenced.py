@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from conversations.models import Message
 
@@ -50,48 +51,60 @@ class Assign:
 
     def value(self, name: str, value: Any) -> Assign:
         """``name = value``, prepared by the model field ``name``."""
-        f = Message._meta.get_field(name)
-        self.columns[f.column] = ("%s", [f.get_db_prep_save(value, connection)])
-        return self
+        return self.sql(name, "%s", value)
 
     def sql(self, name: str, expression: str, *values: Any) -> Assign:
         """``name = expression``; ``values`` are prepared by the field
         ``name`` (for a JSON patch: ``sql("metadata", "m.metadata || %s", patch)``)."""
         f = Message._meta.get_field(name)
-        self.columns[f.column] = (expression, [f.get_db_prep_save(v, connection) for v in values])
+        db = connections[DEFAULT_DB_ALIAS]
+        self.columns[db.ops.quote_name(f.column)] = (
+            expression,
+            [None if v is None else f.get_db_prep_save(v, db) for v in values],
+        )
         return self
 
 
+@dataclass(frozen=True)
+class _Table:
+    """What the statements need of the message table, computed once."""
+
+    name: str  # quoted table name
+    fields: list  # concrete fields but the primary key, for INSERT
+    columns: list[str]  # their quoted columns
+    casts: list[str]  # their SQL types, for ``CAST(%s AS …)``
+    returned: list  # every concrete field, the key first
+    returning: str  # "m.<column>, …" of ``returned``
+    converters: list[list]  # per returned field, its converters from the database
+
+
 @functools.cache
-def _fields() -> tuple[list, list[str], str]:
-    """Concrete fields of Message but the primary key, their SQL casts (for
-    an ``INSERT … SELECT``: a bare literal there has no column type yet),
-    and the quoted table name."""
+def _table() -> _Table:
+    db = connections[DEFAULT_DB_ALIAS]
     fields = [f for f in Message._meta.concrete_fields if not f.primary_key]
-    casts = []
-    for f in fields:
-        db_type = f.db_type(connection)
-        # No length or scale in the cast: an explicit cast to varchar(n)
-        # would cut the value; the column's own check must refuse it.
-        casts.append(db_type.split("(", 1)[0])
-    return fields, casts, connection.ops.quote_name(Message._meta.db_table)
-
-
-@functools.cache
-def _returning() -> tuple[list, str]:
-    """All concrete fields (the key first) and their ``m.`` column list."""
-    fields = list(Message._meta.concrete_fields)
-    return fields, ", ".join(f"m.{connection.ops.quote_name(f.column)}" for f in fields)
+    returned = list(Message._meta.concrete_fields)
+    return _Table(
+        name=db.ops.quote_name(Message._meta.db_table),
+        fields=fields,
+        columns=[db.ops.quote_name(f.column) for f in fields],
+        # In an INSERT … SELECT a bare parameter has no column type yet. No
+        # length or scale in the cast: an explicit cast to varchar(n) would
+        # cut the value; the column's own check must refuse it.
+        casts=[f.db_type(db).split("(", 1)[0] for f in fields],
+        returned=returned,
+        returning=", ".join(f"m.{db.ops.quote_name(f.column)}" for f in returned),
+        converters=[f.get_db_converters(db) for f in returned],
+    )
 
 
 def _message_from_row(values: tuple) -> Message:
-    fields, _ = _returning()
+    table, db = _table(), connections[DEFAULT_DB_ALIAS]
     converted = []
-    for f, value in zip(fields, values, strict=True):
-        for converter in f.get_db_converters(connection):
-            value = converter(value, None, connection)
+    for converters, value in zip(table.converters, values, strict=True):
+        for converter in converters:
+            value = converter(value, None, db)
         converted.append(value)
-    return Message.from_db(connection.alias, [f.attname for f in fields], converted)
+    return Message.from_db(DEFAULT_DB_ALIAS, [f.attname for f in table.returned], converted)
 
 
 def write_operation_row(
@@ -124,52 +137,57 @@ def write_operation_row(
     Must not be inside a failed transaction; raises what the database
     raises (a lock timeout, a value the column refuses).
     """
+    db = connections[DEFAULT_DB_ALIAS]
+    table = _table()
     lease_sql, params = leased_run_sql(lease, now=now)
-    table = _fields()[2]
-    _, returning = _returning()
     parts = [f"WITH leased_run AS ({lease_sql})"]
     selects = []
     if update is not None:
-        assign = dict(update.columns)
-        assign["updated_at"] = ("%s", [Message._meta.get_field("updated_at").get_db_prep_save(now, connection)])
         sets = []
-        for column, (expression, values) in assign.items():
-            sets.append(f"{connection.ops.quote_name(column)} = {expression}")
+        for column, (expression, values) in update.columns.items():
+            sets.append(f"{column} = {expression}")
             params += values
+        sets.append("updated_at = %s")
+        params.append(now)
         parts.append(
-            f", updated AS (UPDATE {table} AS m SET {', '.join(sets)} FROM leased_run "
+            f", updated AS (UPDATE {table.name} AS m SET {', '.join(sets)} FROM leased_run "
             f"WHERE m.run_id = leased_run.id AND m.role = %s AND m.operation_id = %s AND ({update_when[0]}) "
-            f"RETURNING {returning})"
+            f"RETURNING {table.returning})"
         )
         params += [role, operation_id, *update_when[1]]
         selects.append("SELECT * FROM updated")
     if insert is not None:
-        fields, casts, _ = _fields()
         insert.run_id, insert.thread_id = lease.run_id, lease.thread_id
         insert.role, insert.operation_id = role, operation_id
         insert.created_at = insert.updated_at = now
         overrides = insert_sql or {}
-        columns, exprs = [], []
-        for f, cast in zip(fields, casts, strict=True):
-            columns.append(connection.ops.quote_name(f.column))
+        exprs = []
+        for f, cast in zip(table.fields, table.casts, strict=True):
             if f.column in overrides:
                 expression, values = overrides[f.column]
                 exprs.append(expression)
                 params += values
-            else:
-                exprs.append(f"CAST(%s AS {cast})")
-                params.append(f.get_db_prep_save(getattr(insert, f.attname), connection))
+                continue
+            value = getattr(insert, f.attname)
+            exprs.append(f"CAST(%s AS {cast})")
+            params.append(None if value is None else f.get_db_prep_save(value, db))
         guard = " WHERE NOT EXISTS (SELECT FROM updated)" if update is not None else ""
         parts.append(
-            f", inserted AS (INSERT INTO {table} AS m ({', '.join(columns)}) "
+            f", inserted AS (INSERT INTO {table.name} AS m ({', '.join(table.columns)}) "
             f"SELECT {', '.join(exprs)} FROM leased_run{guard} "
             "ON CONFLICT (run_id, role, operation_id) WHERE operation_id IS NOT NULL DO NOTHING "
-            f"RETURNING {returning})"
+            f"RETURNING {table.returning})"
         )
         selects.append("SELECT * FROM inserted")
     sql = " ".join(parts) + " " + " UNION ALL ".join(selects)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    # A psycopg cursor with server-side binding on Django's connection (the
+    # same transaction and adapters; errors translated as Django's are):
+    # the statement is prepared once per connection — its text depends only
+    # on the kind of write, never on the values — so a write costs one
+    # round trip and little CPU on either side.
+    db.ensure_connection()
+    with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
+        cursor.execute(sql, params, prepare=True)
         found = cursor.fetchone()
     return None if found is None else _message_from_row(found)
 
@@ -177,7 +195,7 @@ def write_operation_row(
 def json_param(value: Any) -> Any:
     """``value`` as a ``jsonb`` parameter in the stored (escaped) form, for
     conditions such as ``m.metadata @> %s``."""
-    return Message._meta.get_field("metadata").get_db_prep_save(value, connection)
+    return Message._meta.get_field("metadata").get_db_prep_save(value, connections[DEFAULT_DB_ALIAS])
 
 
 def operation_row(run_id: uuid.UUID, role: str, operation_id: str) -> Message | None:
