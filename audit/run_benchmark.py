@@ -30,6 +30,7 @@ itself and asserts nothing.
 from __future__ import annotations
 
 import asyncio
+import logging
 import statistics
 import threading
 import time
@@ -174,6 +175,10 @@ def bench_run_overhead(*, runs: int = 40, rounds: int = 5, warmup: int = 5, rss_
         return time.perf_counter() - began
 
     previous_url = config.REPLAY_MODEL_URL
+    quiet = [logging.getLogger(name) for name in ("audit.replay.server", "uvicorn.error", "audit.runner")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.WARNING)
     try:
         with _ReplayServer() as url:
             config.REPLAY_MODEL_URL = url
@@ -199,6 +204,8 @@ def bench_run_overhead(*, runs: int = 40, rounds: int = 5, warmup: int = 5, rss_
                 result.rss_mib.append((product_runs, _rss_mib()))
     finally:
         config.REPLAY_MODEL_URL = previous_url
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
         _clean_up(user, thread_ids, run_ids, workspace)
     return result
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from conversations.models import Message
@@ -426,7 +426,8 @@ def _terminate(
         row.metadata.pop("awaiting_run_terminal", None)
         row.save(update_fields=["execution_status", "finished_at", "metadata", "updated_at"])
     price_unpriced_rows(run)  # rows closed from the final State (R-COST-1)
-    run.usage = _usage_total(run)
+    rows = _closed_row_facts(run)
+    run.usage = _usage_total(rows)
     run.status = status
     run.finished_at = now
     run.lease_expires_at = None
@@ -434,26 +435,42 @@ def _terminate(
     run.error_message = error_message
     run.interrupts = interrupts if status == Status.INTERRUPTED else None
     run.save()
-    metrics.run_ended(run)
+    metrics.run_ended(run, rows=rows)
     thread_id = run.thread_id
     # The next runs are handed over after commit; the dispatcher's grace
     # counts from now, in case that message is lost (R-RUN-9). SKIP LOCKED:
     # never wait for (or deadlock with) a cancel holding a pending run; a
-    # skipped run is at worst handed over once more, harmlessly.
-    following = (
-        AgentRun.objects.select_for_update(no_key=True, skip_locked=True)
-        .filter(thread_id=thread_id, status=Status.PENDING)
-        .values_list("pk", flat=True)
-    )
-    AgentRun.objects.filter(pk__in=list(following)).update(dispatched_at=now)
+    # skipped run is at worst handed over once more, harmlessly. One
+    # statement finds and stamps them.
+    table = connection.ops.quote_name(AgentRun._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET dispatched_at = %s WHERE id IN (SELECT id FROM {table} "
+            "WHERE thread_id = %s AND status = %s FOR NO KEY UPDATE SKIP LOCKED)",
+            [now, thread_id, Status.PENDING],
+        )
+    # Always after commit, also without a pending run now: a turn submitted
+    # while this transaction was open may have been refused by its worker
+    # because this run still held the thread (R-RUN-2).
     transaction.on_commit(lambda: _enqueue_next_in_thread(thread_id))
 
 
-def _usage_total(run: AgentRun) -> dict[str, int]:
+# The facts of a run's audit rows that its usage total and its metrics read.
+_ROW_FACTS = ("role", "tool_name", "execution_status", "started_at", "duration_ms", "usage", "cost_usd")
+
+
+def _closed_row_facts(run: AgentRun) -> list[dict[str, Any]]:
+    """The run's audit rows (:meth:`MessageQuerySet.audit`) as dicts of
+    :data:`_ROW_FACTS`: one read for the usage total and the metrics."""
+    return list(Message.objects.audit().filter(run_id=run.pk).values(*_ROW_FACTS))
+
+
+def _usage_total(rows: list[dict[str, Any]]) -> dict[str, int]:
     total = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "unknown_calls": 0}
-    for usage in Message.objects.filter(run=run, role=Message.Role.ASSISTANT, operation_id__isnull=False).values_list(
-        "usage", flat=True
-    ):
+    for row in rows:
+        if row["role"] != Message.Role.ASSISTANT:
+            continue
+        usage = row["usage"]
         if not usage:
             total["unknown_calls"] += 1
             continue
