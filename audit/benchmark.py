@@ -3,12 +3,17 @@
 Measures, in one run against the configured database:
 
 * latency (median, p95) of one ``model_call_start`` through the service —
-  its own transaction, the run row locked and checked by
-  :func:`~audit.lease.lock_run`, the existing-row check, the insert;
-* latency of the equivalent raw SQL transaction (the same lock, checks and
-  insert written by hand), and the ratio of the two;
-* service writes per second with 1 and with N threads, each thread writing
-  into its own run as one worker per run does;
+  one statement that locks the run row, checks the lease
+  (:func:`~audit.lease.leased_run_sql`) and inserts the row;
+* latency of the raw SQL baseline — plain psycopg on its own connection:
+  ``BEGIN``; lock the run row and compare its lease fields; ``INSERT`` one
+  message row; ``COMMIT`` — and the ratio of the two (target: at most
+  1.5x);
+* writes per second of the service and of the baseline with 1 and with N
+  threads, each thread writing into its own run as one worker per run does
+  (target at 8 threads: the service at least 2/3 of the baseline);
+* all of the above in interleaved rounds, reported as the median over the
+  rounds;
 * the cost of the Prometheus metrics on a write (R-OPS-1): the service
   write with metrics switched off, measured alternately with the others,
   and the time of the metric update itself, per write.
@@ -35,7 +40,7 @@ from functools import partial
 from unittest import mock
 
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
@@ -70,6 +75,12 @@ class BenchResult:
     # "genai-prices catalogue" -> latency; and each / "without cost".
     close: dict[str, LatencySummary] = field(default_factory=dict)
     close_ratio_median: dict[str, float] = field(default_factory=dict)
+    raw_writes_per_second: dict[int, float] = field(default_factory=dict)  # the baseline's, per thread count
+    rounds: int = 1
+    # Per round: median latency (ms) of "service" and "raw" and their "ratio".
+    round_median_ms: dict[str, list[float]] = field(default_factory=dict)
+    # threads -> {"service": [per round], "raw": [per round]} writes per second.
+    round_writes_per_second: dict[int, dict[str, list[float]]] = field(default_factory=dict)
 
 
 def summarize(samples_s: list[float]) -> LatencySummary:
@@ -157,53 +168,62 @@ def _bench_close(fixture: _Fixture, *, writes: int, warmup: int) -> dict[str, La
     return {name: summarize(values) for name, values in samples.items()}
 
 
-def _raw_sql_write(lease: Lease, operation_id: str, sequence: int) -> None:
-    """The same transaction as :func:`_service_write`, by hand: lock the run
-    row, check identity, owner, fencing token, status and expiry, check for
-    the operation, insert the row."""
-    run_table, message_table = AgentRun._meta.db_table, Message._meta.db_table
-    now = timezone.now()
-    row = Message(
-        thread_id=lease.thread_id,
-        run_id=lease.run_id,
-        role=Message.Role.ASSISTANT,
-        message_type=Message.Type.MODEL_AUDIT,
-        operation_id=operation_id,
-        sequence=sequence,
-        started_at=now,
-        execution_status=Message.ExecutionStatus.RUNNING,
-        metadata={"namespace": []},
-        created_at=now,
-        updated_at=now,
-    )
-    fields = [f for f in Message._meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    values = [f.get_db_prep_save(getattr(row, f.attname), connection) for f in fields]
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
+class _RawWriter:
+    """The baseline: the same work as one service write, in plain psycopg
+    on its own connection (no Django, no pool) — ``BEGIN``; lock the run row
+    and compare its lease fields; ``INSERT`` one message row; ``COMMIT``."""
+
+    def __init__(self):
+        import psycopg
+
+        from .checkpoint import postgres_conninfo
+
+        self.conn = psycopg.connect(postgres_conninfo())
+        run_table, message_table = AgentRun._meta.db_table, Message._meta.db_table
+        self.fields = [f for f in Message._meta.concrete_fields if not f.primary_key]
+        columns = ", ".join(connection.ops.quote_name(f.column) for f in self.fields)
+        self.lock_sql = (
             f"SELECT request_id, thread_id, lease_owner, fencing_token, status, lease_expires_at "
-            f"FROM {run_table} WHERE id = %s FOR NO KEY UPDATE",
-            [lease.run_id],
+            f"FROM {run_table} WHERE id = %s FOR NO KEY UPDATE"
         )
-        found = cursor.fetchone()
-        if found is None or found[0] != lease.request_id or found[1] != lease.thread_id:
-            raise LeaseLost("identity")
-        if found[2] != lease.owner or found[3] != lease.fencing_token:
-            raise LeaseLost("owner")
-        if found[4] in AgentRun.TERMINAL_STATUSES:
-            raise RunTerminal("terminal")
-        if found[5] is None or found[5] <= now:
-            raise LeaseLost("expired")
-        cursor.execute(
-            f"SELECT sequence FROM {message_table} WHERE run_id = %s AND role = %s AND operation_id = %s",
-            [lease.run_id, Message.Role.ASSISTANT, operation_id],
-        )
-        if cursor.fetchone() is not None:
-            return
-        cursor.execute(
-            f"INSERT INTO {message_table} ({columns}) VALUES ({', '.join(['%s'] * len(values))})",
-            values,
-        )
+        self.insert_sql = f"INSERT INTO {message_table} ({columns}) VALUES ({', '.join(['%s'] * len(self.fields))})"
+
+    def write(self, lease: Lease, operation_id: str, sequence: int) -> None:
+        from psycopg.types.json import Jsonb
+
+        now = timezone.now()
+        values = {
+            "thread_id": lease.thread_id,
+            "run_id": lease.run_id,
+            "role": Message.Role.ASSISTANT,
+            "message_type": Message.Type.MODEL_AUDIT,
+            "content": "",
+            "tool_calls": None,
+            "metadata": Jsonb({"namespace": []}),
+            "operation_id": operation_id,
+            "started_at": now,
+            "sequence": sequence,
+            "execution_status": Message.ExecutionStatus.RUNNING,
+            "price_source": "",
+            "price_version": "",
+            "tool_name": "",
+            "created_at": now,
+            "updated_at": now,
+        }
+        with self.conn.transaction():
+            found = self.conn.execute(self.lock_sql, [lease.run_id]).fetchone()
+            if found is None or found[0] != lease.request_id or found[1] != lease.thread_id:
+                raise LeaseLost("identity")
+            if found[2] != lease.owner or found[3] != lease.fencing_token:
+                raise LeaseLost("owner")
+            if found[4] in AgentRun.TERMINAL_STATUSES:
+                raise RunTerminal("terminal")
+            if found[5] is None or found[5] <= now:
+                raise LeaseLost("expired")
+            self.conn.execute(self.insert_sql, [values.get(f.attname) for f in self.fields])
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 def _timed(fn: Callable[[], None]) -> float:
@@ -231,26 +251,34 @@ def _metric_update_us(samples: int = 20_000) -> float:
     return (time.perf_counter() - began) / samples * 1e6
 
 
-def _throughput(fixture: _Fixture, threads: int, writes_per_thread: int) -> float:
-    """Service writes per second with ``threads`` threads, one run each."""
+def _throughput(fixture: _Fixture, threads: int, writes_per_thread: int, *, raw: bool, tag: str) -> float:
+    """Writes per second with ``threads`` threads, one run each: through the
+    service, or (``raw``) the plain psycopg baseline, one connection each."""
     barrier = threading.Barrier(threads + 1)
     errors: list[BaseException] = []
 
     def writer(index: int) -> None:
         lease = fixture.leases[index]
+        raw_writer = _RawWriter() if raw else None
         try:
+            write = raw_writer.write if raw_writer else _service_write
+            write(lease, f"{tag}-warm-{index}", 999_999)  # connection opened before the clock starts
             barrier.wait()
             for i in range(writes_per_thread):
-                _service_write(lease, f"tp{threads}-{index}-{i}", 1_000_000 + i)
+                write(lease, f"{tag}-{index}-{i}", 1_000_000 + i)
         except BaseException as exc:  # reported after join
             errors.append(exc)
+            barrier.abort()
         finally:
+            if raw_writer:
+                raw_writer.close()
             connection.close()
 
     workers = [threading.Thread(target=writer, args=(i,)) for i in range(threads)]
     for worker in workers:
         worker.start()
-    barrier.wait()
+    with contextlib.suppress(threading.BrokenBarrierError):
+        barrier.wait()
     began = time.perf_counter()
     for worker in workers:
         worker.join()
@@ -260,43 +288,62 @@ def _throughput(fixture: _Fixture, threads: int, writes_per_thread: int) -> floa
     return threads * writes_per_thread / elapsed
 
 
-def bench_audit_writes(*, writes: int = 500, warmup: int = 50, thread_counts: tuple[int, ...] = (1, 8)) -> BenchResult:
+def bench_audit_writes(
+    *, writes: int = 500, warmup: int = 50, thread_counts: tuple[int, ...] = (1, 8), rounds: int = 1
+) -> BenchResult:
     """Run the benchmark.
 
     Args:
-        writes: measured writes per path for the latency figures, and per
-            thread for the throughput figures.
+        writes: measured writes per path and round for the latency figures,
+            and per thread and round for the throughput figures.
         warmup: unmeasured writes per path first (connection, caches).
         thread_counts: thread counts for the throughput figures.
+        rounds: rounds of the service/raw comparison; in each round the
+            service writes, the raw SQL writes and the service writes with
+            metrics off alternate one by one, then the throughput of both
+            is measured at each thread count, raw and service alternating.
+            Figures are the median over the rounds (each round's median
+            latency, each round's writes per second).
 
-    The service writes with metrics on and off and the raw SQL writes
-    alternate, so all see the same database state and load. Returns the
-    figures; prints nothing.
+    Returns the figures; prints nothing.
     """
     fixture = _Fixture(runs=max(3, *thread_counts))
+    raw_writer = _RawWriter()
     try:
         service_lease, raw_lease, off_lease = fixture.leases[0], fixture.leases[1], fixture.leases[2]
         for i in range(warmup):
             _service_write(service_lease, f"warm-s-{i}", i + 1)
-            _raw_sql_write(raw_lease, f"warm-r-{i}", i + 1)
+            raw_writer.write(raw_lease, f"warm-r-{i}", i + 1)
             _timed_metrics_off(partial(_service_write, off_lease, f"warm-o-{i}", i + 1))
         service, raw, off = [], [], []
-        for i in range(writes):
-            seq = warmup + i + 1
-            service.append(_timed(partial(_service_write, service_lease, f"s-{i}", seq)))
-            raw.append(_timed(partial(_raw_sql_write, raw_lease, f"r-{i}", seq)))
-            off.append(_timed_metrics_off(partial(_service_write, off_lease, f"o-{i}", seq)))
+        round_service, round_raw, round_ratio = [], [], []
+        per_second: dict[int, list[float]] = {n: [] for n in thread_counts}
+        raw_per_second: dict[int, list[float]] = {n: [] for n in thread_counts}
+        for r in range(rounds):
+            s_round, r_round = [], []
+            for i in range(writes):
+                seq = warmup + r * writes + i + 1
+                s_round.append(_timed(partial(_service_write, service_lease, f"s-{r}-{i}", seq)))
+                r_round.append(_timed(partial(raw_writer.write, raw_lease, f"r-{r}-{i}", seq)))
+                off.append(_timed_metrics_off(partial(_service_write, off_lease, f"o-{r}-{i}", seq)))
+            service += s_round
+            raw += r_round
+            round_service.append(statistics.median(s_round) * 1000)
+            round_raw.append(statistics.median(r_round) * 1000)
+            round_ratio.append(round_service[-1] / round_raw[-1])
+            connection.close()  # the threads below take their own connections
+            for n in thread_counts:
+                raw_per_second[n].append(_throughput(fixture, n, writes, raw=True, tag=f"tr{r}-{n}"))
+                per_second[n].append(_throughput(fixture, n, writes, raw=False, tag=f"ts{r}-{n}"))
         service_summary, raw_summary = summarize(service), summarize(raw)
         close = _bench_close(fixture, writes=writes, warmup=warmup)
-        connection.close()  # the threads below take their own connections
-        per_second = {n: _throughput(fixture, n, writes) for n in thread_counts}
         base = close["without cost"].median_ms
         return BenchResult(
             service=service_summary,
             raw_sql=raw_summary,
-            ratio_median=service_summary.median_ms / raw_summary.median_ms,
+            ratio_median=statistics.median(round_ratio),
             ratio_p95=service_summary.p95_ms / raw_summary.p95_ms,
-            writes_per_second=per_second,
+            writes_per_second={n: statistics.median(v) for n, v in per_second.items()},
             service_metrics_off=summarize(off),
             metrics_update_us=_metric_update_us(),
             metrics_mode=f"multiprocess ({metrics.multiprocess_dir()})"
@@ -304,6 +351,11 @@ def bench_audit_writes(*, writes: int = 500, warmup: int = 50, thread_counts: tu
             else "single process",
             close=close,
             close_ratio_median={name: summary.median_ms / base for name, summary in close.items()},
+            raw_writes_per_second={n: statistics.median(v) for n, v in raw_per_second.items()},
+            rounds=rounds,
+            round_median_ms={"service": round_service, "raw": round_raw, "ratio": round_ratio},
+            round_writes_per_second={n: {"service": per_second[n], "raw": raw_per_second[n]} for n in thread_counts},
         )
     finally:
+        raw_writer.close()
         fixture.delete()

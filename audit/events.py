@@ -6,7 +6,9 @@ publisher numbers a run's events 1, 2, 3, ... and uses the number as the
 stream entry id (``<sequence>-0``), so the SSE ``id:`` of an event, the
 client's ``Last-Event-ID`` and the position to read from are one number:
 a reconnecting client resumes with ``XREAD`` after ``<Last-Event-ID>-0``,
-with no gap and no repeat. The stream expires ``STREAM_TTL_SECONDS`` after
+with no gap and no repeat. The publisher sends events in short batches
+(one round trip each) and the terminal event only after the terminal
+transaction committed. The stream expires ``STREAM_TTL_SECONDS`` after
 its last event and keeps about the newest ``EVENT_STREAM_MAXLEN`` events
 (a setting; Redis trims older ones).
 
@@ -71,24 +73,63 @@ def _redis(url: str):
     return aioredis.from_url(url)
 
 
+# Appends a batch of events to a run's stream after its last entry, in one
+# round trip and atomically: numbers continue after the stream's tail (so a
+# second publisher for the same run never reuses one) and after the caller's
+# last number. ARGV: last number, maxlen, ttl seconds (0: keep the TTL),
+# then type, data pairs. Returns the last number written.
+_APPEND_SCRIPT = """
+local sequence = tonumber(ARGV[1])
+local tail = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if tail[1] then
+    local last = tonumber(string.match(tail[1][1], '^(%d+)'))
+    if last > sequence then sequence = last end
+end
+for i = 4, #ARGV, 2 do
+    sequence = sequence + 1
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], sequence .. '-0', 'type', ARGV[i], 'data', ARGV[i + 1])
+end
+if tonumber(ARGV[3]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
+return sequence
+"""
+
+#: Live events wait at most this long (seconds) before they are sent, so a
+#: burst of text deltas travels as one batch (one round trip).
+FLUSH_INTERVAL_SECONDS = 0.05
+#: A batch is sent at once when it holds this many events.
+FLUSH_MAX_EVENTS = 256
+#: Events kept while Redis does not answer; older ones are dropped (logged):
+#: the audit in PostgreSQL is the record, the reader announces the gap.
+BUFFER_MAX_EVENTS = 10_000
+
+
 class RunEventPublisher:
     """Publishes one run's events in order, numbering them 1, 2, 3, ...
 
-    Each publish is awaited (one round trip: ``XADD`` with the explicit id
-    ``<sequence>-0`` plus ``EXPIRE``), never queued in memory. The first
-    publish continues after the stream's last entry, so a second publisher
-    for the same run never reuses a number. A Redis failure is logged and
-    does not fail the run: the database is the record.
+    :meth:`publish` puts the event in a batch; the batch is sent in one
+    round trip (a Lua script: ``XADD`` per event with the explicit id
+    ``<sequence>-0``) at most :data:`FLUSH_INTERVAL_SECONDS` later, at once
+    when it reaches :data:`FLUSH_MAX_EVENTS`, on :meth:`flush` and on
+    :meth:`close`. The stream's TTL is set with the first batch and again
+    by :meth:`close` (not per event). Numbers continue after the stream's
+    last entry, so a second publisher for the same run never reuses one.
+    The caller publishes the terminal event after the terminal transaction
+    committed and then closes the publisher, which sends everything still
+    waiting: no event is lost and none is published early. A Redis failure
+    is logged and does not fail the run (the database is the record); the
+    batch is kept and sent with the next one.
     """
 
     def __init__(self, run_id: uuid.UUID | str, redis_url: str | None):
         self.run_id = str(run_id)
         self._redis_url = redis_url
         self._client = None
-        self._synced = False
+        self._script = None
+        self._pending: list[tuple[str, str]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._ttl_set = False
         self.sequence = 0
-        # The stream task and the lease keeper publish concurrently: one
-        # number, one XADD at a time, so ids stay consecutive.
+        # One batch in flight at a time, so numbers stay in order.
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -96,44 +137,65 @@ class RunEventPublisher:
         return cls(run_id, get_config().REDIS_URL or None)
 
     async def publish(self, event_type: str, data: dict[str, Any]) -> None:
-        """Append one event ``{type, data}`` (``data`` JSON-able)."""
+        """Add one event ``{type, data}`` (``data`` JSON-able) to the batch."""
         if not self._redis_url:
             self.sequence += 1
             return
-        async with self._lock:
-            await self._publish(event_type, data)
+        self._pending.append((event_type, json.dumps(data, default=str)))
+        if len(self._pending) >= FLUSH_MAX_EVENTS:
+            await self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_INTERVAL_SECONDS, self._flush_soon)
 
-    async def _publish(self, event_type: str, data: dict[str, Any]) -> None:
+    def _flush_soon(self) -> None:
+        self._timer = None
+        task = asyncio.ensure_future(self.flush())
+        # Keep a reference until it ends; errors are logged by flush itself.
+        self._flushing = task
+
+    async def flush(self) -> None:
+        """Send every event waiting in the batch (one round trip)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        async with self._lock:
+            if self._pending:
+                await self._send()
+
+    async def _send(self) -> None:
         from redis.exceptions import RedisError
 
-        key = stream_key(self.run_id)
+        batch = self._pending
         try:
             if self._client is None:
                 self._client = _redis(self._redis_url)
-            if not self._synced:
-                last = await self._client.xrevrange(key, count=1)
-                self.sequence = max(self.sequence, _sequence_of(last[0][0]) if last else 0)
-                self._synced = True
-            sequence = self.sequence + 1
-            async with self._client.pipeline(transaction=False) as pipe:
-                pipe.xadd(
-                    key,
-                    {"type": event_type, "data": json.dumps(data, default=str)},
-                    id=f"{sequence}-0",
-                    maxlen=get_config().EVENT_STREAM_MAXLEN,
-                    approximate=True,
-                )
-                pipe.expire(key, STREAM_TTL_SECONDS)
-                await pipe.execute()
-            self.sequence = sequence
+                self._script = self._client.register_script(_APPEND_SCRIPT)
+            ttl = 0 if self._ttl_set else STREAM_TTL_SECONDS
+            args: list[Any] = [self.sequence, get_config().EVENT_STREAM_MAXLEN, ttl]
+            for event_type, data in batch:
+                args += [event_type, data]
+            self.sequence = int(await self._script(keys=[stream_key(self.run_id)], args=args))
+            self._ttl_set = True
+            del self._pending[: len(batch)]
         except RedisError as exc:
-            # Resynchronise from the stream's tail next time: the XADD may
-            # have landed before the error.
-            self._synced = False
-            log.warning("run %s: event %s not published: %s", self.run_id, event_type, exc)
+            if len(self._pending) > BUFFER_MAX_EVENTS:
+                dropped = len(self._pending) - BUFFER_MAX_EVENTS
+                del self._pending[:dropped]
+                log.warning("run %s: %s live events dropped while Redis is unreachable", self.run_id, dropped)
+            log.warning("run %s: %s events not published yet: %s", self.run_id, len(batch), exc)
 
     async def close(self) -> None:
+        """Send what waits, set the stream's TTL once more (it counts from
+        the run's last event) and close the connection."""
+        from redis.exceptions import RedisError
+
+        await self.flush()
         if self._client is not None:
+            try:
+                if self._ttl_set:
+                    await self._client.expire(stream_key(self.run_id), STREAM_TTL_SECONDS)
+            except RedisError as exc:
+                log.warning("run %s: stream TTL not set: %s", self.run_id, exc)
             await self._client.aclose()
             self._client = None
 

@@ -1,33 +1,78 @@
-"""The one lease helper: every write into a run goes through :func:`lock_run`.
+"""The one lease helper: every write into a run is fenced by the lease.
 
 A lease is the right of one worker to write into one run. It lives in the
 ``AgentRun`` row (owner, fencing token, expiry) and is checked under the row
 lock, so a stale worker can never write after another owner took over or
 after the run ended (R-RUN-3, R-RUN-4, R-RUN-7).
+
+Two forms of the same lock and the same checks:
+
+* :func:`lock_run` locks the row inside the caller's transaction and checks
+  it in Python — for writes made of several statements (the terminal
+  transaction, renewal, the rare paths of the audit writes);
+* :func:`leased_run_sql` is the lock and the checks as one SQL query that a
+  write puts in front of its own statement (``WITH leased_run AS (…)
+  INSERT … SELECT … FROM leased_run``), so lock, check and write are one
+  round trip; when it touched nothing, :func:`lease_check` reads the row
+  and raises the error that names why (R-RUN-4).
 """
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from .errors import LeaseExpired, LeaseLost, RunIdentityMismatch, RunTerminal
+from .errors import LeaseError, LeaseExpired, LeaseLost, RunIdentityMismatch, RunTerminal
 from .models import AgentRun
 
 
 @dataclass(frozen=True)
 class Lease:
-    """What a worker holds after acquiring a run: identity plus fencing token."""
+    """What a worker holds after acquiring a run: identity plus fencing
+    token, and the run's configured model (it never changes; model rows are
+    priced with it, R-COST-1 — empty on a hand-built lease: then it is read)."""
 
     run_id: uuid.UUID
     request_id: str
     thread_id: uuid.UUID
     owner: str
     fencing_token: int
+    model: str = ""
+
+
+# The run columns the checks read, in the order of :func:`lease_refusal`.
+_LEASE_COLUMNS = ("request_id", "thread_id", "lease_owner", "fencing_token", "status", "lease_expires_at")
+
+
+def lease_refusal(lease: Lease, facts: tuple | None, *, now: datetime) -> LeaseError | None:
+    """The error that refuses a write under ``lease``, or None when the lease
+    holds. ``facts`` are the run row's ``request_id, thread_id, lease_owner,
+    fencing_token, status, lease_expires_at`` (None: no such run).
+
+    Checks, in order: the run exists and its request id and thread id equal
+    the lease's (:class:`RunIdentityMismatch`); the owner and fencing token
+    are the lease's (:class:`LeaseLost`); the run is not terminal
+    (:class:`RunTerminal`); the lease has not expired at ``now``
+    (:class:`LeaseExpired`). Implements R-RUN-4.
+    """
+    if facts is None or facts[0] != lease.request_id or facts[1] != lease.thread_id:
+        return RunIdentityMismatch(f"run {lease.run_id} does not match the lease identity")
+    _, _, owner, token, status, expires_at = facts
+    if owner != lease.owner or token != lease.fencing_token:
+        return LeaseLost(
+            f"run {lease.run_id} is held by {owner!r} with token {token}, "
+            f"not {lease.owner!r} with token {lease.fencing_token}"
+        )
+    if status in AgentRun.TERMINAL_STATUSES:
+        return RunTerminal(f"run {lease.run_id} is already {status}")
+    if expires_at is None or expires_at <= now:
+        return LeaseExpired(f"lease on run {lease.run_id} expired at {expires_at}")
+    return None
 
 
 def lock_run(lease: Lease, *, now: datetime | None = None) -> AgentRun:
@@ -38,7 +83,7 @@ def lock_run(lease: Lease, *, now: datetime | None = None) -> AgentRun:
     so concurrent inserts of its messages are not blocked) and is held until
     the caller's transaction ends. Checks, in order: the run exists and its
     request id and thread id equal the lease's; the owner and fencing token
-    are the lease's; the lease has not expired; the run is not terminal.
+    are the lease's; the run is not terminal; the lease has not expired.
 
     Raises:
         RunIdentityMismatch: no such run, or request/thread id differ.
@@ -51,16 +96,55 @@ def lock_run(lease: Lease, *, now: datetime | None = None) -> AgentRun:
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("lock_run must be called inside transaction.atomic()")
     run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=lease.run_id).first()
-    if run is None or run.request_id != lease.request_id or run.thread_id != lease.thread_id:
-        raise RunIdentityMismatch(f"run {lease.run_id} does not match the lease identity")
-    if run.lease_owner != lease.owner or run.fencing_token != lease.fencing_token:
-        raise LeaseLost(
-            f"run {run.id} is held by {run.lease_owner!r} with token {run.fencing_token}, "
-            f"not {lease.owner!r} with token {lease.fencing_token}"
-        )
-    if run.is_terminal:
-        raise RunTerminal(f"run {run.id} is already {run.status}")
-    now = now or timezone.now()
-    if run.lease_expires_at is None or run.lease_expires_at <= now:
-        raise LeaseExpired(f"lease on run {run.id} expired at {run.lease_expires_at}")
+    facts = None if run is None else tuple(getattr(run, name) for name in _LEASE_COLUMNS)
+    refusal = lease_refusal(lease, facts, now=now or timezone.now())
+    if refusal is not None:
+        raise refusal
     return run
+
+
+def leased_run_sql(lease: Lease, *, now: datetime) -> tuple[str, list]:
+    """The lock and the checks of :func:`lock_run` as one SQL query, and its
+    parameters: ``SELECT id, thread_id FROM <run table> WHERE id = … AND``
+    request id, thread id, owner and fencing token equal the lease's, the
+    status is not terminal and the lease expires after ``now`` ``FOR NO KEY
+    UPDATE``. It yields the run's one row while the lease holds, else none.
+
+    A write names it in a ``WITH leased_run AS (…)`` clause and takes its
+    rows from ``leased_run``, so it writes only under the lease, with the
+    row locked until the statement's transaction ends. ``FOR NO KEY
+    UPDATE`` waits for a transaction that holds the row (a terminal
+    transaction, a takeover) and then re-evaluates the checks on the row it
+    committed (PostgreSQL's READ COMMITTED re-check of a locked row), so a
+    write never lands in a run that ended or changed hands meanwhile.
+    When the write touched nothing, :func:`lease_check` names the reason.
+    Implements R-RUN-4.
+    """
+    return _LEASED_RUN_SQL(), [lease.run_id, lease.request_id, lease.thread_id, lease.owner, lease.fencing_token, now]
+
+
+@functools.cache
+def _LEASED_RUN_SQL() -> str:  # noqa: N802 - a constant, built once the connection is known
+    table = connection.ops.quote_name(AgentRun._meta.db_table)
+    # The terminal statuses are constants of the code: literals, so the
+    # statement's text never changes (it is prepared once per connection).
+    terminal = ", ".join(f"'{status}'" for status in AgentRun.TERMINAL_STATUSES)
+    return (
+        f"SELECT id, thread_id FROM {table} WHERE id = %s AND request_id = %s AND thread_id = %s "
+        f"AND lease_owner = %s AND fencing_token = %s AND status NOT IN ({terminal}) "
+        "AND lease_expires_at > %s FOR NO KEY UPDATE"
+    )
+
+
+def lease_check(lease: Lease, *, now: datetime) -> None:
+    """Read the run row (no lock) and raise the error that refuses a write
+    under ``lease`` at ``now`` (see :func:`lease_refusal`); return when the
+    lease holds. Called after a statement fenced by :func:`leased_run_sql`
+    touched nothing, to tell a lease failure from the write's own
+    condition. A lease only gets worse between the two (renewal needs a
+    valid lease; takeover and termination are final), so the error read
+    here is the one the statement met."""
+    facts = AgentRun.objects.filter(pk=lease.run_id).values_list(*_LEASE_COLUMNS).first()
+    refusal = lease_refusal(lease, facts, now=now)
+    if refusal is not None:
+        raise refusal

@@ -58,6 +58,7 @@ from .lease import Lease
 from .model_requests import ModelRequestAudit
 from .models import AgentRun, RunCancelRequest
 from .recorder import LifecycleRecorder
+from .services.runs import run_acquire_with_row
 from .services.trace import run_set_trace
 from .tracing import start_run_trace
 
@@ -166,8 +167,9 @@ def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
     config = get_config()
     owner = owner or worker_identity()
     try:
-        lease = services.run_acquire(run_id=uuid.UUID(str(run_id)), owner=owner, ttl_seconds=config.LEASE_TTL_SECONDS)
-        run = AgentRun.objects.select_related("thread").get(pk=lease.run_id)
+        lease, run = run_acquire_with_row(
+            run_id=uuid.UUID(str(run_id)), owner=owner, ttl_seconds=config.LEASE_TTL_SECONDS
+        )
     except (RunNotStartable, NotFound) as exc:
         log.info("run %s not started: %s", run_id, exc)
         return "skipped"
@@ -208,21 +210,24 @@ class RunExecutor:
 
     async def execute(self) -> str:
         await self.publisher.publish("run.status", {"status": Status.RUNNING})
-        self._drive_task = asyncio.create_task(self._drive())
-        keeper = asyncio.create_task(self._keep_lease())
         try:
-            outcome = await self._drive_task
-        except asyncio.CancelledError:
-            if self._stop is None:
-                raise
-            outcome = self._stop
+            self._drive_task = asyncio.create_task(self._drive())
+            keeper = asyncio.create_task(self._keep_lease())
+            try:
+                outcome = await self._drive_task
+            except asyncio.CancelledError:
+                if self._stop is None:
+                    raise
+                outcome = self._stop
+            finally:
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await keeper
+            return await self._finish(outcome)
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await keeper
-        result = await self._finish(outcome)
-        await self.publisher.close()
-        return result
+            # Sends the events still batched (the terminal one, published by
+            # _finish after its transaction committed, last).
+            await self.publisher.close()
 
     async def _drive(self) -> _Outcome:
         try:

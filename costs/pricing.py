@@ -173,6 +173,13 @@ def price_usage(*, model: str, usage: Any, at: dt.datetime | None, reported_mode
         return Cost(usd=None, source=SOURCE_UNKNOWN, unknown="price_error")
 
 
+def price_depends_on_time(model: str) -> bool:
+    """Whether a call of ``model`` (configured name) may cost differently at
+    another time: only a catalogue price can (genai-prices prices change by
+    date and time of day); ``MODEL_PRICES`` and the replay defaults never do."""
+    return get_config().MODEL_PRICES.get(model) is None and not model.startswith("replay:")
+
+
 def price_row(row, *, model: str) -> list[str]:
     """Price a closed model row (a ``conversations.Message``) in place:
     sets ``cost_usd``, ``price_source``, ``price_version`` and, when the

@@ -295,11 +295,16 @@ def record_reenqueue(reason: str = "stale") -> None:
 
 
 @_safely
-def run_ended(run) -> None:
+def run_ended(run, *, rows: list[dict[str, Any]] | None = None) -> None:
     """Call inside the terminal transaction, with ``run`` already given its
     terminal status, error type and ``finished_at``. After commit, records
     the run end, its duration, and — from its audit rows — its model calls
-    (count, duration, tokens, cost) and tool executions (R-OPS-1)."""
+    (count, duration, tokens, cost) and tool executions (R-OPS-1).
+
+    ``rows``: the run's audit rows as the terminal transaction wrote them
+    (dicts with ``role, tool_name, execution_status, started_at,
+    duration_ms, usage, cost_usd``), so nothing is read again after
+    commit; without them they are read then."""
     snapshot = {
         "run_id": run.pk,
         "status": run.status,
@@ -307,6 +312,7 @@ def run_ended(run) -> None:
         "model": model_label(run.model),
         "started_at": run.started_at,
         "finished_at": run.finished_at,
+        "rows": rows,
     }
     _after_commit(lambda: _record_run_end(**snapshot))
 
@@ -319,6 +325,7 @@ def _record_run_end(
     model: str,
     started_at: datetime | None,
     finished_at: datetime | None,
+    rows: list[dict[str, Any]] | None = None,
 ) -> None:
     from conversations.models import Message
 
@@ -329,7 +336,8 @@ def _record_run_end(
     columns = ["role", "tool_name", "execution_status", "started_at", "duration_ms", "usage"]
     if with_cost:
         columns.append("cost_usd")
-    rows = Message.objects.audit().filter(run_id=run_id).values(*columns)
+    if rows is None:
+        rows = Message.objects.audit().filter(run_id=run_id).values(*columns)
     for row in rows:
         if row["role"] == Message.Role.ASSISTANT:
             _record_model_row(model, row, with_cost)

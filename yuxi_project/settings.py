@@ -6,6 +6,7 @@ from __future__ import annotations
 import dj_database_url
 
 from .config import BASE_DIR, get_config
+from .pool import pool_check_connection
 
 CONFIG = get_config()
 
@@ -81,7 +82,13 @@ if CONFIG.DATABASE_URL and not CONFIG.DATABASE_URL.startswith("sqlite"):
     # that died in a PostgreSQL restart are replaced instead of failing the
     # next request or audit write (one empty round trip per checkout).
     _db["CONN_HEALTH_CHECKS"] = True
-    _db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 8, "timeout": CONFIG.DB_POOL_TIMEOUT_SECONDS}
+    _db.setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": 8,
+        "timeout": CONFIG.DB_POOL_TIMEOUT_SECONDS,
+        # Checks without a round trip unless the server ended the connection.
+        "check": pool_check_connection,
+    }
     _db["TEST"] = {"NAME": _db["NAME"] + "_test"}
     DATABASES = {"default": _db}
 elif CONFIG.DATABASE_URL:

@@ -1,8 +1,11 @@
 """Writes of run execution: submission, lease, audit rows, terminal state.
 
-Every write that a worker makes into a run goes through
-:func:`audit.lease.lock_run` inside its own short transaction (R-RUN-4,
-R-RUN-5). Functions take keyword-only arguments and own their transaction.
+Every write that a worker makes into a run is fenced by its lease
+(:mod:`audit.lease`), in its own short transaction (R-RUN-4, R-RUN-5): the
+lifecycle writes of audit rows as one statement that locks the run row,
+checks the lease and writes (:mod:`audit.services.fenced`), the others
+under :func:`audit.lease.lock_run`. Functions take keyword-only arguments
+and own their transaction.
 """
 
 from .model_audit import model_call_finish, model_call_open, model_call_retry, model_call_start

@@ -5,23 +5,30 @@ R-MA-10) with a provisional ``sequence`` and ``metadata.awaiting_first_chunk``;
 message-start (:func:`model_call_start`) finds it and gives it the stream's
 sequence, once. Failed attempts before the first chunk are counted on the
 row (:func:`model_call_retry`, R-RUN-12).
+
+Open, start and finish are one statement fenced by the lease in the usual
+case (:mod:`audit.services.fenced`); a repeat, a conflict or a refused lease
+takes the locked path (:func:`~audit.lease.lock_run`), which names the error
+or returns the row unchanged.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from conversations.models import Message
-from costs.pricing import price_row
+from costs.pricing import price_depends_on_time, price_row
 from ops import metrics
 
 from ..errors import AuditConflict
 from ..lease import Lease, lock_run
 from ..models import AgentRun
+from .fenced import Assign, json_param, operation_row, write_operation_row
 
 log = logging.getLogger(__name__)
 
@@ -63,22 +70,44 @@ def model_call_open(
     Raises:
         LeaseError: see :func:`lock_run`.
     """
+    row = _new_model_row(
+        sequence=sequence,
+        started_at=started_at,
+        metadata={**(metadata or {}), "awaiting_first_chunk": True, "attempts": 1},
+    )
+    opened = write_operation_row(
+        lease, role=Message.Role.ASSISTANT, operation_id=operation_id, now=timezone.now(), insert=row
+    )
+    if opened is not None:
+        return opened
     with transaction.atomic():
-        run = lock_run(lease)
-        row = _operation_row(run, Message.Role.ASSISTANT, operation_id)
-        if row is not None:
-            return row
-        return Message.objects.create(
-            thread_id=run.thread_id,
-            run=run,
-            role=Message.Role.ASSISTANT,
-            message_type=Message.Type.MODEL_AUDIT,
-            operation_id=operation_id,
-            sequence=sequence,
-            started_at=started_at,
-            execution_status=ExecStatus.RUNNING,
-            metadata={**(metadata or {}), "awaiting_first_chunk": True, "attempts": 1},
-        )
+        lock_run(lease)
+        existing = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
+        return existing if existing is not None else _insert_model_row(lease, operation_id, row)
+
+
+def _new_model_row(*, sequence: int, started_at: datetime, metadata: dict[str, Any]) -> Message:
+    """A ``running`` model row, not saved: the one shape of a new model row
+    for the request start (R-MA-10) and message-start (R-MA-3)."""
+    return Message(
+        role=Message.Role.ASSISTANT,
+        message_type=Message.Type.MODEL_AUDIT,
+        sequence=sequence,
+        started_at=started_at,
+        execution_status=ExecStatus.RUNNING,
+        metadata=metadata,
+    )
+
+
+def _insert_model_row(lease: Lease, operation_id: str, row: Message) -> Message:
+    """Insert a new model row under the run lock the caller holds (the
+    locked path); the statement is the fast path's."""
+    saved = write_operation_row(
+        lease, role=Message.Role.ASSISTANT, operation_id=operation_id, now=timezone.now(), insert=row
+    )
+    if saved is None:  # the caller holds the lock and saw no row
+        raise AuditConflict(f"operation {operation_id} could not be opened", extra={"reason": "insert_refused"})
+    return saved
 
 
 @metrics.audit_write("model_retry")
@@ -95,8 +124,8 @@ def model_call_retry(*, lease: Lease, operation_id: str, failure: dict[str, Any]
         LeaseError: see :func:`lock_run`.
     """
     with transaction.atomic():
-        run = lock_run(lease)
-        row = _operation_row(run, Message.Role.ASSISTANT, operation_id)
+        lock_run(lease)
+        row = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
         if row is None:
             raise AuditConflict(f"retry of unknown operation {operation_id}", extra={"reason": "unknown_operation"})
         errors = list(row.metadata.get("attempt_errors") or [])
@@ -147,11 +176,28 @@ def model_call_start(
         AuditConflict: the key exists with another sequence (R-MA-3).
         LeaseError: see :func:`lock_run`.
     """
+    metadata = metadata or {}
+    if not opened_as:
+        # One statement: take the sequence of a row that awaits its first
+        # chunk, or insert the row when there is none.
+        row = write_operation_row(
+            lease,
+            role=Message.Role.ASSISTANT,
+            operation_id=operation_id,
+            now=timezone.now(),
+            update=Assign()
+            .value("sequence", sequence)
+            .sql("metadata", "(m.metadata || %s) - 'awaiting_first_chunk'", metadata),
+            update_when=("m.metadata @> %s", [json_param({"awaiting_first_chunk": True})]),
+            insert=_new_model_row(sequence=sequence, started_at=started_at, metadata=metadata),
+        )
+        if row is not None:
+            return row
     with transaction.atomic():
-        run = lock_run(lease)
-        row = _operation_row(run, Message.Role.ASSISTANT, operation_id)
+        lock_run(lease)
+        row = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
         if row is None and opened_as:
-            row = _operation_row(run, Message.Role.ASSISTANT, opened_as)
+            row = operation_row(lease.run_id, Message.Role.ASSISTANT, opened_as)
             if row is not None and row.metadata.get("awaiting_first_chunk"):
                 row.operation_id = operation_id
             else:
@@ -159,7 +205,7 @@ def model_call_start(
         if row is not None:
             if row.metadata.get("awaiting_first_chunk"):
                 row.sequence = sequence
-                row.metadata = {**row.metadata, **(metadata or {})}
+                row.metadata = {**row.metadata, **metadata}
                 row.metadata.pop("awaiting_first_chunk", None)
                 row.save(update_fields=["operation_id", "sequence", "metadata", "updated_at"])
                 return row
@@ -169,16 +215,8 @@ def model_call_start(
                     extra={"reason": "sequence_conflict"},
                 )
             return row
-        return Message.objects.create(
-            thread_id=run.thread_id,
-            run=run,
-            role=Message.Role.ASSISTANT,
-            message_type=Message.Type.MODEL_AUDIT,
-            operation_id=operation_id,
-            sequence=sequence,
-            started_at=started_at,
-            execution_status=ExecStatus.RUNNING,
-            metadata=metadata or {},
+        return _insert_model_row(
+            lease, operation_id, _new_model_row(sequence=sequence, started_at=started_at, metadata=metadata)
         )
 
 
@@ -209,9 +247,24 @@ def model_call_finish(
 
     Implements R-MA-4.
     """
+    duration_ms = max(0, int(duration_ms))
+    model = lease.model or AgentRun.objects.filter(pk=lease.run_id).values_list("model", flat=True).first() or ""
+    row = _close_running_model_row(
+        lease,
+        operation_id=operation_id,
+        model=model,
+        content=content,
+        tool_calls=tool_calls or None,
+        usage=usage,
+        finished_at=finished_at,
+        duration_ms=duration_ms,
+        metadata=metadata or {},
+    )
+    if row is not None:
+        return row
     with transaction.atomic():
-        run = lock_run(lease)
-        row = _operation_row(run, Message.Role.ASSISTANT, operation_id)
+        lock_run(lease)
+        row = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
         if row is None:
             raise AuditConflict(f"finish for unknown operation {operation_id}", extra={"reason": "unknown_operation"})
         result = {"content": content, "tool_calls": tool_calls or None, "usage": usage}
@@ -226,10 +279,10 @@ def model_call_finish(
         row.tool_calls = tool_calls or None
         row.usage = usage
         row.finished_at = finished_at
-        row.duration_ms = max(0, int(duration_ms))
+        row.duration_ms = duration_ms
         row.execution_status = ExecStatus.COMPLETED
         row.metadata = {**row.metadata, **(metadata or {})}
-        price_row(row, model=run.model)  # R-COST-1: cost at close, never raises
+        price_row(row, model=model)  # R-COST-1: cost at close, never raises
         row.save(
             update_fields=[
                 "content",
@@ -248,13 +301,59 @@ def model_call_finish(
         return row
 
 
+def _close_running_model_row(
+    lease: Lease,
+    *,
+    operation_id: str,
+    model: str,
+    content: str,
+    tool_calls: list[dict[str, Any]] | None,
+    usage: dict[str, Any] | None,
+    finished_at: datetime,
+    duration_ms: int,
+    metadata: dict[str, Any],
+) -> Message | None:
+    """The close of a ``running`` model row as one statement, priced before
+    it is sent (R-COST-1), or None when the row is not running (or the lease
+    does not hold): the caller then takes the locked path.
+
+    The price is taken at the call's start (``started_at``, which the row
+    holds): ``finished_at - duration_ms`` is that start as the worker
+    measured it. A price that depends on the time (the genai-prices
+    catalogue: price changes by date and time of day) is used only when the
+    row's ``started_at`` lies in the same second; otherwise the locked path
+    prices the row at its stored start."""
+    at = finished_at - timedelta(milliseconds=duration_ms)
+    priced = Message(usage=usage, metadata=dict(metadata), started_at=at, finished_at=finished_at)
+    price_row(priced, model=model)  # never raises; may add metadata.cost_unknown
+    when, params = "m.execution_status = %s", [ExecStatus.RUNNING]
+    if price_depends_on_time(model):
+        second = at.replace(microsecond=0)
+        when += " AND m.started_at >= %s AND m.started_at < %s"
+        params += [second, second + timedelta(seconds=1)]
+    return write_operation_row(
+        lease,
+        role=Message.Role.ASSISTANT,
+        operation_id=operation_id,
+        now=timezone.now(),
+        update=Assign()
+        .value("content", content)
+        .value("tool_calls", tool_calls)
+        .value("usage", usage)
+        .value("finished_at", finished_at)
+        .value("duration_ms", duration_ms)
+        .value("execution_status", ExecStatus.COMPLETED)
+        .sql("metadata", "m.metadata || %s", priced.metadata)
+        .value("cost_usd", priced.cost_usd)
+        .value("price_source", priced.price_source)
+        .value("price_version", priced.price_version),
+        update_when=(when, params),
+    )
+
+
 def _same_result(row: Message, result: dict[str, Any]) -> bool:
     return (
         row.content == result["content"]
         and (row.tool_calls or None) == result["tool_calls"]
         and row.usage == result["usage"]
     )
-
-
-def _operation_row(run: AgentRun, role: str, operation_id: str) -> Message | None:
-    return Message.objects.filter(run=run, role=role, operation_id=operation_id).first()

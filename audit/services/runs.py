@@ -149,6 +149,14 @@ def run_acquire(*, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datet
 
     Implements R-RUN-2 and R-RUN-3.
     """
+    return run_acquire_with_row(run_id=run_id, owner=owner, ttl_seconds=ttl_seconds, now=now)[0]
+
+
+def run_acquire_with_row(
+    *, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datetime | None = None
+) -> tuple[Lease, AgentRun]:
+    """:func:`run_acquire`, returning the acquired run row as well (the
+    worker needs it to start the run: no second read). Same errors."""
     now = now or timezone.now()
     with transaction.atomic():
         run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=run_id).first()
@@ -174,7 +182,8 @@ def run_acquire(*, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datet
         thread_id=run.thread_id,
         owner=owner,
         fencing_token=run.fencing_token,
-    )
+        model=run.model,
+    ), run
 
 
 def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from conversations.models import Message
-from costs.pricing import price_unpriced_rows
+from costs.pricing import price_row
 from ops import metrics
 from yuxi_project.errors import InvalidInput
 
@@ -48,6 +48,42 @@ class StateMessage:
     status: str | None = None
     usage: dict[str, Any] | None = None
     namespace: tuple[str, ...] = ()
+
+
+class RunRows:
+    """A run's audit rows, read once by the terminal transaction and changed
+    in memory; :meth:`save` writes each changed row once, with only the
+    fields that changed. Must be used inside the transaction that locked the
+    run row."""
+
+    def __init__(self, run: AgentRun):
+        self.all: list[Message] = list(Message.objects.audit().filter(run=run).order_by("id"))
+        self._changed: dict[int, tuple[Message, set[str]]] = {}
+
+    def of(self, role: str, operation_ids=None, *, status: str | None = None) -> list[Message]:
+        ids = None if operation_ids is None else set(operation_ids)
+        return [
+            row
+            for row in self.all
+            if row.role == role
+            and (ids is None or row.operation_id in ids)
+            and (status is None or row.execution_status == status)
+        ]
+
+    def running(self) -> list[Message]:
+        return [row for row in self.all if row.execution_status == ExecStatus.RUNNING]
+
+    def add(self, row: Message) -> None:
+        """A row just inserted."""
+        self.all.append(row)
+
+    def changed(self, row: Message, *fields: str) -> None:
+        self._changed.setdefault(id(row), (row, set()))[1].update(fields)
+
+    def save(self) -> None:
+        for row, fields in self._changed.values():
+            row.save(update_fields=[*sorted(fields), "updated_at"])
+        self._changed.clear()
 
 
 @metrics.audit_write("run_finish")
@@ -94,21 +130,30 @@ def run_finish(
     with transaction.atomic():
         run = lock_run(lease)
         now = timezone.now()
+        # One read of the run's rows serves every step below; each changed
+        # row is written once, at the end (R-RUN-5: a short transaction).
+        rows = RunRows(run)
         own_ai: dict[str, StateMessage] = {}
         if final_state:
             prior = set(prior_message_ids)
             own_ai = _own_ai_messages(run, final_state, prior)
-            _reconcile_model_rows(run, own_ai, now=now)
-            _reconcile_tool_rows(run, final_state, prior)
-            _record_rejections(run, final_state, prior, now=now)
+            _reconcile_model_rows(run, own_ai, rows, now=now)
+            _reconcile_tool_rows(final_state, prior, rows)
+            _record_rejections(run, final_state, prior, rows, now=now)
         if status in (Status.COMPLETED, Status.INTERRUPTED) and final_state:
-            _bind_output(run, final_state, own_ai)
+            _bind_output(run, final_state, own_ai, rows)
         if partial_content:
-            _keep_partial_content(run, partial_content)
+            _keep_partial_content(partial_content, rows)
         if cut_calls:
-            _close_cut_calls(run, cut_calls, now=now)
+            _close_cut_calls(cut_calls, rows, now=now)
         _terminate(
-            run, status=status, now=now, error_type=error_type, error_message=error_message, interrupts=interrupts
+            run,
+            status=status,
+            now=now,
+            error_type=error_type,
+            error_message=error_message,
+            interrupts=interrupts,
+            rows=rows,
         )
         return run
 
@@ -133,33 +178,25 @@ def run_finish_fallback(*, lease: Lease, error_type: str, error_message: str) ->
         return run
 
 
-def _keep_partial_content(run: AgentRun, partial_content: dict[str, str]) -> None:
+def _keep_partial_content(partial_content: dict[str, str], rows: RunRows) -> None:
     """Store what cut-off model calls streamed before they stopped on their
     still-running rows (the terminal close follows in the same
     transaction). A row that has content already is left alone."""
-    rows = Message.objects.filter(
-        run=run,
-        role=Message.Role.ASSISTANT,
-        execution_status=ExecStatus.RUNNING,
-        operation_id__in=[op for op, text in partial_content.items() if text],
-    )
-    for row in rows:
+    ops = [op for op, text in partial_content.items() if text]
+    for row in rows.of(Message.Role.ASSISTANT, ops, status=ExecStatus.RUNNING):
         if row.content:
             continue
         row.content = partial_content[row.operation_id]
         row.metadata = {**row.metadata, "content_partial": True}
-        row.save(update_fields=["content", "metadata", "updated_at"])
+        rows.changed(row, "content", "metadata")
 
 
-def _close_cut_calls(run: AgentRun, cut_calls: dict[str, dict[str, Any]], *, now: datetime) -> None:
+def _close_cut_calls(cut_calls: dict[str, dict[str, Any]], rows: RunRows, *, now: datetime) -> None:
     """Duration and, when an error ended it, the ``failed`` close of each
     model call that never finished (R-MA-10, R-RUN-12). Usage stays unknown."""
-    rows = Message.objects.filter(
-        run=run, role=Message.Role.ASSISTANT, execution_status=ExecStatus.RUNNING, operation_id__in=list(cut_calls)
-    )
-    for row in rows:
+    for row in rows.of(Message.Role.ASSISTANT, cut_calls, status=ExecStatus.RUNNING):
         facts = cut_calls[row.operation_id]
-        update = ["metadata", "updated_at"]
+        update = ["metadata"]
         if row.duration_ms is None and facts.get("duration_ms") is not None:
             row.duration_ms = max(0, int(facts["duration_ms"]))
             update.append("duration_ms")
@@ -173,7 +210,7 @@ def _close_cut_calls(run: AgentRun, cut_calls: dict[str, dict[str, Any]], *, now
                 "usage_unknown": row.usage is None,
             }
             update += ["execution_status", "finished_at"]
-        row.save(update_fields=update)
+        rows.changed(row, *update)
 
 
 def _own_ai_messages(run: AgentRun, final_state: list[StateMessage], prior: set[str]) -> dict[str, StateMessage]:
@@ -198,19 +235,16 @@ def _own_ai_messages(run: AgentRun, final_state: list[StateMessage], prior: set[
     return own
 
 
-def _reconcile_model_rows(run: AgentRun, own_ai: dict[str, StateMessage], *, now: datetime) -> None:
+def _reconcile_model_rows(run: AgentRun, own_ai: dict[str, StateMessage], rows: RunRows, *, now: datetime) -> None:
     if not own_ai:
         return
-    rows = {
-        row.operation_id: row
-        for row in Message.objects.filter(run=run, role=Message.Role.ASSISTANT, operation_id__in=list(own_ai))
-    }
+    found = {row.operation_id: row for row in rows.of(Message.Role.ASSISTANT, own_ai)}
     for op_id, message in own_ai.items():
-        row = rows.get(op_id)
+        row = found.get(op_id)
         if row is None:
             # The stream missed this call but the State proves it under a
             # stable id: insert it once, completed, without stream timing.
-            Message.objects.create(
+            inserted = Message.objects.create(
                 thread_id=run.thread_id,
                 run=run,
                 role=Message.Role.ASSISTANT,
@@ -223,8 +257,9 @@ def _reconcile_model_rows(run: AgentRun, own_ai: dict[str, StateMessage], *, now
                 finished_at=now,
                 metadata={"state_reconciled": True, "source": "state"},
             )
+            rows.add(inserted)
             continue
-        update = ["metadata", "updated_at"]
+        update = ["metadata"]
         if not row.content and message.content:
             row.content = message.content
             update.append("content")
@@ -243,16 +278,16 @@ def _reconcile_model_rows(run: AgentRun, own_ai: dict[str, StateMessage], *, now
                 update.append("usage")
             update += ["execution_status", "finished_at"]
         row.metadata = {**row.metadata, "state_reconciled": True}
-        row.save(update_fields=update)
+        rows.changed(row, *update)
 
 
-def _reconcile_tool_rows(run: AgentRun, final_state: list[StateMessage], prior: set[str]) -> None:
+def _reconcile_tool_rows(final_state: list[StateMessage], prior: set[str], rows: RunRows) -> None:
     """Close tool rows left ``running`` with ``awaiting_run_terminal`` from
     the last error ToolMessage with the same id (R-TA-3). Closed rows are
     never touched: the lifecycle owns them."""
     awaiting = [
         row
-        for row in Message.objects.filter(run=run, role=Message.Role.TOOL, execution_status=ExecStatus.RUNNING)
+        for row in rows.of(Message.Role.TOOL, status=ExecStatus.RUNNING)
         if row.metadata.get("awaiting_run_terminal")
     ]
     if not awaiting:
@@ -271,10 +306,12 @@ def _reconcile_tool_rows(run: AgentRun, final_state: list[StateMessage], prior: 
         row.finished_at = now
         row.metadata = {**row.metadata, "state_reconciled": True}
         row.metadata.pop("awaiting_run_terminal", None)
-        row.save(update_fields=["execution_status", "content", "finished_at", "metadata", "updated_at"])
+        rows.changed(row, "execution_status", "content", "finished_at", "metadata")
 
 
-def _record_rejections(run: AgentRun, final_state: list[StateMessage], prior: set[str], *, now: datetime) -> None:
+def _record_rejections(
+    run: AgentRun, final_state: list[StateMessage], prior: set[str], rows: RunRows, *, now: datetime
+) -> None:
     """Record one ``rejected`` tool row per call a reviewer rejected (R-TA-5).
 
     A rejection emits no tool events (PROTOCOL.md §4, capture d2): the
@@ -308,16 +345,12 @@ def _record_rejections(run: AgentRun, final_state: list[StateMessage], prior: se
         for m in final_state
         if m.kind == "tool" and m.status == "error" and m.tool_call_id and m.id not in prior
     }
-    recorded = set(
-        Message.objects.filter(run=run, role=Message.Role.TOOL, operation_id__in=list(rejected)).values_list(
-            "operation_id", flat=True
-        )
-    )
+    recorded = {row.operation_id for row in rows.of(Message.Role.TOOL, rejected)}
     for tool_call_id, (declared_by, tool_call, decision) in rejected.items():
         message = answered.get(tool_call_id)
         if message is None or tool_call_id in recorded:
             continue
-        Message.objects.create(
+        inserted = Message.objects.create(
             thread_id=run.thread_id,
             run=run,
             role=Message.Role.TOOL,
@@ -334,6 +367,7 @@ def _record_rejections(run: AgentRun, final_state: list[StateMessage], prior: se
             declared_by=declared_by,
             metadata={"source": "approval_decision", "decision": decision, "state_reconciled": True},
         )
+        rows.add(inserted)
 
 
 def _rejected_declarations(run: AgentRun) -> dict[str, tuple[Message, dict[str, Any], dict[str, Any]]]:
@@ -381,19 +415,21 @@ def pending_action_requests(interrupts: list[dict[str, Any]] | None) -> list[dic
     return actions
 
 
-def _bind_output(run: AgentRun, final_state: list[StateMessage], own_ai: dict[str, StateMessage]) -> None:
+def _bind_output(
+    run: AgentRun, final_state: list[StateMessage], own_ai: dict[str, StateMessage], rows: RunRows
+) -> None:
     """Bind ``output_message`` to the row of the State's last AIMessage, and
     only if that message belongs to this run (R-MA-8): no fallback to an
     earlier row."""
     last_ai = next((m for m in reversed(final_state) if m.kind == "ai" and not m.namespace), None)
     if last_ai is None or last_ai.id not in own_ai:
         return
-    row = Message.objects.filter(run=run, role=Message.Role.ASSISTANT, operation_id=last_ai.id).first()
+    row = next(iter(rows.of(Message.Role.ASSISTANT, [last_ai.id])), None)
     if row is None or row.metadata.get("namespace"):
         # A subgraph's or subagent's call is never the run's answer.
         return
     row.message_type = Message.Type.TEXT
-    row.save(update_fields=["message_type", "updated_at"])
+    rows.changed(row, "message_type")
     run.output_message = row
 
 
@@ -413,20 +449,29 @@ def _terminate(
     error_type: str = "",
     error_message: str = "",
     interrupts: list[dict[str, Any]] | None = None,
+    rows: RunRows | None = None,
 ) -> None:
     """Make a locked run terminal: close its running rows, aggregate usage,
     release the lease. Must be called inside ``transaction.atomic()`` with
-    the run row locked. Enqueues the thread's next run after commit."""
+    the run row locked; ``rows``: the run's rows as this transaction changed
+    them so far (read here when not given). Enqueues the thread's next run
+    after commit."""
+    rows = rows if rows is not None else RunRows(run)
     close_as = _CLOSE_RUNNING[status]
-    for row in Message.objects.filter(run=run, execution_status=ExecStatus.RUNNING):
+    for row in rows.running():
         row.execution_status = close_as
         row.finished_at = row.finished_at or now
         # Cut off before the provider reported usage: unknown, not zero.
         row.metadata = {**row.metadata, "closed_by": "run_terminal", "usage_unknown": row.usage is None}
         row.metadata.pop("awaiting_run_terminal", None)
-        row.save(update_fields=["execution_status", "finished_at", "metadata", "updated_at"])
-    price_unpriced_rows(run)  # rows closed from the final State (R-COST-1)
-    run.usage = _usage_total(run)
+        rows.changed(row, "execution_status", "finished_at", "metadata")
+    # Rows closed from the final State carry usage but no price (R-COST-1).
+    for row in rows.of(Message.Role.ASSISTANT):
+        if row.price_source == "" and row.usage is not None:
+            rows.changed(row, *price_row(row, model=run.model))
+    rows.save()
+    facts = [{name: getattr(row, name) for name in _ROW_FACTS} for row in rows.all]
+    run.usage = _usage_total(facts)
     run.status = status
     run.finished_at = now
     run.lease_expires_at = None
@@ -434,26 +479,36 @@ def _terminate(
     run.error_message = error_message
     run.interrupts = interrupts if status == Status.INTERRUPTED else None
     run.save()
-    metrics.run_ended(run)
+    metrics.run_ended(run, rows=facts)
     thread_id = run.thread_id
     # The next runs are handed over after commit; the dispatcher's grace
     # counts from now, in case that message is lost (R-RUN-9). SKIP LOCKED:
     # never wait for (or deadlock with) a cancel holding a pending run; a
-    # skipped run is at worst handed over once more, harmlessly.
-    following = (
-        AgentRun.objects.select_for_update(no_key=True, skip_locked=True)
-        .filter(thread_id=thread_id, status=Status.PENDING)
-        .values_list("pk", flat=True)
-    )
-    AgentRun.objects.filter(pk__in=list(following)).update(dispatched_at=now)
+    # skipped run is at worst handed over once more, harmlessly. One
+    # statement finds and stamps them.
+    table = connection.ops.quote_name(AgentRun._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET dispatched_at = %s WHERE id IN (SELECT id FROM {table} "
+            "WHERE thread_id = %s AND status = %s FOR NO KEY UPDATE SKIP LOCKED)",
+            [now, thread_id, Status.PENDING],
+        )
+    # Always after commit, also without a pending run now: a turn submitted
+    # while this transaction was open may have been refused by its worker
+    # because this run still held the thread (R-RUN-2).
     transaction.on_commit(lambda: _enqueue_next_in_thread(thread_id))
 
 
-def _usage_total(run: AgentRun) -> dict[str, int]:
+# The facts of a run's audit rows that its usage total and its metrics read.
+_ROW_FACTS = ("role", "tool_name", "execution_status", "started_at", "duration_ms", "usage", "cost_usd")
+
+
+def _usage_total(rows: list[dict[str, Any]]) -> dict[str, int]:
     total = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "unknown_calls": 0}
-    for usage in Message.objects.filter(run=run, role=Message.Role.ASSISTANT, operation_id__isnull=False).values_list(
-        "usage", flat=True
-    ):
+    for row in rows:
+        if row["role"] != Message.Role.ASSISTANT:
+            continue
+        usage = row["usage"]
         if not usage:
             total["unknown_calls"] += 1
             continue

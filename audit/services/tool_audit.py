@@ -1,4 +1,10 @@
-"""Tool audit rows: one persistent fact per tool execution (R-TA-1..3)."""
+"""Tool audit rows: one persistent fact per tool execution (R-TA-1..3).
+
+Start, finish and error are one statement fenced by the lease in the usual
+case (:mod:`audit.services.fenced`); a repeat, a conflict or a refused lease
+takes the locked path (:func:`~audit.lease.lock_run`), which names the error
+or returns the row unchanged.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,8 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.utils import timezone
 
 from conversations.models import Message
 from ops import metrics
@@ -15,7 +22,7 @@ from yuxi_project.errors import InvalidInput
 from ..errors import AuditConflict, ToolResultConflict
 from ..lease import Lease, lock_run
 from ..models import AgentRun
-from .model_audit import _operation_row
+from .fenced import Assign, operation_row, write_operation_row
 
 log = logging.getLogger(__name__)
 
@@ -53,30 +60,48 @@ def tool_call_start(
     A repeated start returns the row unchanged; a closed row is never
     reopened (R-TA-2). Raises what :func:`lock_run` raises.
     """
+    row = Message(
+        message_type=Message.Type.TOOL_AUDIT,
+        tool_name=tool_name,
+        tool_input=tool_input,
+        sequence=sequence,
+        started_at=started_at,
+        execution_status=ExecStatus.RUNNING,
+        metadata=metadata or {},
+    )
+    if declared_by_operation_id:
+        # The declaring model row of this run, looked up in the statement.
+        table = connection.ops.quote_name(Message._meta.db_table)
+        declared_by = (
+            f"(SELECT d.id FROM {table} AS d WHERE d.run_id = leased_run.id AND d.role = %s AND d.operation_id = %s)",
+            [Message.Role.ASSISTANT, declared_by_operation_id],
+        )
+        started = write_operation_row(
+            lease,
+            role=Message.Role.TOOL,
+            operation_id=tool_call_id,
+            now=timezone.now(),
+            insert=row,
+            insert_sql={"declared_by_id": declared_by},
+        )
+        if started is not None:
+            return started
     with transaction.atomic():
         run = lock_run(lease)
-        row = _operation_row(run, Message.Role.TOOL, tool_call_id)
-        if row is not None:
-            return row
-        declared_by = (
-            _operation_row(run, Message.Role.ASSISTANT, declared_by_operation_id)
+        existing = operation_row(lease.run_id, Message.Role.TOOL, tool_call_id)
+        if existing is not None:
+            return existing
+        row.declared_by = (
+            operation_row(lease.run_id, Message.Role.ASSISTANT, declared_by_operation_id)
             if declared_by_operation_id
             else declaring_model_row(run, tool_call_id)
         )
-        return Message.objects.create(
-            thread_id=run.thread_id,
-            run=run,
-            role=Message.Role.TOOL,
-            message_type=Message.Type.TOOL_AUDIT,
-            operation_id=tool_call_id,
-            tool_name=tool_name,
-            tool_input=tool_input,
-            sequence=sequence,
-            started_at=started_at,
-            execution_status=ExecStatus.RUNNING,
-            declared_by=declared_by,
-            metadata=metadata or {},
+        started = write_operation_row(
+            lease, role=Message.Role.TOOL, operation_id=tool_call_id, now=timezone.now(), insert=row
         )
+        if started is None:  # the lock is held and there was no row
+            raise AuditConflict(f"tool call {tool_call_id} could not be opened", extra={"reason": "insert_refused"})
+        return started
 
 
 @metrics.audit_write("tool_finish")
@@ -106,9 +131,25 @@ def tool_call_finish(
     """
     if status not in (ExecStatus.COMPLETED, ExecStatus.FAILED):
         raise InvalidInput(f"a tool closes completed or failed, not {status}")
+    duration_ms = max(0, int(duration_ms))
+    closed = write_operation_row(
+        lease,
+        role=Message.Role.TOOL,
+        operation_id=tool_call_id,
+        now=timezone.now(),
+        update=Assign()
+        .value("execution_status", status)
+        .value("content", content)
+        .sql("metadata", "(m.metadata || %s) - 'awaiting_run_terminal'", {"raw_output": raw_output})
+        .value("finished_at", finished_at)
+        .value("duration_ms", duration_ms),
+        update_when=("m.execution_status = %s", [ExecStatus.RUNNING]),
+    )
+    if closed is not None:
+        return closed
     with transaction.atomic():
-        run = lock_run(lease)
-        row = _operation_row(run, Message.Role.TOOL, tool_call_id)
+        lock_run(lease)
+        row = operation_row(lease.run_id, Message.Role.TOOL, tool_call_id)
         if row is None:
             raise AuditConflict(f"finish for unknown tool call {tool_call_id}", extra={"reason": "unknown_operation"})
         if row.execution_status != ExecStatus.RUNNING:
@@ -127,7 +168,7 @@ def tool_call_finish(
         row.metadata = {**row.metadata, "raw_output": raw_output}
         row.metadata.pop("awaiting_run_terminal", None)
         row.finished_at = finished_at
-        row.duration_ms = max(0, int(duration_ms))
+        row.duration_ms = duration_ms
         row.save(update_fields=["execution_status", "content", "metadata", "finished_at", "duration_ms", "updated_at"])
         return row
 
@@ -142,9 +183,19 @@ def tool_call_error(*, lease: Lease, tool_call_id: str, error: str) -> Message:
         AuditConflict: unknown tool call.
         LeaseError: see :func:`lock_run`.
     """
+    marked = write_operation_row(
+        lease,
+        role=Message.Role.TOOL,
+        operation_id=tool_call_id,
+        now=timezone.now(),
+        update=Assign().sql("metadata", "m.metadata || %s", {"awaiting_run_terminal": True, "tool_error": error}),
+        update_when=("m.execution_status = %s", [ExecStatus.RUNNING]),
+    )
+    if marked is not None:
+        return marked
     with transaction.atomic():
-        run = lock_run(lease)
-        row = _operation_row(run, Message.Role.TOOL, tool_call_id)
+        lock_run(lease)
+        row = operation_row(lease.run_id, Message.Role.TOOL, tool_call_id)
         if row is None:
             raise AuditConflict(f"error for unknown tool call {tool_call_id}", extra={"reason": "unknown_operation"})
         if row.execution_status != ExecStatus.RUNNING:

@@ -1,0 +1,48 @@
+"""``python manage.py bench_run_overhead [--runs N] [--rounds 5]``: print
+what the product's run path costs over the bare graph and over LangGraph's
+checkpointer; see :mod:`audit.run_benchmark`."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from audit.run_benchmark import VARIANTS, bench_run_overhead
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark one run (2 model calls + 1 tool, replay model at 0 ms, in process) three ways, interleaved: "
+        "the plain graph, the graph with AsyncPostgresSaver, and the product's full run path. Prints the "
+        "medians, the checkpointer's and the product's overhead and their ratio (target <= 1.0x), and the "
+        "process's memory every --rss-every product runs. Creates and deletes its own user, threads and runs."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--runs", type=int, default=40, help="runs per variant and round")
+        parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; figures are their median")
+        parser.add_argument("--warmup", type=int, default=5, help="unmeasured runs per variant first")
+        parser.add_argument("--rss-every", type=int, default=200, help="sample memory every N product runs")
+
+    def handle(self, *args, runs: int, rounds: int, warmup: int, rss_every: int, **options) -> None:
+        if runs < 1 or rounds < 1 or warmup < 0 or rss_every < 1:
+            raise CommandError("--runs, --rounds and --rss-every must be at least 1, --warmup at least 0")
+        result = bench_run_overhead(runs=runs, rounds=rounds, warmup=warmup, rss_every=rss_every)
+        out = self.stdout.write
+        med = result.median
+        out(f"one run (2 model calls + 1 tool, replay at 0 ms), {rounds} round(s) of {runs} runs per variant (ms):")
+        for i in range(rounds):
+            figures = "  ".join(f"{v} {result.round_median_ms[v][i]:.1f}" for v in VARIANTS)
+            out(
+                f"  round {i + 1}: {figures}  | checkpointer +{result.round_checkpointer_overhead_ms[i]:.1f}"
+                f"  product +{result.round_product_overhead_ms[i]:.1f}  ratio {result.round_ratio[i]:.2f}x"
+            )
+        for v in VARIANTS:
+            out(f"  {v + ':':<14} median {med(result.round_median_ms[v]):.1f}")
+        out(f"  checkpointer overhead (checkpointer - plain graph): {med(result.round_checkpointer_overhead_ms):.1f}")
+        out(f"  product overhead (product - checkpointer):          {med(result.round_product_overhead_ms):.1f}")
+        out(
+            f"  ratio product / checkpointer overhead: {med(result.round_ratio):.2f}x (median of the rounds; target <= 1.0x)"
+        )
+        out("worker memory (RSS) after N product runs:")
+        for count, rss in result.rss_mib:
+            out(f"  {count:>6} runs: {rss:.1f} MiB")

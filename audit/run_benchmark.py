@@ -1,0 +1,231 @@
+"""What the product's run path costs over the bare graph
+(``python manage.py bench_run_overhead``).
+
+One run is one turn of the ``assistant`` agent on the replay scenario
+``tool_then_answer`` (two model calls and one tool call, no delay: the
+replay model server answers at once, in a thread of this process). Three
+variants of the same run, in this process, interleaved one by one so they
+share the machine's load:
+
+* **plain graph** — the compiled agent, no checkpointer, its v3 event
+  stream consumed (``astream_events(version="v3")``);
+* **checkpointer** — the same with LangGraph's ``AsyncPostgresSaver`` on
+  the product's database, opened per run as the worker opens it;
+* **product** — the worker's whole run path on a submitted run
+  (:func:`audit.runner.run_execute`: lease, audit rows, live events in
+  Redis, terminal transaction).
+
+Each variant's run time is measured from the call to its end; every run
+uses a thread of its own. Per round the medians give the checkpointer's
+overhead (checkpointer - plain) and the product's (product - checkpointer)
+and their ratio (target: at most 1.0x); the figures are the median over the
+rounds. The process's resident memory is sampled every ``rss_every``
+product runs (R-OPS: worker memory must stay flat after warm-up).
+
+It creates a throw-away user, threads, runs, checkpoints and Redis streams
+and deletes them at the end. A benchmark, not a test: prints nothing
+itself and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from django.contrib.auth import get_user_model
+from django.db import connection
+from langchain_core.messages import HumanMessage
+
+from conversations.models import Conversation
+from yuxi_project.config import get_config
+from yuxi_project.db import release_connection
+
+from .agents.assistant import build_agent
+from .agents.tools import AgentContext
+from .checkpoint import open_checkpointer, postgres_conninfo
+from .events import stream_key
+from .runner import run_execute
+from .services import run_submit
+
+SCENARIO_MODEL = "replay:tool_then_answer"
+VARIANTS = ("plain graph", "checkpointer", "product")
+
+
+@dataclass
+class RunOverheadResult:
+    """Milliseconds, per round and the median over rounds."""
+
+    runs_per_round: int
+    # variant -> per-round median run time (ms)
+    round_median_ms: dict[str, list[float]] = field(default_factory=dict)
+    # per round: checkpointer - plain, product - checkpointer, their ratio
+    round_checkpointer_overhead_ms: list[float] = field(default_factory=list)
+    round_product_overhead_ms: list[float] = field(default_factory=list)
+    round_ratio: list[float] = field(default_factory=list)
+    # (product runs so far, resident set size in MiB)
+    rss_mib: list[tuple[int, float]] = field(default_factory=list)
+
+    def median(self, values: list[float]) -> float:
+        return statistics.median(values)
+
+
+def _rss_mib() -> float:
+    """Resident set size of this process, MiB (Linux ``/proc``)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+    import resource
+
+    return pages * resource.getpagesize() / 2**20
+
+
+class _ReplayServer:
+    """The replay model server in a thread of this process."""
+
+    def __enter__(self) -> str:
+        from audit.replay.scenarios import load_scenarios
+        from audit.replay.server import make_server
+
+        self.server = make_server(load_scenarios(), "127.0.0.1", 0)
+        self.thread = threading.Thread(target=self.server.run, name="replay-model-server", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while self.server.base_url is None:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the replay model server did not start")
+            time.sleep(0.01)
+        return self.server.base_url
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+
+
+async def _graph_run(thread_id: uuid.UUID, *, conninfo: str | None, workspace: Path) -> None:
+    """One turn through the compiled agent, its v3 stream consumed; with a
+    PostgreSQL checkpointer when ``conninfo`` is given."""
+    context = AgentContext(thread_id=str(thread_id), run_id=str(uuid.uuid4()), workspace=str(workspace))
+    config = {"configurable": {"thread_id": str(thread_id)}, "recursion_limit": 40}
+    message = {"messages": [HumanMessage(content="weather in Paris?", id=f"human-{uuid.uuid4()}")]}
+    async with httpx.AsyncClient(timeout=120) as http_client:
+        if conninfo is None:
+            graph = build_agent("assistant", model=SCENARIO_MODEL, checkpointer=None, http_async_client=http_client)
+            stream = await graph.astream_events(message, config, version="v3", context=context)
+            async for _ in stream:
+                pass
+            return
+        async with open_checkpointer(conninfo) as saver:
+            graph = build_agent("assistant", model=SCENARIO_MODEL, checkpointer=saver, http_async_client=http_client)
+            stream = await graph.astream_events(message, config, version="v3", context=context)
+            async for _ in stream:
+                pass
+
+
+def bench_run_overhead(*, runs: int = 40, rounds: int = 5, warmup: int = 5, rss_every: int = 200) -> RunOverheadResult:
+    """Run the benchmark: ``rounds`` rounds of ``runs`` runs per variant,
+    the three variants interleaved run by run (their order rotating), after
+    ``warmup`` unmeasured runs of each. Returns the figures."""
+    config = get_config()
+    conninfo = postgres_conninfo()
+    if conninfo is None:
+        raise RuntimeError("bench_run_overhead needs PostgreSQL (DATABASE_URL)")
+    user = get_user_model().objects.create_user(username=f"bench-run-{uuid.uuid4().hex[:12]}")
+    workspace = Path(config.WORKSPACE_ROOT) / f"bench-{uuid.uuid4().hex[:12]}"
+    workspace.mkdir(parents=True, exist_ok=True)
+    thread_ids: list[uuid.UUID] = []
+    run_ids: list[uuid.UUID] = []
+    result = RunOverheadResult(runs_per_round=runs, round_median_ms={v: [] for v in VARIANTS})
+    product_runs = 0
+
+    def new_thread() -> uuid.UUID:
+        thread = Conversation.objects.create(user=user, agent_id="assistant", model=SCENARIO_MODEL)
+        thread_ids.append(thread.id)
+        return thread.id
+
+    def one(variant: str) -> float:
+        nonlocal product_runs
+        if variant == "product":
+            thread_id = new_thread()
+            run, _ = run_submit(user=user, thread_id=thread_id, request_id=uuid.uuid4().hex, text="weather in Paris?")
+            release_connection()
+            run_ids.append(run.id)
+            began = time.perf_counter()
+            status = run_execute(run_id=run.id, owner="bench")
+            elapsed = time.perf_counter() - began
+            if status != "completed":
+                raise RuntimeError(f"a product run ended {status}")
+            product_runs += 1
+            if product_runs % rss_every == 0:
+                result.rss_mib.append((product_runs, _rss_mib()))
+            return elapsed
+        thread_id = new_thread() if variant == "checkpointer" else uuid.uuid4()
+        release_connection()
+        began = time.perf_counter()
+        asyncio.run(
+            _graph_run(thread_id, conninfo=conninfo if variant == "checkpointer" else None, workspace=workspace)
+        )
+        return time.perf_counter() - began
+
+    previous_url = config.REPLAY_MODEL_URL
+    quiet = [logging.getLogger(name) for name in ("audit.replay.server", "uvicorn.error", "audit.runner")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.WARNING)
+    try:
+        with _ReplayServer() as url:
+            config.REPLAY_MODEL_URL = url
+            for _ in range(warmup):
+                for variant in VARIANTS:
+                    one(variant)
+            result.rss_mib.append((product_runs, _rss_mib()))
+            for r in range(rounds):
+                samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+                for i in range(runs):
+                    shift = (r * runs + i) % len(VARIANTS)
+                    for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+                        samples[variant].append(one(variant) * 1000)
+                medians = {v: statistics.median(samples[v]) for v in VARIANTS}
+                for v in VARIANTS:
+                    result.round_median_ms[v].append(medians[v])
+                saver = medians["checkpointer"] - medians["plain graph"]
+                product = medians["product"] - medians["checkpointer"]
+                result.round_checkpointer_overhead_ms.append(saver)
+                result.round_product_overhead_ms.append(product)
+                result.round_ratio.append(product / saver if saver > 0 else float("inf"))
+            if not result.rss_mib or result.rss_mib[-1][0] != product_runs:
+                result.rss_mib.append((product_runs, _rss_mib()))
+    finally:
+        config.REPLAY_MODEL_URL = previous_url
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
+        _clean_up(user, thread_ids, run_ids, workspace)
+    return result
+
+
+def _clean_up(user, thread_ids: list[uuid.UUID], run_ids: list[uuid.UUID], workspace: Path) -> None:
+    import shutil
+
+    with connection.cursor() as cursor:
+        for table in ("checkpoint_writes", "checkpoint_blobs", "checkpoints"):
+            cursor.execute(f"DELETE FROM {table} WHERE thread_id = ANY(%s)", [[str(t) for t in thread_ids]])
+    user.delete()  # threads, runs and their rows
+    release_connection()
+    redis_url = get_config().REDIS_URL
+    if redis_url and run_ids:
+        import redis
+
+        client = redis.Redis.from_url(redis_url)
+        for start in range(0, len(run_ids), 500):
+            client.delete(*(stream_key(run_id) for run_id in run_ids[start : start + 500]))
+        client.close()
+    shutil.rmtree(workspace, ignore_errors=True)
+    for thread_id in thread_ids:
+        shutil.rmtree(Path(get_config().WORKSPACE_ROOT) / str(thread_id), ignore_errors=True)

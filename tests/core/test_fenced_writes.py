@@ -1,0 +1,112 @@
+"""Audit writes as one statement fenced by the lease (R-RUN-4, R-RUN-5):
+the statement waits for a transaction that holds the run row and re-checks
+the lease on the row it committed; live events go out in batches."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+
+import pytest
+from django.conf import settings
+from django.db import connection, transaction
+
+from audit import services
+from audit.errors import LeaseLost, RunTerminal
+from audit.events import RunEventPublisher, stream_key
+from audit.lease import lock_run
+from audit.models import AgentRun
+from conversations.models import Message
+from tests.conftest import acquire, make_run
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def _write_in_thread(lease, outcome: dict) -> threading.Thread:
+    def write():
+        try:
+            services.model_call_start(lease=lease, operation_id="lc_run--late", sequence=3, started_at=T0)
+            outcome["result"] = "written"
+        except Exception as exc:
+            outcome["result"] = exc
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=write)
+    worker.start()
+    return worker
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("change, error", [("terminal", RunTerminal), ("takeover", LeaseLost)])
+def test_a_write_waiting_on_the_run_row_rechecks_the_lease_after_the_holder_commits_R_RUN_4(thread, change, error):
+    """The holder (a terminal transaction, a takeover) commits while the
+    write waits for the row lock: the write then finds the committed row,
+    writes nothing and names why."""
+    lease = acquire(make_run(thread))
+    outcome: dict = {}
+    with transaction.atomic():
+        run = lock_run(lease)
+        worker = _write_in_thread(lease, outcome)
+        worker.join(timeout=0.5)
+        assert worker.is_alive(), "the write must wait for the row lock"
+        if change == "terminal":
+            AgentRun.objects.filter(pk=run.pk).update(status="failed", lease_expires_at=None)
+        else:
+            AgentRun.objects.filter(pk=run.pk).update(lease_owner="someone-else", fencing_token=run.fencing_token + 1)
+    worker.join(timeout=10)
+    assert isinstance(outcome["result"], error)
+    assert not Message.objects.audit().filter(operation_id="lc_run--late").exists()
+
+
+@pytest.mark.django_db
+def test_open_then_start_share_one_row_and_finish_prices_it_once_R_MA_10_R_COST_1(thread):
+    lease = acquire(make_run(thread))
+    opened = services.model_call_open(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
+    started = services.model_call_start(
+        lease=lease, operation_id="lc_run--a", sequence=4, started_at=T0, metadata={"namespace": []}
+    )
+    assert started.pk == opened.pk and started.sequence == 4
+    assert "awaiting_first_chunk" not in started.metadata and started.metadata["attempts"] == 1
+    usage = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
+    closed = services.model_call_finish(
+        lease=lease,
+        operation_id="lc_run--a",
+        content="hi\x00there",
+        tool_calls=[],
+        usage=usage,
+        finished_at=T0 + dt.timedelta(seconds=1),
+        duration_ms=1000,
+    )
+    closed.refresh_from_db()
+    assert closed.execution_status == "completed" and closed.content == "hi\x00there"  # R-RUN-11 escaped form
+    assert closed.cost_usd is not None and closed.price_source == "replay-default"
+    assert Message.objects.audit().filter(run_id=lease.run_id).count() == 1
+
+
+def test_live_events_wait_in_a_batch_and_close_sends_them_all_in_order_R_EVT_1():
+    import redis
+
+    run_id = "batch-test-run"
+    client = redis.Redis.from_url(settings.CONFIG.REDIS_URL)
+    client.delete(stream_key(run_id))
+
+    async def go():
+        publisher = RunEventPublisher(run_id, settings.CONFIG.REDIS_URL)
+        for i in range(5):
+            await publisher.publish("model.delta", {"text": str(i)})
+        waiting = client.xlen(stream_key(run_id))
+        await publisher.publish("run.finished", {"status": "completed"})
+        await publisher.close()
+        return waiting
+
+    try:
+        assert asyncio.run(go()) == 0  # nothing sent per event
+        entries = client.xrange(stream_key(run_id))
+        assert [e[0] for e in entries] == [f"{i}-0".encode() for i in range(1, 7)]
+        assert entries[-1][1][b"type"] == b"run.finished"
+        assert 0 < client.ttl(stream_key(run_id)) <= 24 * 3600
+    finally:
+        client.delete(stream_key(run_id))
+        client.close()
