@@ -375,7 +375,10 @@ def fact_span() -> tuple[dt.date, dt.date] | None:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT LEAST((SELECT MIN(created_at) FROM audit_agentrun),"
-            " (SELECT MIN(created_at) FROM conversations_message WHERE run_id IS NOT NULL)),"
+            " (SELECT MIN(created_at) FROM conversations_message WHERE message_type = 'text'),"
+            " (SELECT MIN(started_at) FROM conversations_message WHERE operation_id IS NOT NULL),"
+            " (SELECT MIN(finished_at) FROM conversations_message WHERE operation_id IS NOT NULL AND role = 'assistant'),"
+            " (SELECT MIN(created_at) FROM conversations_messagefeedback)),"
             " GREATEST((SELECT MAX(created_at) FROM conversations_messagefeedback),"
             " (SELECT MAX(finished_at) FROM conversations_message WHERE operation_id IS NOT NULL AND role = 'assistant'),"
             " (SELECT MAX(started_at) FROM conversations_message WHERE operation_id IS NOT NULL),"
@@ -386,3 +389,39 @@ def fact_span() -> tuple[dt.date, dt.date] | None:
     if first is None:
         return None
     return first.astimezone(dt.UTC).date(), last.astimezone(dt.UTC).date()
+
+
+def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
+    """Recompute the rollups from the audit rows (``rebuild_rollups``).
+
+    Marks every terminal run not marked yet, then recomputes one UTC day
+    per transaction (:func:`rebuild_day`), from ``since`` (a UTC day;
+    default: the first day holding a fact) to the last day holding one;
+    without ``since`` the rows outside that span are deleted too.
+    ``progress(day, done, total)`` is called after each day. Returns the
+    number of days recomputed (R-DASH-1).
+    """
+    from django.db import transaction
+
+    with transaction.atomic():
+        mark_terminal_runs()
+    span = fact_span()
+    if span is None:
+        if since is None:
+            with transaction.atomic(), connection.cursor() as cursor:
+                for table in TABLES:
+                    cursor.execute(f"DELETE FROM {table}")
+        return 0
+    first, last = span
+    if since is None:
+        with transaction.atomic():
+            clear_outside(first, last)
+    else:
+        first = since
+    days = [first + dt.timedelta(days=i) for i in range((last - first).days + 1)]
+    for done, day in enumerate(days, start=1):
+        with transaction.atomic():
+            rebuild_day(day)
+        if progress:
+            progress(day, done, len(days))
+    return len(days)
