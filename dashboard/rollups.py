@@ -252,7 +252,9 @@ def facts_sql(table: str, *, runs: str, since: str | None = None, until: str | N
             f"SELECT {', '.join(key_exprs + counter_exprs)} FROM {branch.source} "
             f"WHERE {' AND '.join(where)} GROUP BY {group}"
         )
-    sums = ", ".join(f"SUM({c}) AS {c}" for c in counters)
+    # bigint, not SUM's numeric: unioned with the rollup columns, numeric
+    # would turn every rollup row's counters into numeric too.
+    sums = ", ".join(f"SUM({c})" + ("" if c == "cost_usd" else "::bigint") + f" AS {c}" for c in counters)
     group = ", ".join(keys)
     return f"SELECT {group}, {sums} FROM ({' UNION ALL '.join(parts)}) facts GROUP BY {group}"
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
 import zoneinfo
 from dataclasses import dataclass
 
@@ -399,11 +400,14 @@ def rollup_figures(
     bigint, ``cost_usd`` as numeric; ``extra`` adds aggregate expressions.
     Only for windows :func:`uses_rollups` accepts."""
     keys, counters, _ = rollups.TABLES[table]
-    columns = ", ".join((*keys, *counters))
+    group = group or {}
+    # Only the counters this query reads travel through the union.
+    text = " ".join([*sums, *(extra or {}).values(), having])
+    columns = ", ".join((*keys, *(c for c in counters if re.search(rf"\b{c}\b", text))))
     live = rollups.facts_sql(
         table, runs="r.rolled_up_at IS NULL", since="%(start)s::timestamptz", until="%(end)s::timestamptz"
     )
-    group = group or {}
+    live = f"SELECT {columns} FROM ({live}) live"
     selected = [f"{expr} AS {name}" for name, expr in group.items()]
     selected += [f"SUM({c})" + ("" if c == "cost_usd" else "::bigint") + f" AS {c}" for c in sums]
     selected += [f"{expr} AS {name}" for name, expr in (extra or {}).items()]
