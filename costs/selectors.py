@@ -23,6 +23,7 @@ import uuid
 from decimal import Decimal
 from typing import Any, Literal
 
+from django.db import connection
 from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncDate
 
@@ -86,7 +87,7 @@ def cost_summary(window) -> dict[str, Any]:
 
     if not dashboard.uses_rollups(window):
         return _in_window(window).aggregate(**_totals())
-    (row,) = dashboard.rollup_figures(window, extra=_ROLLUP_TOTALS)
+    (row,) = dashboard.rollup_figures(window, extra=_ROLLUP_TOTALS, where=dashboard.NOT_TOOLS)
     return row
 
 
@@ -111,22 +112,27 @@ def _costs_by_from_rollups(window, *, group_by: str, limit: int) -> list[dict[st
             extra=_ROLLUP_TOTALS,
             having=having,
             order=f"{_ROLLUP_ORDER} LIMIT {limit:d}",
+            where=dashboard.NOT_TOOLS,
         )
         return rows
     if group_by == "user":
-        rows = dashboard.rollup_figures(
-            window,
-            table=rollups.USER_TABLE,
-            group={"key": "u.username", "user_id": "rows.user_id"},
-            extra=_ROLLUP_TOTALS,
-            join="JOIN auth_user u ON u.id = rows.user_id",
-            having=having,
-            order=f"{_ROLLUP_ORDER} LIMIT {limit:d}",
+        # Summed per user id first, then the (few) sums joined to their names.
+        inner = dashboard.rollup_sql(
+            window, table=rollups.USER_TABLE, group={"user_id": "user_id"}, extra=_ROLLUP_TOTALS, having=having
         )
-        return rows
+        sql = (
+            "SELECT u.username AS key, a.user_id, a.total_usd, a.calls, a.unknown_cost_calls"
+            f" FROM ({inner}) a JOIN auth_user u ON u.id = a.user_id ORDER BY {_ROLLUP_ORDER} LIMIT {limit:d}"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, dashboard.rollup_params(window))
+            names = [column.name for column in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     found = {
         row["key"]: row
-        for row in dashboard.rollup_figures(window, group={"key": dashboard.DAY}, extra=_ROLLUP_TOTALS, having=having)
+        for row in dashboard.rollup_figures(
+            window, group={"key": dashboard.DAY}, extra=_ROLLUP_TOTALS, having=having, where=dashboard.NOT_TOOLS
+        )
     }
     empty = {"total_usd": None, "calls": 0, "unknown_cost_calls": 0}
     return [{**empty, **found.get(day, {}), "key": day} for day in window.days()]
@@ -177,6 +183,7 @@ def cost_by_model_day(window) -> list[dict[str, Any]]:
             extra=_ROLLUP_TOTALS,
             having="SUM(closed_calls) > 0",
             order="day, model",
+            where=dashboard.NOT_TOOLS,
         )
     return list(
         _in_window(window)

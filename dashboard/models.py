@@ -35,7 +35,8 @@ class RollupHour(models.Model):
 
     ``tool_name`` is ``""`` for every figure that is not about a tool
     execution; tool executions, successes and failures are on rows named
-    after their tool. ``cost_usd`` sums the known costs only
+    after their tool, and summed over all tools on the ``""`` row
+    (``all_tool_*``). ``cost_usd`` sums the known costs only
     (``closed_calls - unknown_cost_calls`` of them); it is 0 when none is
     known, and readers turn "no known cost" back into ``None`` (R-COST-1).
     """
@@ -64,6 +65,11 @@ class RollupHour(models.Model):
     tool_executions = _counter()
     tool_successes = _counter()
     tool_failures = _counter()
+    # On the row of no tool (tool_name ""): the hour's executions of every
+    # tool, so per-day figures read one row per model and agent.
+    all_tool_executions = _counter()
+    all_tool_successes = _counter()
+    all_tool_failures = _counter()
     likes = _counter()
     dislikes = _counter()
 
@@ -72,6 +78,11 @@ class RollupHour(models.Model):
             # The upsert's conflict target; its leading hour also serves the
             # dashboard's window scans (WHERE hour >= start AND hour < end).
             models.UniqueConstraint(fields=["hour", "model", "agent_id", "tool_name"], name="rollup_hour_key"),
+        ]
+        indexes = [
+            # Figures other than tools: WHERE tool_name = '' AND hour in the
+            # window, without reading the rows of each tool.
+            models.Index(fields=["tool_name", "hour"], name="rollup_tool_hour_idx"),
         ]
 
     def __str__(self) -> str:
@@ -92,7 +103,11 @@ class RollupUserHour(models.Model):
     cost_usd = models.DecimalField(max_digits=30, decimal_places=12, default=0, db_default=0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["hour", "user"], name="rollup_user_hour_key")]
+        constraints = [
+            # User first: active users probe each user's hours (EXISTS).
+            models.UniqueConstraint(fields=["user", "hour"], name="rollup_user_hour_key"),
+        ]
+        indexes = [models.Index(fields=["hour"], name="rollup_user_hour_idx")]
 
 
 class RollupLatencyHour(models.Model):

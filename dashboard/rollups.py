@@ -61,10 +61,13 @@ HOUR_COUNTERS = (
     "tool_executions",
     "tool_successes",
     "tool_failures",
+    "all_tool_executions",
+    "all_tool_successes",
+    "all_tool_failures",
     "likes",
     "dislikes",
 )
-USER_KEYS = ("hour", "user_id")
+USER_KEYS = ("hour", "user_id")  # conflict target: the (user, hour) key
 USER_COUNTERS = ("user_messages", "closed_calls", "unknown_cost_calls", "cost_usd")
 LATENCY_KEYS = ("hour", "model", "bucket")
 LATENCY_COUNTERS = ("calls",)
@@ -173,6 +176,19 @@ def _hour_branches() -> list[Branch]:
             },
         ),
         Branch(
+            # The same executions once more on the row of no tool, summed
+            # over the tools: per-day figures then skip the per-tool rows.
+            source=_RUN_MESSAGES,
+            time="m.started_at",
+            where="m.message_type = 'tool_audit'",
+            keys=hour_keys,
+            counters={
+                "all_tool_executions": "COUNT(*)",
+                "all_tool_successes": "COUNT(*) FILTER (WHERE m.execution_status = 'completed')",
+                "all_tool_failures": "COUNT(*) FILTER (WHERE m.execution_status = 'failed')",
+            },
+        ),
+        Branch(
             source=f"conversations_messagefeedback f JOIN {_RUN_MESSAGES} ON m.id = f.message_id",
             time="f.created_at",
             where="m.message_type = 'text'",
@@ -232,14 +248,21 @@ TABLES = {
 }
 
 
-def facts_sql(table: str, *, runs: str, since: str | None = None, until: str | None = None) -> str:
+def facts_sql(
+    table: str, *, runs: str, since: str | None = None, until: str | None = None, only: tuple[str, ...] | None = None
+) -> str:
     """SELECT of the figures of ``table``'s shape (its key columns then its
     counters, one row per key) for the runs ``r`` that match the SQL
     condition ``runs``, counting only facts whose own timestamp is in
-    ``[since, until)`` (SQL expressions; ``None``: unbounded)."""
+    ``[since, until)`` (SQL expressions; ``None``: unbounded). ``only``
+    keeps just these counters (and the branches that feed them)."""
     keys, counters, branches = TABLES[table]
+    if only is not None:
+        counters = tuple(c for c in counters if c in only)
     parts = []
     for branch in branches():
+        if only is not None and not set(branch.counters) & set(counters):
+            continue
         where = [f"({runs})", f"({branch.where})", f"{branch.time} IS NOT NULL"]
         if since is not None:
             where.append(f"{branch.time} >= {since}")
@@ -254,9 +277,11 @@ def facts_sql(table: str, *, runs: str, since: str | None = None, until: str | N
         )
     # bigint, not SUM's numeric: unioned with the rollup columns, numeric
     # would turn every rollup row's counters into numeric too.
-    sums = ", ".join(f"SUM({c})" + ("" if c == "cost_usd" else "::bigint") + f" AS {c}" for c in counters)
+    sums = "".join(f", SUM({c})" + ("" if c == "cost_usd" else "::bigint") + f" AS {c}" for c in counters)
     group = ", ".join(keys)
-    return f"SELECT {group}, {sums} FROM ({' UNION ALL '.join(parts)}) facts GROUP BY {group}"
+    if not parts:  # nothing asked for is fed by a branch
+        return f"SELECT {group}{sums} FROM {table} WHERE FALSE GROUP BY {group}"
+    return f"SELECT {group}{sums} FROM ({' UNION ALL '.join(parts)}) facts GROUP BY {group}"
 
 
 def _upsert_sql(table: str, select: str) -> str:

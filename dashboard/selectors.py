@@ -391,29 +391,61 @@ def rollup_figures(
     having: str = "",
     order: str = "",
     join: str = "",
+    where: str = "",
 ) -> list[dict]:
     """Rows of ``SELECT <group>, SUM(<sums>) … GROUP BY <group>`` over the
     rollup rows of ``table`` in the window plus the live figures of the
     runs not rolled up yet. ``group`` maps output names to SQL over the
     rollup columns (``day`` is the hour's calendar day in the window's
     zone: ``(hour AT TIME ZONE %(tz)s)::date``); counters are summed as
-    bigint, ``cost_usd`` as numeric; ``extra`` adds aggregate expressions.
+    bigint, ``cost_usd`` as numeric; ``extra`` adds aggregate expressions;
+    ``where`` filters the rows (e.g. :data:`NOT_TOOLS`).
     Only for windows :func:`uses_rollups` accepts."""
+    sql = rollup_sql(
+        window, table=table, group=group, sums=sums, extra=extra, having=having, order=order, join=join, where=where
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, rollup_params(window))
+        names = [column.name for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def rollup_params(window: Window) -> dict:
+    """The parameters of :func:`rollup_sql`."""
+    return {"start": window.start, "end": window.end, "tz": window.tz.key}
+
+
+def rollup_sql(
+    window: Window,
+    *,
+    table: str = rollups.HOUR_TABLE,
+    group: dict[str, str] | None = None,
+    sums: tuple[str, ...] = (),
+    extra: dict[str, str] | None = None,
+    having: str = "",
+    order: str = "",
+    join: str = "",
+    where: str = "",
+) -> str:
+    """The SQL of :func:`rollup_figures` (parameters: :func:`rollup_params`)."""
     keys, counters, _ = rollups.TABLES[table]
     group = group or {}
-    # Only the counters this query reads travel through the union.
+    # Only the counters this query reads travel through the union, and only
+    # the live branches that feed them are planned.
     text = " ".join([*sums, *(extra or {}).values(), having])
-    columns = ", ".join((*keys, *(c for c in counters if re.search(rf"\b{c}\b", text))))
+    needed = tuple(c for c in counters if re.search(rf"\b{c}\b", text))
+    columns = ", ".join((*keys, *needed))
     live = rollups.facts_sql(
-        table, runs="r.rolled_up_at IS NULL", since="%(start)s::timestamptz", until="%(end)s::timestamptz"
+        table, runs="r.rolled_up_at IS NULL", since="%(start)s::timestamptz", until="%(end)s::timestamptz", only=needed
     )
-    live = f"SELECT {columns} FROM ({live}) live"
+    condition = f" AND {where}" if where else ""
     selected = [f"{expr} AS {name}" for name, expr in group.items()]
     selected += [f"SUM({c})" + ("" if c == "cost_usd" else "::bigint") + f" AS {c}" for c in sums]
     selected += [f"{expr} AS {name}" for name, expr in (extra or {}).items()]
     sql = (
-        f"WITH rows AS (SELECT {columns} FROM {table} WHERE hour >= %(start)s AND hour < %(end)s"
-        f" UNION ALL {live}) SELECT {', '.join(selected)} FROM rows {join}"
+        f"WITH rows AS (SELECT {columns} FROM {table} WHERE hour >= %(start)s AND hour < %(end)s{condition}"
+        f" UNION ALL SELECT {columns} FROM ({live}) live WHERE TRUE{condition})"
+        f" SELECT {', '.join(selected)} FROM rows {join}"
     )
     if group:
         sql += " GROUP BY " + ", ".join(str(i + 1) for i in range(len(group)))
@@ -421,14 +453,31 @@ def rollup_figures(
         sql += f" HAVING {having}"
     if order:
         sql += f" ORDER BY {order}"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {"start": window.start, "end": window.end, "tz": window.tz.key})
-        names = [column.name for column in cursor.description]
-        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return sql
 
 
 DAY = "(hour AT TIME ZONE %(tz)s)::date"
+# Figures other than tools live on rows with tool_name '': their queries read
+# only those (index rollup_tool_hour_idx), never the rows of each tool.
+NOT_TOOLS = "tool_name = ''"
 RUNS = " + ".join(RUN_STATUS_COLUMNS)
+
+
+# Active users: one probe of each user's (user, hour) index range, plus the
+# users of the runs not rolled up yet; O(users), not O(users × hours).
+_ACTIVE_USERS = (
+    "SELECT COUNT(*) FROM (SELECT u.id FROM auth_user u WHERE EXISTS (SELECT 1 FROM "
+    f"{rollups.USER_TABLE} h WHERE h.user_id = u.id AND h.hour >= %(start)s AND h.hour < %(end)s"
+    " AND h.user_messages > 0) UNION SELECT user_id FROM ("
+    + rollups.facts_sql(
+        rollups.USER_TABLE,
+        runs="r.rolled_up_at IS NULL",
+        since="%(start)s::timestamptz",
+        until="%(end)s::timestamptz",
+        only=("user_messages",),
+    )
+    + ") live WHERE user_messages > 0) active"
+)
 
 
 def overview(window: Window) -> dict:
@@ -440,14 +489,14 @@ def overview(window: Window) -> dict:
     if not uses_rollups(window):
         return overview_from_rows(window)
     token_names = ("input_tokens", "output_tokens", "total_tokens")
-    (totals,) = rollup_figures(window, sums=(*RUN_STATUS_COLUMNS, "messages", *token_names))
-    (users,) = rollup_figures(
-        window, table=rollups.USER_TABLE, extra={"n": "COUNT(DISTINCT user_id) FILTER (WHERE user_messages > 0)"}
-    )
+    (totals,) = rollup_figures(window, sums=(*RUN_STATUS_COLUMNS, "messages", *token_names), where=NOT_TOOLS)
+    with connection.cursor() as cursor:
+        cursor.execute(_ACTIVE_USERS, rollup_params(window))
+        (active_users,) = cursor.fetchone()
     by_status = {status: totals[f"runs_{status}"] or 0 for status in AgentRun.Status.values}
     return {
         "conversations": Conversation.objects.filter(_in(window, "created_at")).count(),
-        "active_users": users["n"],
+        "active_users": active_users,
         "messages": totals["messages"] or 0,
         "runs": sum(by_status.values()),
         "runs_by_status": by_status,
@@ -468,6 +517,7 @@ def tokens_by_model_day(window: Window) -> list[dict]:
         sums=("model_calls", "input_tokens", "output_tokens", "total_tokens"),
         having="SUM(model_calls) > 0",
         order="day, model",
+        where=NOT_TOOLS,
     )
     return [
         {
@@ -562,9 +612,16 @@ def tools_by_day(window: Window) -> list[dict]:
     if not uses_rollups(window):
         return tools_by_day_from_rows(window)
     found = {
-        row["day"]: row
+        row["day"]: {
+            "tool_executions": row["all_tool_executions"],
+            "tool_successes": row["all_tool_successes"],
+            "tool_failures": row["all_tool_failures"],
+        }
         for row in rollup_figures(
-            window, group={"day": DAY}, sums=("tool_executions", "tool_successes", "tool_failures")
+            window,
+            group={"day": DAY},
+            sums=("all_tool_executions", "all_tool_successes", "all_tool_failures"),
+            where=NOT_TOOLS,
         )
     }
     return [_tool_row(found.get(day, {}), day=day) for day in window.days()]
@@ -581,8 +638,9 @@ def timeseries(window: Window) -> list[dict]:
         for row in rollup_figures(
             window,
             group={"day": DAY},
-            sums=("messages", "total_tokens", "tool_executions"),
-            extra={"runs": f"SUM({RUNS})::bigint"},
+            sums=("messages", "total_tokens"),
+            extra={"runs": f"SUM({RUNS})::bigint", "tool_executions": "SUM(all_tool_executions)::bigint"},
+            where=NOT_TOOLS,
         )
     }
     day = TruncDate("created_at", tzinfo=window.tz)
@@ -616,7 +674,7 @@ def feedback_summary(window: Window) -> dict:
     audit rows is excluded (R-READ-4)."""
     if not uses_rollups(window):
         return feedback_summary_from_rows(window)
-    (row,) = rollup_figures(window, sums=("likes", "dislikes"))
+    (row,) = rollup_figures(window, sums=("likes", "dislikes"), where=NOT_TOOLS)
     likes, dislikes = row["likes"] or 0, row["dislikes"] or 0
     total = likes + dislikes
     return {

@@ -105,9 +105,10 @@ class Command(DatabaseCommand):
             cursor.execute(
                 "INSERT INTO dashboard_rolluphour (hour, model, agent_id, tool_name, runs_completed, runs_failed,"
                 " runs_cancelled, runs_interrupted, messages, model_calls, input_tokens, output_tokens, total_tokens,"
-                " unknown_usage_calls, closed_calls, unknown_cost_calls, cost_usd, likes, dislikes)"
+                " unknown_usage_calls, closed_calls, unknown_cost_calls, cost_usd, likes, dislikes,"
+                " all_tool_executions, all_tool_successes, all_tool_failures)"
                 " SELECT h, m, a, '', n * 0.9, n * 0.05, n * 0.03, n * 0.02, n * 2, n * 2, n * 1400, n * 300,"
-                " n * 1700, n * 0.01, n * 2, n * 0.02, n * 0.0021, n * 0.05, n * 0.01"
+                " n * 1700, n * 0.01, n * 2, n * 0.02, n * 0.0021, n * 0.05, n * 0.01, n * 1.2, n * 1.1, n * 0.1"
                 " FROM (SELECT h, m, a, round(%(r)s * (0.5 + random()))::bigint AS n"
                 " FROM generate_series(%(start)s::timestamptz, %(last)s::timestamptz, '1 hour') h,"
                 " unnest(%(models)s::text[]) m, unnest(%(agents)s::text[]) a) g",
