@@ -369,12 +369,23 @@ def mark_terminal_runs() -> int:
 
 def rebuild_day(day: dt.date) -> None:
     """Recompute the rollup rows of the UTC day ``day`` from the rows of the
-    marked runs: delete the day's rows and insert the recomputation. Must be
-    called inside ``transaction.atomic()``; the tables are locked against
-    concurrent terminal upserts for the batch (SHARE ROW EXCLUSIVE), so a
-    run ending meanwhile waits and is then added once."""
+    marked runs, one hour per transaction: delete the hour's rows and
+    insert the recomputation. Each hour locks the rollup tables against
+    concurrent terminal upserts (SHARE ROW EXCLUSIVE) for as long as its
+    recomputation takes — a fraction of a second, well inside a worker's
+    lock timeout — so a run ending meanwhile waits and is then added once.
+    Call it outside a transaction."""
+    from django.db import transaction
+
     start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
-    params = {"since": start, "until": start + dt.timedelta(days=1)}
+    for hour in range(24):
+        since = start + dt.timedelta(hours=hour)
+        with transaction.atomic():
+            _rebuild_range(since, since + dt.timedelta(hours=1))
+
+
+def _rebuild_range(since: dt.datetime, until: dt.datetime) -> None:
+    params = {"since": since, "until": until}
     with connection.cursor() as cursor:
         cursor.execute(f"LOCK TABLE {', '.join(TABLES)} IN SHARE ROW EXCLUSIVE MODE")
         for table in TABLES:
@@ -422,7 +433,7 @@ def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
     """Recompute the rollups from the audit rows (``rebuild_rollups``).
 
     Marks every terminal run not marked yet, then recomputes one UTC day
-    per transaction (:func:`rebuild_day`), from ``since`` (a UTC day;
+    after another, an hour per transaction (:func:`rebuild_day`), from ``since`` (a UTC day;
     default: the first day holding a fact) to the last day holding one;
     without ``since`` the rows outside that span are deleted too.
     ``progress(day, done, total)`` is called after each day. Returns the
@@ -447,8 +458,7 @@ def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
         first = since
     days = [first + dt.timedelta(days=i) for i in range((last - first).days + 1)]
     for done, day in enumerate(days, start=1):
-        with transaction.atomic():
-            rebuild_day(day)
+        rebuild_day(day)
         if progress:
             progress(day, done, len(days))
     return len(days)

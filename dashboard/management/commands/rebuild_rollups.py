@@ -1,6 +1,6 @@
 """``python manage.py rebuild_rollups [--since YYYY-MM-DD]``: recompute the
-dashboard rollups from the audit rows, one UTC day per transaction, with
-progress (R-DASH-1). Safe while the product runs: a run that ends during a
+dashboard rollups from the audit rows, day by day (an hour per
+transaction), with progress (R-DASH-1). Safe while the product runs: a run that ends during a
 day's batch waits for it and is then counted once."""
 
 from __future__ import annotations
