@@ -281,7 +281,10 @@ def facts_sql(
     group = ", ".join(keys)
     if not parts:  # nothing asked for is fed by a branch
         return f"SELECT {group}{sums} FROM {table} WHERE FALSE GROUP BY {group}"
-    return f"SELECT {group}{sums} FROM ({' UNION ALL '.join(parts)}) facts GROUP BY {group}"
+    # ORDER BY the key: concurrent upserts (two runs ending in the same
+    # hour and model) then lock their shared rows in one order, never in a
+    # cycle (no deadlock); each waits at most for the other's commit.
+    return f"SELECT {group}{sums} FROM ({' UNION ALL '.join(parts)}) facts GROUP BY {group} ORDER BY {group}"
 
 
 def _upsert_sql(table: str, select: str) -> str:
