@@ -85,6 +85,10 @@ class AgentRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Set in the terminal transaction when the run's figures were added to
+    # the dashboard rollups (dashboard.rollups): never twice; runs without
+    # it are counted from their rows (R-DASH-1).
+    rolled_up_at = models.DateTimeField(null=True, blank=True, editable=False)
     # When the run was last handed to the broker (submission, its thread's
     # previous run ending, the dispatcher): a pending run at the head of its
     # thread not acquired within DISPATCH_GRACE_SECONDS of it is handed over
@@ -114,6 +118,9 @@ class AgentRun(models.Model):
             # Admin run list, newest first (ORDER BY created_at DESC LIMIT n),
             # its date filter and the dashboard's runs per day.
             models.Index(fields=["created_at"], name="run_created_idx"),
+            # Dashboard: the runs not yet in the rollups (active ones) are
+            # counted live from their rows.
+            models.Index(fields=["created_at"], name="run_not_rolled_up_idx", condition=Q(rolled_up_at__isnull=True)),
             models.Index(fields=["user", "-created_at"], name="run_user_created_idx"),
             # Dispatcher: pending runs handed over longest ago (R-RUN-9).
             models.Index(fields=["dispatched_at"], name="run_pending_dispatch_idx", condition=Q(status="pending")),

@@ -7,6 +7,7 @@ from django.db import IntegrityError, transaction
 from audit.agents.assistant import validate_agent_id
 from audit.agents.models import validate_model_name
 from audit.models import AgentRun
+from dashboard.rollups import feedback_changed
 from yuxi_project.config import get_config
 from yuxi_project.errors import InvalidInput
 from yuxi_project.storable import fit_text
@@ -50,9 +51,23 @@ def message_feedback_submit(*, user, message_id: int, rating: str, reason: str =
         raise InvalidInput("feedback is only for a final answer", extra={"reason": "not_a_final_answer"})
     values = {"rating": rating, "reason": reason[:2000]}
     try:
-        with transaction.atomic():
-            return MessageFeedback.objects.update_or_create(message=message, user=user, defaults=values)
+        return _feedback_save(message=message, user=user, values=values)
     except IntegrityError:
         # A concurrent first feedback won the insert: this one updates it.
-        with transaction.atomic():
-            return MessageFeedback.objects.update_or_create(message=message, user=user, defaults=values)
+        return _feedback_save(message=message, user=user, values=values)
+
+
+def _feedback_save(*, message, user, values: dict) -> tuple[MessageFeedback, bool]:
+    with transaction.atomic():
+        # Locked so the rollup delta below starts from the rating it replaces.
+        old_rating = (
+            MessageFeedback.objects.select_for_update()
+            .filter(message=message, user=user)
+            .values_list("rating", flat=True)
+            .first()
+        )
+        feedback, created = MessageFeedback.objects.update_or_create(message=message, user=user, defaults=values)
+        feedback_changed(
+            message_id=message.pk, created_at=feedback.created_at, old_rating=old_rating, new_rating=feedback.rating
+        )
+        return feedback, created

@@ -23,6 +23,7 @@ import uuid
 from decimal import Decimal
 from typing import Any, Literal
 
+from django.db import connection
 from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncDate
 
@@ -80,8 +81,61 @@ def _in_window(window) -> Any:
 
 def cost_summary(window) -> dict[str, Any]:
     """``{total_usd, calls, unknown_cost_calls}`` of the model calls that
-    closed in a dashboard window (``dashboard.selectors.Window``)."""
-    return _in_window(window).aggregate(**_totals())
+    closed in a dashboard window (``dashboard.selectors.Window``). Read
+    from the dashboard rollups where the window allows (R-DASH-1)."""
+    from dashboard import selectors as dashboard
+
+    if not dashboard.uses_rollups(window):
+        return _in_window(window).aggregate(**_totals())
+    (row,) = dashboard.rollup_figures(window, extra=_ROLLUP_TOTALS, where=dashboard.NOT_TOOLS)
+    return row
+
+
+# The totals of _totals() over rollup rows: no known cost -> None, never 0.
+_ROLLUP_TOTALS = {
+    "total_usd": "CASE WHEN SUM(closed_calls) > SUM(unknown_cost_calls) THEN SUM(cost_usd) END",
+    "calls": "COALESCE(SUM(closed_calls), 0)::bigint",
+    "unknown_cost_calls": "COALESCE(SUM(unknown_cost_calls), 0)::bigint",
+}
+_ROLLUP_ORDER = "total_usd DESC NULLS LAST, calls DESC, key"
+
+
+def _costs_by_from_rollups(window, *, group_by: str, limit: int) -> list[dict[str, Any]]:
+    from dashboard import rollups
+    from dashboard import selectors as dashboard
+
+    having = "SUM(closed_calls) > 0"
+    if group_by == "model":
+        rows = dashboard.rollup_figures(
+            window,
+            group={"key": "model"},
+            extra=_ROLLUP_TOTALS,
+            having=having,
+            order=f"{_ROLLUP_ORDER} LIMIT {limit:d}",
+            where=dashboard.NOT_TOOLS,
+        )
+        return rows
+    if group_by == "user":
+        # Summed per user id first, then the (few) sums joined to their names.
+        inner = dashboard.rollup_sql(
+            window, table=rollups.USER_TABLE, group={"user_id": "user_id"}, extra=_ROLLUP_TOTALS, having=having
+        )
+        sql = (
+            "SELECT u.username AS key, a.user_id, a.total_usd, a.calls, a.unknown_cost_calls"
+            f" FROM ({inner}) a JOIN auth_user u ON u.id = a.user_id ORDER BY {_ROLLUP_ORDER} LIMIT {limit:d}"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, dashboard.rollup_params(window))
+            names = [column.name for column in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    found = {
+        row["key"]: row
+        for row in dashboard.rollup_figures(
+            window, group={"key": dashboard.DAY}, extra=_ROLLUP_TOTALS, having=having, where=dashboard.NOT_TOOLS
+        )
+    }
+    empty = {"total_usd": None, "calls": 0, "unknown_cost_calls": 0}
+    return [{**empty, **found.get(day, {}), "key": day} for day in window.days()]
 
 
 def costs_by(window, *, group_by: Literal["model", "user", "day"], limit: int = 100) -> list[dict[str, Any]]:
@@ -94,6 +148,12 @@ def costs_by(window, *, group_by: Literal["model", "user", "day"], limit: int = 
 
     Raises :class:`InvalidInput` for another ``group_by``.
     """
+    if group_by not in GROUPS:
+        raise InvalidInput(f"group_by must be one of {', '.join(GROUPS)}", extra={"field": "group_by"})
+    from dashboard import selectors as dashboard
+
+    if dashboard.uses_rollups(window):
+        return _costs_by_from_rollups(window, group_by=group_by, limit=limit)
     rows = _in_window(window)
     if group_by == "model":
         grouped = rows.values(key=F("run__model"))
@@ -114,6 +174,17 @@ def costs_by(window, *, group_by: Literal["model", "user", "day"], limit: int = 
 def cost_by_model_day(window) -> list[dict[str, Any]]:
     """``[{model, day, total_usd, calls, unknown_cost_calls}]`` of the
     window, by day then model (the dashboard's stacked chart)."""
+    from dashboard import selectors as dashboard
+
+    if dashboard.uses_rollups(window):
+        return dashboard.rollup_figures(
+            window,
+            group={"model": "model", "day": dashboard.DAY},
+            extra=_ROLLUP_TOTALS,
+            having="SUM(closed_calls) > 0",
+            order="day, model",
+            where=dashboard.NOT_TOOLS,
+        )
     return list(
         _in_window(window)
         .values(model=F("run__model"), day=TruncDate("finished_at", tzinfo=window.tz))

@@ -98,12 +98,10 @@ def feedback(request, params: Query[FeedbackQuery]):
         }
         for row in queryset[params.offset : params.offset + params.limit]
     ]
-    return {
-        "window": window_out(window),
-        **selectors.feedback_summary(window),
-        "count": queryset.count(),
-        "items": items,
-    }
+    summary = selectors.feedback_summary(window)
+    # The list's length from the same counts (no scan of the window's rows).
+    count = {None: summary["total"], "like": summary["likes"], "dislike": summary["dislikes"]}[params.rating]
+    return {"window": window_out(window), **summary, "count": count, "items": items}
 
 
 class CostsQuery(WindowIn):

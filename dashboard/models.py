@@ -1,1 +1,129 @@
-# The dashboard owns no tables: it reads through the selectors of the other apps.
+"""Dashboard rollups (R-DASH-1, R-COST-2): hourly aggregates of the audit,
+maintained exactly once per run inside its terminal transaction (see
+:mod:`dashboard.rollups`), so a dashboard figure reads O(hours × groups)
+rows instead of every audit row of its window.
+
+Grain: one UTC hour (``hour`` is the hour's start, a UTC instant). Each
+figure is bucketed by its own timestamp, the same one the row-based
+figures use: runs by ``created_at``, ordinary messages by ``created_at``,
+model calls (tokens, latency) and tool executions by ``started_at``, cost
+by the call's ``finished_at``, feedback by the feedback's ``created_at``.
+A calendar day of any zone whose offsets are whole hours is a whole number
+of UTC hours, so ``tz`` still works; other zones fall back to the rows
+(see :mod:`dashboard.selectors`).
+
+Rows are machine-written (INSERT … ON CONFLICT DO UPDATE adding deltas);
+``python manage.py rebuild_rollups`` recomputes them from the audit rows.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from audit.models import AgentRun
+
+RUN_STATUS_COLUMNS = tuple(f"runs_{status}" for status in AgentRun.Status.values)
+
+
+def _counter(**extra):
+    return models.BigIntegerField(default=0, db_default=0, **extra)
+
+
+class RollupHour(models.Model):
+    """Figures of one UTC hour × configured model × agent × tool.
+
+    ``tool_name`` is ``""`` for every figure that is not about a tool
+    execution; tool executions, successes and failures are on rows named
+    after their tool, and summed over all tools on the ``""`` row
+    (``all_tool_*``). ``cost_usd`` sums the known costs only
+    (``closed_calls - unknown_cost_calls`` of them); it is 0 when none is
+    known, and readers turn "no known cost" back into ``None`` (R-COST-1).
+    """
+
+    hour = models.DateTimeField()
+    model = models.CharField(max_length=200)
+    agent_id = models.CharField(max_length=100)
+    tool_name = models.CharField(max_length=200, blank=True, default="")
+
+    runs_pending = _counter()
+    runs_running = _counter()
+    runs_cancel_requested = _counter()
+    runs_completed = _counter()
+    runs_failed = _counter()
+    runs_cancelled = _counter()
+    runs_interrupted = _counter()
+    messages = _counter(help_text="Ordinary messages (audit rows excluded, R-READ-4).")
+    model_calls = _counter()
+    input_tokens = _counter()
+    output_tokens = _counter()
+    total_tokens = _counter()
+    unknown_usage_calls = _counter(help_text="Model calls without reported usage.")
+    closed_calls = _counter(help_text="Model calls that closed in the hour (by finished_at).")
+    unknown_cost_calls = _counter()
+    cost_usd = models.DecimalField(max_digits=30, decimal_places=12, default=0, db_default=0)
+    tool_executions = _counter()
+    tool_successes = _counter()
+    tool_failures = _counter()
+    # On the row of no tool (tool_name ""): the hour's executions of every
+    # tool, so per-day figures read one row per model and agent.
+    all_tool_executions = _counter()
+    all_tool_successes = _counter()
+    all_tool_failures = _counter()
+    likes = _counter()
+    dislikes = _counter()
+
+    class Meta:
+        constraints = [
+            # The upsert's conflict target; its leading hour also serves the
+            # dashboard's window scans (WHERE hour >= start AND hour < end).
+            models.UniqueConstraint(fields=["hour", "model", "agent_id", "tool_name"], name="rollup_hour_key"),
+        ]
+        indexes = [
+            # Figures other than tools: WHERE tool_name = '' AND hour in the
+            # window, without reading the rows of each tool.
+            models.Index(fields=["tool_name", "hour"], name="rollup_tool_hour_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.model} {self.agent_id} {self.tool_name or '-'}"
+
+
+class RollupUserHour(models.Model):
+    """Per-user figures of one UTC hour: ordinary user messages (active
+    users are the users with one) and the cost of their closed model calls
+    (costs by user). Kept apart from :class:`RollupHour` so the per-model
+    and per-tool figures do not read one row per user."""
+
+    hour = models.DateTimeField()
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    user_messages = _counter()
+    closed_calls = _counter()
+    unknown_cost_calls = _counter()
+    cost_usd = models.DecimalField(max_digits=30, decimal_places=12, default=0, db_default=0)
+
+    class Meta:
+        constraints = [
+            # User first: active users probe each user's hours (EXISTS).
+            models.UniqueConstraint(fields=["user", "hour"], name="rollup_user_hour_key"),
+        ]
+        indexes = [models.Index(fields=["hour"], name="rollup_user_hour_idx")]
+
+
+class RollupLatencyHour(models.Model):
+    """Completed model calls of one UTC hour × model by latency bucket: the
+    sketch behind the dashboard's p50/p95 on large windows.
+
+    Bucket 0 holds durations below 1 ms; bucket ``i >= 1`` holds
+    ``[2**((i-1)/4), 2**(i/4))`` ms (four buckets per doubling, at most
+    :data:`dashboard.rollups.LATENCY_BUCKETS`). A percentile read from it
+    is within +9.1 % / -8.3 % of the exact one (see
+    :func:`dashboard.rollups.bucket_value`)."""
+
+    hour = models.DateTimeField()
+    model = models.CharField(max_length=200)
+    bucket = models.SmallIntegerField()
+    calls = _counter()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["hour", "model", "bucket"], name="rollup_latency_key")]

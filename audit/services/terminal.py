@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from conversations.models import Message
 from costs.pricing import price_row
+from dashboard.rollups import run_roll_up
 from ops import metrics
 from yuxi_project.errors import InvalidInput
 
@@ -479,6 +480,8 @@ def _terminate(
     run.error_message = error_message
     run.interrupts = interrupts if status == Status.INTERRUPTED else None
     run.save()
+    # Dashboard figures of the run, added once with the run's end (R-DASH-1).
+    run_roll_up(run_id=run.pk)
     metrics.run_ended(run, rows=facts)
     thread_id = run.thread_id
     # The next runs are handed over after commit; the dispatcher's grace

@@ -1,0 +1,467 @@
+"""Maintenance of the dashboard rollups (R-DASH-1, R-COST-2).
+
+One definition of "the figures of a set of runs" — :func:`facts_sql` —
+serves three callers, so they cannot disagree:
+
+* :func:`run_roll_up`: inside the run's terminal transaction (run finish,
+  its fallback and the lease sweeper all end in
+  ``audit.services.terminal._terminate``) one statement marks the run
+  ``rolled_up_at`` — only if it is not marked yet — and adds the run's
+  figures to the three rollup tables. A second terminal attempt, a
+  redelivered task or a replayed call finds the mark and adds nothing.
+* :func:`feedback_changed`: feedback is given after the run ended; its
+  like/dislike delta is added to the hour the feedback was created in.
+* :func:`rebuild_day`: ``rebuild_rollups`` recomputes one UTC day from the
+  rows of the marked runs.
+
+The dashboard adds the figures of the runs not marked yet (active runs,
+and runs from before the rollups existed until ``rebuild_rollups`` ran)
+from their rows with the same SQL, so its answers never depend on whether
+a run has been rolled up.
+
+Everything is set-based SQL: each branch aggregates one kind of fact with
+GROUP BY, and INSERT … ON CONFLICT DO UPDATE SET x = x + EXCLUDED.x adds
+the deltas.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass, field
+
+from django.db import connection
+
+from audit.models import AgentRun
+
+from .models import RUN_STATUS_COLUMNS
+
+GRAIN = "1 hour"
+ORIGIN = "TIMESTAMPTZ '2000-01-01 00:00:00+00'"
+LATENCY_BUCKETS = 128
+# Four buckets per doubling: bucket i >= 1 is [2**((i-1)/4), 2**(i/4)) ms.
+BUCKETS_PER_DOUBLING = 4
+
+HOUR_TABLE = "dashboard_rolluphour"
+USER_TABLE = "dashboard_rollupuserhour"
+LATENCY_TABLE = "dashboard_rolluplatencyhour"
+
+HOUR_KEYS = ("hour", "model", "agent_id", "tool_name")
+HOUR_COUNTERS = (
+    *RUN_STATUS_COLUMNS,
+    "messages",
+    "model_calls",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "unknown_usage_calls",
+    "closed_calls",
+    "unknown_cost_calls",
+    "cost_usd",
+    "tool_executions",
+    "tool_successes",
+    "tool_failures",
+    "all_tool_executions",
+    "all_tool_successes",
+    "all_tool_failures",
+    "likes",
+    "dislikes",
+)
+USER_KEYS = ("hour", "user_id")  # conflict target: the (user, hour) key
+USER_COUNTERS = ("user_messages", "closed_calls", "unknown_cost_calls", "cost_usd")
+LATENCY_KEYS = ("hour", "model", "bucket")
+LATENCY_COUNTERS = ("calls",)
+
+TERMINAL = ", ".join(f"'{status}'" for status in AgentRun.TERMINAL_STATUSES)
+
+
+def bucket_value(bucket: int) -> float:
+    """The value (ms) a latency bucket stands for: 0 for bucket 0, else the
+    geometric middle ``2**((i - 0.5)/4)`` of ``[2**((i-1)/4), 2**(i/4))``.
+    Every duration of the bucket is within a factor ``2**(1/8)`` of it, so
+    a percentile interpolated between two such values is within +9.05 % /
+    -8.30 % of the exact ``percentile_cont``."""
+    if bucket <= 0:
+        return 0.0
+    return 2 ** ((bucket - 0.5) / BUCKETS_PER_DOUBLING)
+
+
+def bucket_of(duration_ms: float) -> int:
+    """The latency bucket of a duration in ms (Python twin of the SQL)."""
+    if duration_ms < 1:
+        return 0
+    return min(1 + math.floor(BUCKETS_PER_DOUBLING * math.log2(duration_ms)), LATENCY_BUCKETS - 1)
+
+
+def _hour(column: str) -> str:
+    return f"date_bin('{GRAIN}', {column}, {ORIGIN})"
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One kind of fact: rows ``source`` (with run ``r`` joined), bucketed
+    by ``time`` and aggregated into ``counters``."""
+
+    source: str
+    time: str
+    where: str
+    keys: dict[str, str]
+    counters: dict[str, str] = field(default_factory=dict)
+
+
+_MODEL = "r.model"
+_MODEL_CALL = "m.operation_id IS NOT NULL AND m.role = 'assistant'"
+_RUN_MESSAGES = "conversations_message m JOIN audit_agentrun r ON r.id = m.run_id"
+
+
+def _tokens(key: str) -> str:
+    # The same reading as the row-based figures: missing key -> 0.
+    return f"COALESCE(SUM(COALESCE((m.usage ->> '{key}')::integer, 0)), 0)"
+
+
+def _hour_branches() -> list[Branch]:
+    hour_keys = {"model": _MODEL, "agent_id": "r.agent_id", "tool_name": "''"}
+    return [
+        Branch(
+            source="audit_agentrun r",
+            time="r.created_at",
+            where="TRUE",
+            keys=hour_keys,
+            counters={
+                f"runs_{status}": f"COUNT(*) FILTER (WHERE r.status = '{status}')" for status in AgentRun.Status.values
+            },
+        ),
+        Branch(
+            source=_RUN_MESSAGES,
+            time="m.created_at",
+            where="m.message_type = 'text'",
+            keys=hour_keys,
+            counters={"messages": "COUNT(*)"},
+        ),
+        Branch(
+            source=_RUN_MESSAGES,
+            time="m.started_at",
+            where=_MODEL_CALL,
+            keys=hour_keys,
+            counters={
+                "model_calls": "COUNT(*)",
+                "input_tokens": _tokens("input_tokens"),
+                "output_tokens": _tokens("output_tokens"),
+                "total_tokens": _tokens("total_tokens"),
+                "unknown_usage_calls": "COUNT(*) FILTER (WHERE m.usage IS NULL OR m.usage = 'null'::jsonb)",
+            },
+        ),
+        Branch(
+            source=_RUN_MESSAGES,
+            time="m.finished_at",
+            where=f"{_MODEL_CALL} AND m.execution_status <> 'running'",
+            keys=hour_keys,
+            counters={
+                "closed_calls": "COUNT(*)",
+                "unknown_cost_calls": "COUNT(*) FILTER (WHERE m.cost_usd IS NULL)",
+                "cost_usd": "COALESCE(SUM(m.cost_usd), 0)",
+            },
+        ),
+        Branch(
+            source=_RUN_MESSAGES,
+            time="m.started_at",
+            where="m.message_type = 'tool_audit'",
+            keys={**hour_keys, "tool_name": "m.tool_name"},
+            counters={
+                "tool_executions": "COUNT(*)",
+                "tool_successes": "COUNT(*) FILTER (WHERE m.execution_status = 'completed')",
+                # Counted, never derived: running, interrupted and
+                # abandoned executions are neither success nor failure.
+                "tool_failures": "COUNT(*) FILTER (WHERE m.execution_status = 'failed')",
+            },
+        ),
+        Branch(
+            # The same executions once more on the row of no tool, summed
+            # over the tools: per-day figures then skip the per-tool rows.
+            source=_RUN_MESSAGES,
+            time="m.started_at",
+            where="m.message_type = 'tool_audit'",
+            keys=hour_keys,
+            counters={
+                "all_tool_executions": "COUNT(*)",
+                "all_tool_successes": "COUNT(*) FILTER (WHERE m.execution_status = 'completed')",
+                "all_tool_failures": "COUNT(*) FILTER (WHERE m.execution_status = 'failed')",
+            },
+        ),
+        Branch(
+            source=f"conversations_messagefeedback f JOIN {_RUN_MESSAGES} ON m.id = f.message_id",
+            time="f.created_at",
+            where="m.message_type = 'text'",
+            keys=hour_keys,
+            counters={
+                "likes": "COUNT(*) FILTER (WHERE f.rating = 'like')",
+                "dislikes": "COUNT(*) FILTER (WHERE f.rating = 'dislike')",
+            },
+        ),
+    ]
+
+
+def _user_branches() -> list[Branch]:
+    keys = {"user_id": "r.user_id"}
+    return [
+        Branch(
+            source=_RUN_MESSAGES,
+            time="m.created_at",
+            where="m.message_type = 'text' AND m.role = 'user'",
+            keys=keys,
+            counters={"user_messages": "COUNT(*)"},
+        ),
+        Branch(
+            source=_RUN_MESSAGES,
+            time="m.finished_at",
+            where=f"{_MODEL_CALL} AND m.execution_status <> 'running'",
+            keys=keys,
+            counters={
+                "closed_calls": "COUNT(*)",
+                "unknown_cost_calls": "COUNT(*) FILTER (WHERE m.cost_usd IS NULL)",
+                "cost_usd": "COALESCE(SUM(m.cost_usd), 0)",
+            },
+        ),
+    ]
+
+
+def _latency_branches() -> list[Branch]:
+    bucket = (
+        "CASE WHEN m.duration_ms < 1 THEN 0 ELSE LEAST("
+        f"1 + floor({BUCKETS_PER_DOUBLING} * ln(m.duration_ms::float8) / ln(2.0))::integer, {LATENCY_BUCKETS - 1}) END"
+    )
+    return [
+        Branch(
+            source=_RUN_MESSAGES,
+            time="m.started_at",
+            where=f"{_MODEL_CALL} AND m.execution_status = 'completed' AND m.duration_ms IS NOT NULL",
+            keys={"model": _MODEL, "bucket": bucket},
+            counters={"calls": "COUNT(*)"},
+        )
+    ]
+
+
+TABLES = {
+    HOUR_TABLE: (HOUR_KEYS, HOUR_COUNTERS, _hour_branches),
+    USER_TABLE: (USER_KEYS, USER_COUNTERS, _user_branches),
+    LATENCY_TABLE: (LATENCY_KEYS, LATENCY_COUNTERS, _latency_branches),
+}
+
+
+def facts_sql(
+    table: str, *, runs: str, since: str | None = None, until: str | None = None, only: tuple[str, ...] | None = None
+) -> str:
+    """SELECT of the figures of ``table``'s shape (its key columns then its
+    counters, one row per key) for the runs ``r`` that match the SQL
+    condition ``runs``, counting only facts whose own timestamp is in
+    ``[since, until)`` (SQL expressions; ``None``: unbounded). ``only``
+    keeps just these counters (and the branches that feed them)."""
+    keys, counters, branches = TABLES[table]
+    if only is not None:
+        counters = tuple(c for c in counters if c in only)
+    parts = []
+    for branch in branches():
+        if only is not None and not set(branch.counters) & set(counters):
+            continue
+        where = [f"({runs})", f"({branch.where})", f"{branch.time} IS NOT NULL"]
+        if since is not None:
+            where.append(f"{branch.time} >= {since}")
+        if until is not None:
+            where.append(f"{branch.time} < {until}")
+        key_exprs = [f"{_hour(branch.time)} AS hour"] + [f"{branch.keys[k]} AS {k}" for k in keys[1:]]
+        counter_exprs = [f"{branch.counters.get(c, '0')} AS {c}" for c in counters]
+        group = ", ".join(str(i + 1) for i in range(len(keys)))
+        parts.append(
+            f"SELECT {', '.join(key_exprs + counter_exprs)} FROM {branch.source} "
+            f"WHERE {' AND '.join(where)} GROUP BY {group}"
+        )
+    # bigint, not SUM's numeric: unioned with the rollup columns, numeric
+    # would turn every rollup row's counters into numeric too.
+    sums = "".join(f", SUM({c})" + ("" if c == "cost_usd" else "::bigint") + f" AS {c}" for c in counters)
+    group = ", ".join(keys)
+    if not parts:  # nothing asked for is fed by a branch
+        return f"SELECT {group}{sums} FROM {table} WHERE FALSE GROUP BY {group}"
+    # ORDER BY the key: concurrent upserts (two runs ending in the same
+    # hour and model) then lock their shared rows in one order, never in a
+    # cycle (no deadlock); each waits at most for the other's commit.
+    return f"SELECT {group}{sums} FROM ({' UNION ALL '.join(parts)}) facts GROUP BY {group} ORDER BY {group}"
+
+
+def _upsert_sql(table: str, select: str) -> str:
+    keys, counters, _ = TABLES[table]
+    columns = ", ".join((*keys, *counters))
+    adds = ", ".join(f"{c} = {table}.{c} + EXCLUDED.{c}" for c in counters)
+    return f"INSERT INTO {table} ({columns}) {select} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {adds}"
+
+
+def _run_roll_up_sql() -> str:
+    marked = (
+        "UPDATE audit_agentrun SET rolled_up_at = now() "
+        f"WHERE id = %(run_id)s AND rolled_up_at IS NULL AND status IN ({TERMINAL}) RETURNING id"
+    )
+    ctes = [f"marked AS ({marked})"]
+    for i, table in enumerate(TABLES):
+        select = facts_sql(table, runs="r.id IN (SELECT id FROM marked)")
+        ctes.append(f"t{i} AS ({_upsert_sql(table, select)})")
+    return f"WITH {', '.join(ctes)} SELECT COUNT(*) FROM marked"
+
+
+_RUN_ROLL_UP = _run_roll_up_sql()
+
+
+def run_roll_up(*, run_id) -> bool:
+    """Add the figures of the terminal run ``run_id`` to the rollups, once.
+
+    One statement (one round trip): marks the run ``rolled_up_at`` where it
+    is terminal and not marked yet, and adds its figures to the three
+    rollup tables only through that mark — so a repeated terminal path adds
+    nothing. Must be called inside the terminal transaction, after the
+    run's status and rows were written (with the run row locked): the
+    figures then commit or roll back with the run's end. Returns whether
+    the run was rolled up now (R-DASH-1).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_RUN_ROLL_UP, {"run_id": run_id})
+        return bool(cursor.fetchone()[0])
+
+
+_FEEDBACK_DELTA = _upsert_sql(
+    HOUR_TABLE,
+    "SELECT "
+    + ", ".join(
+        [f"{_hour('%(created_at)s')}", _MODEL, "r.agent_id", "''"]
+        + ["%(likes)s" if c == "likes" else "%(dislikes)s" if c == "dislikes" else "0" for c in HOUR_COUNTERS]
+    )
+    + f" FROM {_RUN_MESSAGES} WHERE m.id = %(message_id)s AND m.message_type = 'text'"
+    " AND r.rolled_up_at IS NOT NULL",
+)
+
+
+def feedback_changed(
+    *, message_id: int, created_at: dt.datetime, old_rating: str | None, new_rating: str | None
+) -> None:
+    """Add a feedback change to the rollups: ``old_rating`` (``None``: the
+    feedback is new) becomes ``new_rating`` (``None``: removed) on message
+    ``message_id``, for feedback created at ``created_at``. Only feedback
+    on a rolled-up run's ordinary message counts here; the others are
+    counted from their rows. Call it in the transaction that writes the
+    feedback (R-DASH-1)."""
+    if old_rating == new_rating:
+        return
+    delta = {"like": 0, "dislike": 0}
+    if old_rating in delta:
+        delta[old_rating] -= 1
+    if new_rating in delta:
+        delta[new_rating] += 1
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _FEEDBACK_DELTA,
+            {"message_id": message_id, "created_at": created_at, "likes": delta["like"], "dislikes": delta["dislike"]},
+        )
+
+
+def mark_terminal_runs() -> int:
+    """Mark every terminal run not marked yet as rolled up (the first step
+    of a rebuild, whose day batches then count them). Returns how many."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE audit_agentrun SET rolled_up_at = now() WHERE rolled_up_at IS NULL AND status IN ({TERMINAL})"
+        )
+        return cursor.rowcount
+
+
+def rebuild_day(day: dt.date) -> None:
+    """Recompute the rollup rows of the UTC day ``day`` from the rows of the
+    marked runs, one hour per transaction: delete the hour's rows and
+    insert the recomputation. Each hour locks the rollup tables against
+    concurrent terminal upserts (SHARE ROW EXCLUSIVE) for as long as its
+    recomputation takes — a fraction of a second, well inside a worker's
+    lock timeout — so a run ending meanwhile waits and is then added once.
+    Call it outside a transaction."""
+    from django.db import transaction
+
+    start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
+    for hour in range(24):
+        since = start + dt.timedelta(hours=hour)
+        with transaction.atomic():
+            _rebuild_range(since, since + dt.timedelta(hours=1))
+
+
+def _rebuild_range(since: dt.datetime, until: dt.datetime) -> None:
+    params = {"since": since, "until": until}
+    with connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {', '.join(TABLES)} IN SHARE ROW EXCLUSIVE MODE")
+        for table in TABLES:
+            cursor.execute(f"DELETE FROM {table} WHERE hour >= %(since)s AND hour < %(until)s", params)
+            select = facts_sql(
+                table, runs="r.rolled_up_at IS NOT NULL", since="%(since)s::timestamptz", until="%(until)s::timestamptz"
+            )
+            keys, counters, _ = TABLES[table]
+            cursor.execute(f"INSERT INTO {table} ({', '.join((*keys, *counters))}) {select}", params)
+
+
+def clear_outside(first: dt.date, last: dt.date) -> None:
+    """Delete rollup rows outside the UTC days ``first..last`` (a full
+    rebuild recomputes exactly those days)."""
+    since = dt.datetime.combine(first, dt.time.min, tzinfo=dt.UTC)
+    until = dt.datetime.combine(last + dt.timedelta(days=1), dt.time.min, tzinfo=dt.UTC)
+    with connection.cursor() as cursor:
+        for table in TABLES:
+            cursor.execute(f"DELETE FROM {table} WHERE hour < %s OR hour >= %s", [since, until])
+
+
+def fact_span() -> tuple[dt.date, dt.date] | None:
+    """The first and last UTC day that holds a fact of a marked run (run
+    creation, message, call or feedback), or ``None`` without runs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT LEAST((SELECT MIN(created_at) FROM audit_agentrun),"
+            " (SELECT MIN(created_at) FROM conversations_message WHERE message_type = 'text'),"
+            " (SELECT MIN(started_at) FROM conversations_message WHERE operation_id IS NOT NULL),"
+            " (SELECT MIN(finished_at) FROM conversations_message WHERE operation_id IS NOT NULL AND role = 'assistant'),"
+            " (SELECT MIN(created_at) FROM conversations_messagefeedback)),"
+            " GREATEST((SELECT MAX(created_at) FROM conversations_messagefeedback),"
+            " (SELECT MAX(finished_at) FROM conversations_message WHERE operation_id IS NOT NULL AND role = 'assistant'),"
+            " (SELECT MAX(started_at) FROM conversations_message WHERE operation_id IS NOT NULL),"
+            " (SELECT MAX(created_at) FROM conversations_message WHERE message_type = 'text'),"
+            " (SELECT MAX(created_at) FROM audit_agentrun))"
+        )
+        first, last = cursor.fetchone()
+    if first is None:
+        return None
+    return first.astimezone(dt.UTC).date(), last.astimezone(dt.UTC).date()
+
+
+def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
+    """Recompute the rollups from the audit rows (``rebuild_rollups``).
+
+    Marks every terminal run not marked yet, then recomputes one UTC day
+    after another, an hour per transaction (:func:`rebuild_day`), from ``since`` (a UTC day;
+    default: the first day holding a fact) to the last day holding one;
+    without ``since`` the rows outside that span are deleted too.
+    ``progress(day, done, total)`` is called after each day. Returns the
+    number of days recomputed (R-DASH-1).
+    """
+    from django.db import transaction
+
+    with transaction.atomic():
+        mark_terminal_runs()
+    span = fact_span()
+    if span is None:
+        if since is None:
+            with transaction.atomic(), connection.cursor() as cursor:
+                for table in TABLES:
+                    cursor.execute(f"DELETE FROM {table}")
+        return 0
+    first, last = span
+    if since is None:
+        with transaction.atomic():
+            clear_outside(first, last)
+    else:
+        first = since
+    days = [first + dt.timedelta(days=i) for i in range((last - first).days + 1)]
+    for done, day in enumerate(days, start=1):
+        rebuild_day(day)
+        if progress:
+            progress(day, done, len(days))
+    return len(days)

@@ -1,0 +1,380 @@
+"""Dashboard rollups (R-DASH-1, R-COST-2): maintained once in the terminal
+transaction, equal to a recomputation from the rows, and giving the same
+dashboard answers as the row-based figures."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import uuid
+from decimal import Decimal
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from audit import services
+from audit.errors import RunTerminal
+from audit.models import AgentRun
+from audit.services import StateMessage
+from conversations.models import Conversation
+from conversations.services import message_feedback_submit
+from costs import selectors as cost_selectors
+from dashboard import rollups, selectors
+from tests.conftest import acquire, make_run
+
+from .world import MODEL_A, MODEL_B, D, build_world
+
+pytestmark = pytest.mark.django_db
+
+# Facts spread over the three days before now: a full rebuild then spans
+# about four days (runs are created now, their calls are dated by T0).
+T0 = (dt.datetime.now(dt.UTC) - dt.timedelta(days=3)).replace(minute=0, second=0, microsecond=0)
+EMAIL = {"to": "ops@example.com", "subject": "status", "body": "all good"}
+INTERRUPT = [
+    {
+        "id": "intr-1",
+        "value": {
+            "action_requests": [{"name": "send_email", "args": EMAIL, "description": "Send an email"}],
+            "review_configs": [{"action_name": "send_email", "allowed_decisions": ["approve", "reject"]}],
+        },
+    }
+]
+
+
+def rollup_state() -> dict[str, list[tuple]]:
+    """Every rollup row, without ids and without all-zero rows (a delta that
+    went back to 0 leaves a row of zeros a recomputation does not have)."""
+    state = {}
+    for table, (keys, counters, _) in rollups.TABLES.items():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {', '.join((*keys, *counters))} FROM {table}"
+                f" WHERE {' OR '.join(f'{c} <> 0' for c in counters)} ORDER BY {', '.join(keys)}"
+            )
+            state[table] = cursor.fetchall()
+    return state
+
+
+def figures(window) -> dict:
+    """Every dashboard figure of the window, as the endpoints compute them."""
+    result = {
+        "overview": selectors.overview(window),
+        "models": selectors.models_report(window),
+        "tools": selectors.tools_report(window),
+        "timeseries": selectors.timeseries(window),
+        "feedback": selectors.feedback_summary(window),
+        "cost": cost_selectors.cost_summary(window),
+        "cost_by_model_day": cost_selectors.cost_by_model_day(window),
+    }
+    for group_by in cost_selectors.GROUPS:
+        result[f"costs_by_{group_by}"] = cost_selectors.costs_by(window, group_by=group_by)
+    return result
+
+
+def figures_from_rows(window) -> dict:
+    """The same figures computed from the rows, as before the rollups."""
+    result = {
+        "overview": selectors.overview_from_rows(window),
+        "models": {
+            "tokens_by_model_day": selectors.tokens_by_model_day_from_rows(window),
+            "latency": selectors.model_latency_from_rows(window),
+        },
+        "tools": {
+            "by_tool": selectors.tools_by_name_from_rows(window),
+            "by_day": selectors.tools_by_day_from_rows(window),
+        },
+        "timeseries": selectors.timeseries_from_rows(window),
+        "feedback": selectors.feedback_summary_from_rows(window),
+    }
+    rows_only = _rows_only(window)
+    result["cost"] = cost_selectors.cost_summary(rows_only)
+    result["cost_by_model_day"] = cost_selectors.cost_by_model_day(rows_only)
+    for group_by in cost_selectors.GROUPS:
+        result[f"costs_by_{group_by}"] = cost_selectors.costs_by(rows_only, group_by=group_by)
+    return result
+
+
+class _RowsWindow(selectors.Window):
+    """A window the rollups refuse (as for a half-hour zone), so the cost
+    selectors take their row-based path."""
+
+
+def _rows_only(window):
+    return _RowsWindow(first_day=window.first_day, last_day=window.last_day, tz=window.tz)
+
+
+@pytest.fixture(autouse=True)
+def _rows_window_is_not_rolled_up(monkeypatch):
+    # The test's own window subclass selects the row-based reading; every
+    # real window still goes through selectors.uses_rollups unchanged.
+    real = selectors.uses_rollups
+    monkeypatch.setattr(selectors, "uses_rollups", lambda w: not isinstance(w, _RowsWindow) and real(w))
+
+
+def windows(first: dt.date, last: dt.date):
+    return [
+        selectors.dashboard_window(first_day=first, last_day=last, tz=tz)
+        for tz in ("UTC", "Asia/Shanghai", "America/New_York", "Asia/Kolkata")
+    ]
+
+
+# --------------------------------------------------------------------------
+# The hand-built world: the same answers before and after the rollups
+# --------------------------------------------------------------------------
+
+
+def test_dashboard_answers_equal_the_row_based_answers_on_the_world_before_and_after_a_rebuild_R_DASH_1(
+    user, other_user
+):
+    build_world(user, other_user)
+    cases = windows(D, D) + windows(D - dt.timedelta(days=1), D + dt.timedelta(days=1))
+    expected = [figures_from_rows(window) for window in cases]
+    # The world's runs were written as rows, never ended through the
+    # service: they are counted live from their rows.
+    assert not AgentRun.objects.filter(rolled_up_at__isnull=False).exists()
+    assert [figures(window) for window in cases] == expected
+
+    call_command("rebuild_rollups", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    assert AgentRun.objects.filter(rolled_up_at__isnull=True).count() == 0
+    assert rollup_state()[rollups.HOUR_TABLE], "the rebuild wrote rollup rows"
+    assert [figures(window) for window in cases] == expected
+    utc = selectors.dashboard_window(first_day=D, last_day=D)
+    overview = figures(utc)["overview"]
+    assert overview["runs_by_status"]["completed"] == 1 and overview["tokens"]["total_tokens"] == 48
+    assert {r["model"]: r["p95_ms"] for r in selectors.model_latency(utc)}[MODEL_A] == pytest.approx(290.0)
+    assert {r["model"] for r in selectors.tokens_by_model_day(utc)} == {MODEL_A, MODEL_B}
+
+
+def test_a_zone_with_a_half_hour_offset_is_counted_from_the_rows_R_DASH_1():
+    assert selectors.uses_rollups(selectors.dashboard_window(first_day=D, last_day=D, tz="Europe/Paris"))
+    assert not selectors.uses_rollups(selectors.dashboard_window(first_day=D, last_day=D, tz="Asia/Kolkata"))
+
+
+# --------------------------------------------------------------------------
+# Exactly once
+# --------------------------------------------------------------------------
+
+
+def _completed_run(thread, *, op: str = "lc_run--a", answer: str = "It is sunny.") -> AgentRun:
+    run = make_run(thread)
+    lease = acquire(run)
+    services.model_call_start(lease=lease, operation_id=op, sequence=1, started_at=T0)
+    services.model_call_finish(
+        lease=lease,
+        operation_id=op,
+        content=answer,
+        tool_calls=[],
+        usage={"input_tokens": 7, "output_tokens": 3, "total_tokens": 10},
+        finished_at=T0 + dt.timedelta(seconds=1),
+        duration_ms=250,
+    )
+    state = [StateMessage(kind="human", id=f"human-{run.id}"), StateMessage(kind="ai", id=op, content=answer)]
+    run = services.run_finish(lease=lease, status="completed", final_state=state)
+    return run, lease
+
+
+def test_a_second_terminal_attempt_or_roll_up_adds_nothing_R_DASH_1(thread):
+    run, lease = _completed_run(thread)
+    run.refresh_from_db()
+    assert run.rolled_up_at is not None
+    once = rollup_state()
+    assert once[rollups.HOUR_TABLE] and once[rollups.LATENCY_TABLE]
+
+    assert rollups.run_roll_up(run_id=run.id) is False
+    with pytest.raises(RunTerminal):
+        services.run_finish(lease=lease, status="completed")
+    with pytest.raises(RunTerminal):
+        services.run_finish_fallback(lease=lease, error_type="x", error_message="again")
+    assert services.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(hours=1)) == []
+    assert rollup_state() == once
+
+
+def test_a_run_that_is_not_terminal_is_not_rolled_up_R_DASH_1(thread):
+    run = make_run(thread)
+    assert rollups.run_roll_up(run_id=run.id) is False
+    run.refresh_from_db()
+    assert run.rolled_up_at is None
+    assert rollup_state() == {table: [] for table in rollups.TABLES}
+
+
+def test_feedback_changes_move_the_rollup_counts_R_DASH_1(thread):
+    run, _ = _completed_run(thread)
+    window = selectors.dashboard_window(tz="UTC")
+    feedback, _ = message_feedback_submit(user=thread.user, message_id=run.output_message_id, rating="like")
+    assert selectors.feedback_summary(window)["likes"] == 1
+    message_feedback_submit(user=thread.user, message_id=run.output_message_id, rating="dislike")
+    message_feedback_submit(user=thread.user, message_id=run.output_message_id, rating="dislike")
+    assert (selectors.feedback_summary(window)["likes"], selectors.feedback_summary(window)["dislikes"]) == (0, 1)
+    before = rollup_state()
+    rollups.rollups_rebuild()
+    assert rollup_state() == before
+
+
+# --------------------------------------------------------------------------
+# Random histories: incremental rollups == a recomputation
+# --------------------------------------------------------------------------
+
+
+class World:
+    """Drives the real services with a seeded generator."""
+
+    def __init__(self, rng: random.Random, threads: list[Conversation]):
+        self.rng = rng
+        self.threads = threads
+        self.interrupted: dict[uuid.UUID, AgentRun] = {}  # thread id -> run waiting for approval
+        self.answers: list[AgentRun] = []
+
+    def when(self) -> dt.datetime:
+        return T0 + dt.timedelta(minutes=self.rng.randrange(0, 3 * 24 * 60), seconds=self.rng.random())
+
+    def model(self, lease, op: str, seq: int, state: list, *, content: str = "", tool_calls=None, finish=True):
+        started = self.when()
+        services.model_call_start(lease=lease, operation_id=op, sequence=seq, started_at=started)
+        if not finish:
+            return
+        usage = None if self.rng.random() < 0.1 else {"input_tokens": self.rng.randrange(1, 500)}
+        if usage:
+            usage["output_tokens"] = self.rng.randrange(0, 200)
+            usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        services.model_call_finish(
+            lease=lease,
+            operation_id=op,
+            content=content,
+            tool_calls=tool_calls or [],
+            usage=usage,
+            finished_at=started + dt.timedelta(seconds=self.rng.randrange(0, 7200)),
+            duration_ms=int(self.rng.lognormvariate(6, 1.5)),
+        )
+        state.append(StateMessage(kind="ai", id=op, content=content, tool_calls=tool_calls or []))
+
+    def tool(self, lease, call_id: str, seq: int, declared_by: str, *, name: str, finish: bool = True):
+        started = self.when()
+        services.tool_call_start(
+            lease=lease,
+            tool_call_id=call_id,
+            tool_name=name,
+            tool_input={"city": "Paris"},
+            sequence=seq,
+            started_at=started,
+            declared_by_operation_id=declared_by,
+        )
+        if finish:
+            status = self.rng.choice(["completed", "completed", "failed"])
+            services.tool_call_finish(
+                lease=lease,
+                tool_call_id=call_id,
+                status=status,
+                content="sunny" if status == "completed" else "unknown city",
+                raw_output={"content": "x"},
+                finished_at=started + dt.timedelta(milliseconds=5),
+                duration_ms=self.rng.randrange(1, 900),
+            )
+
+    def step(self, i: int) -> None:
+        thread = self.rng.choice(self.threads)
+        waiting = self.interrupted.pop(thread.id, None)
+        if waiting is not None:
+            decision = self.rng.choice(["approve", "reject"])
+            run, _ = services.run_resume(
+                user=thread.user, run_id=waiting.id, request_id=f"resume-{i}", decisions=[{"type": decision}]
+            )
+        else:
+            run = make_run(thread, text=f"turn {i}")
+        lease = acquire(run, ttl=60)
+        state = [StateMessage(kind="human", id=f"human-{run.id}")]
+        op = f"lc_run--{i}"
+        outcome = self.rng.choice(["completed", "completed", "tools", "failed", "cancelled", "swept", "fallback"])
+        if waiting is None and outcome == "tools" and self.rng.random() < 0.4:
+            outcome = "interrupt"
+        if outcome == "interrupt":
+            call = {"id": f"call_email_{i}", "name": "send_email", "args": EMAIL}
+            self.model(lease, op, 1, state, tool_calls=[call])
+            services.run_finish(lease=lease, status="interrupted", final_state=state, interrupts=INTERRUPT)
+            self.interrupted[thread.id] = run
+            return
+        if outcome == "tools":
+            names = [self.rng.choice(["get_weather", "calculator"]) for _ in range(self.rng.randrange(1, 3))]
+            calls = [{"id": f"call_{i}_{k}", "name": name, "args": {}} for k, name in enumerate(names)]
+            self.model(lease, op, 1, state, tool_calls=calls)
+            for k, call in enumerate(calls):
+                self.tool(lease, call["id"], 2 + k, op, name=call["name"], finish=self.rng.random() < 0.8)
+            self.model(lease, f"{op}b", 9, state, content=f"answer {i}")
+            outcome = "completed"
+        else:
+            self.model(lease, op, 1, state, content=f"answer {i}", finish=outcome != "swept" or self.rng.random() < 0.5)
+        if outcome == "completed":
+            run = services.run_finish(lease=lease, status="completed", final_state=state)
+            if run.output_message_id:
+                self.answers.append(run)
+        elif outcome == "failed":
+            services.run_finish(lease=lease, status="failed", error_type="model_error")
+        elif outcome == "cancelled":
+            services.run_request_cancel(user=thread.user, run_id=run.id)
+            services.run_finish(lease=lease, status="cancelled")
+        elif outcome == "fallback":
+            services.run_finish_fallback(lease=lease, error_type="storage_refused", error_message="refused")
+        elif outcome == "swept":
+            swept = services.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(seconds=61))
+            assert run.id in swept
+        if self.answers and self.rng.random() < 0.5:
+            answer = self.rng.choice(self.answers)
+            message_feedback_submit(
+                user=answer.user, message_id=answer.output_message_id, rating=self.rng.choice(["like", "dislike"])
+            )
+
+
+@pytest.mark.parametrize("seed", [11])
+def test_incremental_rollups_equal_a_recomputation_after_random_histories_R_DASH_1(seed, user, other_user):
+    rng = random.Random(seed)
+    threads = [
+        Conversation.objects.create(user=owner, agent_id="assistant", model=model)
+        for owner in (user, other_user)
+        for model in ("replay:tool_then_answer", "replay:plain_answer")
+    ]
+    world = World(rng, threads)
+    for i in range(40):
+        world.step(i)
+    # One run left running: counted live, never in the rollups.
+    live_thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    live = make_run(live_thread)
+    world.model(acquire(live), "lc_run--live", 1, [], content="streaming")
+
+    incremental = rollup_state()
+    assert incremental[rollups.HOUR_TABLE]
+    cases = windows(T0.date(), T0.date() + dt.timedelta(days=3))
+    answers = [figures(window) for window in cases]
+    expected = [figures_from_rows(window) for window in cases]
+    assert answers == expected
+
+    rollups.rollups_rebuild()
+    assert rollup_state() == incremental
+    assert [figures(window) for window in cases] == expected
+    assert any(figures["cost"]["total_usd"] not in (None, Decimal(0)) for figures in expected)
+
+
+# --------------------------------------------------------------------------
+# The latency sketch
+# --------------------------------------------------------------------------
+
+
+def test_the_latency_sketch_stays_within_its_error_bound_R_DASH_1():
+    rng = random.Random(7)
+    for _ in range(50):
+        values = sorted(int(rng.lognormvariate(rng.uniform(2, 9), rng.uniform(0.1, 2))) + 1 for _ in range(200))
+        buckets: dict[int, int] = {}
+        for value in values:
+            buckets[rollups.bucket_of(value)] = buckets.get(rollups.bucket_of(value), 0) + 1
+        for fraction in (0.5, 0.95):
+            exact = selectors.percentile_cont(values, fraction)
+            sketch = selectors.sketch_percentile(buckets, fraction)
+            assert exact / 2 ** (1 / 8) - 1e-9 <= sketch <= exact * 2 ** (1 / 8) + 1e-9
+
+
+def test_the_sql_bucket_matches_the_python_bucket_R_DASH_1():
+    durations = [0, 1, 2, 3, 7, 8, 100, 1000, 12345, 2**31 - 1]
+    with connection.cursor() as cursor:
+        expr = rollups._latency_branches()[0].keys["bucket"].replace("m.duration_ms", "d")
+        cursor.execute(f"SELECT d, {expr} FROM unnest(%s::bigint[]) AS d", [durations])
+        assert dict(cursor.fetchall()) == {d: rollups.bucket_of(d) for d in durations}
