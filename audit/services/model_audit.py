@@ -42,6 +42,8 @@ def model_call_open(
     sequence: int,
     started_at: datetime,
     metadata: dict[str, Any] | None = None,
+    namespace: list[str] | None = None,
+    parent_operation_id: str | None = None,
 ) -> Message:
     """Open the ``model_audit`` row of one model call when its request is
     sent, before any chunk (R-MA-10).
@@ -55,6 +57,9 @@ def model_call_open(
             that never streams keeps it, so the run's rows stay in order.
         started_at: when the request was sent (wall clock).
         metadata: namespace, model run id, node.
+        namespace: the call's stream namespace (``[]`` at the root; default
+            ``metadata["namespace"]``) and ``parent_operation_id`` the tool
+            call id of the ``task`` call whose subagent makes it (R-SUB-1).
 
     The row is ``running`` with ``metadata.awaiting_first_chunk = true`` and
     ``metadata.attempts = 1``. Opening the same operation again returns the
@@ -78,6 +83,7 @@ def model_call_open(
             started_at=started_at,
             execution_status=ExecStatus.RUNNING,
             metadata={**(metadata or {}), "awaiting_first_chunk": True, "attempts": 1},
+            **subagent_fields(namespace, parent_operation_id, metadata),
         )
 
 
@@ -122,6 +128,8 @@ def model_call_start(
     started_at: datetime,
     metadata: dict[str, Any] | None = None,
     opened_as: str | None = None,
+    namespace: list[str] | None = None,
+    parent_operation_id: str | None = None,
 ) -> Message:
     """Record message-start of one model call: find the row opened at
     request start (R-MA-10) or open it now.
@@ -137,6 +145,8 @@ def model_call_start(
             it differs: a model that does not stream sends its whole message
             under the provider's id (PROTOCOL.md §4), and that row is re-keyed
             once, while it still awaits its first chunk.
+        namespace, parent_operation_id: as for :func:`model_call_open`
+            (R-SUB-1); a row opened at request start takes them here.
 
     A row still ``awaiting_first_chunk`` takes ``sequence`` and loses the
     mark (its status is never changed: a closed row is never reopened,
@@ -161,7 +171,19 @@ def model_call_start(
                 row.sequence = sequence
                 row.metadata = {**row.metadata, **(metadata or {})}
                 row.metadata.pop("awaiting_first_chunk", None)
-                row.save(update_fields=["operation_id", "sequence", "metadata", "updated_at"])
+                fields = subagent_fields(namespace, parent_operation_id, metadata)
+                row.namespace = fields["namespace"]
+                row.parent_operation_id = fields["parent_operation_id"] or row.parent_operation_id
+                row.save(
+                    update_fields=[
+                        "operation_id",
+                        "sequence",
+                        "metadata",
+                        "namespace",
+                        "parent_operation_id",
+                        "updated_at",
+                    ]
+                )
                 return row
             if row.sequence != sequence:
                 raise AuditConflict(
@@ -179,6 +201,7 @@ def model_call_start(
             started_at=started_at,
             execution_status=ExecStatus.RUNNING,
             metadata=metadata or {},
+            **subagent_fields(namespace, parent_operation_id, metadata),
         )
 
 
@@ -246,6 +269,18 @@ def model_call_finish(
             ]
         )
         return row
+
+
+def subagent_fields(
+    namespace: list[str] | None, parent_operation_id: str | None, metadata: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The ``namespace`` and ``parent_operation_id`` columns of a new audit
+    row (R-SUB-1): ``namespace`` defaults to ``metadata["namespace"]``,
+    where writers before these columns put it; a root row has no parent."""
+    if namespace is None:
+        namespace = (metadata or {}).get("namespace") or []
+    namespace = [str(part) for part in namespace]
+    return {"namespace": namespace, "parent_operation_id": (parent_operation_id or None) if namespace else None}
 
 
 def _same_result(row: Message, result: dict[str, Any]) -> bool:

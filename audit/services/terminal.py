@@ -250,9 +250,13 @@ def _reconcile_tool_rows(run: AgentRun, final_state: list[StateMessage], prior: 
     """Close tool rows left ``running`` with ``awaiting_run_terminal`` from
     the last error ToolMessage with the same id (R-TA-3). Closed rows are
     never touched: the lifecycle owns them."""
+    # The root's tool rows only: the root State answers none of a
+    # subagent's calls (R-SUB-1); the terminal close ends those.
     awaiting = [
         row
-        for row in Message.objects.filter(run=run, role=Message.Role.TOOL, execution_status=ExecStatus.RUNNING)
+        for row in Message.objects.filter(
+            run=run, role=Message.Role.TOOL, execution_status=ExecStatus.RUNNING, namespace=[]
+        )
         if row.metadata.get("awaiting_run_terminal")
     ]
     if not awaiting:
@@ -389,8 +393,8 @@ def _bind_output(run: AgentRun, final_state: list[StateMessage], own_ai: dict[st
     if last_ai is None or last_ai.id not in own_ai:
         return
     row = Message.objects.filter(run=run, role=Message.Role.ASSISTANT, operation_id=last_ai.id).first()
-    if row is None or row.metadata.get("namespace"):
-        # A subgraph's or subagent's call is never the run's answer.
+    if row is None or row.namespace or row.metadata.get("namespace"):
+        # A subgraph's or subagent's call is never the run's answer (R-SUB-1).
         return
     row.message_type = Message.Type.TEXT
     row.save(update_fields=["message_type", "updated_at"])
