@@ -31,6 +31,7 @@ from yuxi_project.storable import visible, visible_fields
 from . import export, search, selectors
 from .agents.assistant import AGENTS
 from .agents.models import available_models
+from .agents.researcher import RESEARCHER_TOOL_NAMES
 from .agents.tools import ASSISTANT_TOOLS
 from .models import AgentRun
 from .schemas import RunFilterQuery
@@ -172,14 +173,16 @@ class StatusFilter(RunFilter):
 
 
 class ToolFilter(RunFilter):
-    """Tools of the built-in agents (no ``SELECT DISTINCT``); any other
+    """Tools of the built-in agents, the researcher's ``task`` included
+    (no ``SELECT DISTINCT``); any other
     tool name works in the URL (``?tool=name``)."""
 
     title = "tool"
     parameter_name = "tool"
 
     def lookups(self, request, model_admin):
-        return [(tool.name, tool.name) for tool in ASSISTANT_TOOLS]
+        names = dict.fromkeys([tool.name for tool in ASSISTANT_TOOLS] + list(RESEARCHER_TOOL_NAMES))
+        return [(name, name) for name in names]
 
 
 class ToolStatusFilter(RunFilter):
