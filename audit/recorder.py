@@ -207,8 +207,14 @@ class LifecycleRecorder:
 
     def parent_operation(self, namespace: list[str]) -> str | None:
         """The tool call id that spawned the graph running in ``namespace``
-        (``None`` at the root, or for a subgraph no tool call spawned)."""
-        return self._spawned_by.get(tuple(namespace)) if namespace else None
+        — the innermost one, when a graph spawned by a tool call runs
+        further subgraphs — or ``None`` (the root, or subgraphs no tool call
+        spawned)."""
+        for depth in range(len(namespace), 0, -1):
+            spawner = self._spawned_by.get(tuple(namespace[:depth]))
+            if spawner is not None:
+                return spawner
+        return None
 
     # -- model requests (LangChain callbacks: R-MA-10, R-RUN-12) -------------
 

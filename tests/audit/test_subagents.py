@@ -248,3 +248,18 @@ def test_a_swept_run_closes_its_subagent_rows_R_SUB_1_R_RUN_7(user):
         *((op, "failed") for op in SUBAGENT_TOOL_CALLS),
     }
     assert {r.parent_operation_id for r in rows if r.operation_id != TASK_CALL} == {TASK_CALL}
+
+
+def test_the_innermost_spawning_tool_call_is_the_parent_R_SUB_1(user):
+    """A subagent started inside a subagent belongs to the inner task call;
+    a plain subgraph inside a subagent to the task call around it; a
+    subgraph no tool call started to none."""
+    run = make_run(Conversation.objects.create(user=user, agent_id="researcher", model="replay:plain_answer"))
+    recorder = _feed(run, [])
+    recorder.tool_request(tool_call_id="call_outer", metadata={"langgraph_checkpoint_ns": "tools:a"})
+    recorder.tool_request(tool_call_id="call_inner", metadata={"langgraph_checkpoint_ns": "tools:a|tools:b"})
+    assert recorder.parent_operation([]) is None
+    assert recorder.parent_operation(["tools:a"]) == "call_outer"
+    assert recorder.parent_operation(["tools:a", "tools:b"]) == "call_inner"
+    assert recorder.parent_operation(["tools:a", "child_graph:c"]) == "call_outer"
+    assert recorder.parent_operation(["child_graph:c"]) is None
