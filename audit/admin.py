@@ -31,6 +31,7 @@ from yuxi_project.storable import visible, visible_fields
 from . import export, search, selectors
 from .agents.assistant import AGENTS
 from .agents.models import available_models
+from .agents.researcher import RESEARCHER_TOOL_NAMES
 from .agents.tools import ASSISTANT_TOOLS
 from .models import AgentRun
 from .schemas import RunFilterQuery
@@ -172,14 +173,16 @@ class StatusFilter(RunFilter):
 
 
 class ToolFilter(RunFilter):
-    """Tools of the built-in agents (no ``SELECT DISTINCT``); any other
+    """Tools of the built-in agents, the researcher's ``task`` included
+    (no ``SELECT DISTINCT``); any other
     tool name works in the URL (``?tool=name``)."""
 
     title = "tool"
     parameter_name = "tool"
 
     def lookups(self, request, model_admin):
-        return [(tool.name, tool.name) for tool in ASSISTANT_TOOLS]
+        names = dict.fromkeys([tool.name for tool in ASSISTANT_TOOLS] + list(RESEARCHER_TOOL_NAMES))
+        return [(name, name) for name in names]
 
 
 class ToolStatusFilter(RunFilter):
@@ -598,8 +601,11 @@ def timeline_page_context(
         closed_model_call = r["kind"] == "model" and r["status"] != "running"
         r["cost_text"] = (f"${r['cost_usd']}" if r["cost_usd"] is not None else "—") if closed_model_call else ""
         r["bar"] = _bar(r, t0, span, now, live)
+        # A subagent's calls name the subagent (``lc_agent_name``) beside the row.
+        r["agent_name"] = (r["metadata"] or {}).get("agent_name") if r["namespace"] else None
         if show_run:
             r["run_url"] = reverse("admin:audit_agentrun_change", args=[r["run_id"]])
+    rows = nest_timeline_rows(rows)
     return {
         **(extra or {}),
         "timeline_rows": rows,
@@ -611,6 +617,53 @@ def timeline_page_context(
         "timeline_limit": selectors.TIMELINE_MAX_ROWS,
         "timeline_show_run": show_run,
     }
+
+
+_INDENT_EM = 1.4
+
+
+def nest_timeline_rows(rows: list[dict]) -> list[dict]:
+    """The timeline rows of one page (display dicts of
+    :func:`selectors.timeline_item`, in display order) with each subagent's
+    calls moved under the tool row that spawned them — same run, its
+    ``operation_id`` is their ``parent_operation_id`` — in their own order,
+    nested as deep as subagents nest (R-SUB-1, R-ADM-1). Each row gains
+    ``depth`` (0 at the root), ``indent_em`` (its operation cell's indent),
+    ``ancestor_ids`` (space-separated ids of the rows it is nested under,
+    for collapsing) and ``descendants`` (how many rows are nested under it).
+    A row whose spawning tool row is on another page stays where it is,
+    at depth 0, with ``parent_elsewhere`` set."""
+    spawners = {(r["run_id"], r["operation_id"]): r for r in rows if r["kind"] == "tool"}
+    children: dict[int, list[dict]] = {}
+    roots: list[dict] = []
+    for r in rows:
+        parent = spawners.get((r["run_id"], r["parent_operation_id"])) if r["parent_operation_id"] else None
+        r["parent_elsewhere"] = bool(r["parent_operation_id"]) and parent is None
+        if parent is None or parent is r:
+            roots.append(r)
+        else:
+            children.setdefault(parent["id"], []).append(r)
+    ordered: list[dict] = []
+
+    def place(r: dict, ancestors: list[int]) -> int:
+        r["depth"] = len(ancestors)
+        r["indent_em"] = round(len(ancestors) * _INDENT_EM, 2)
+        r["ancestor_ids"] = " ".join(str(a) for a in ancestors)
+        ordered.append(r)
+        count = 0
+        for child in children.get(r["id"], []):
+            if child["id"] not in ancestors:  # never loops, even on odd data
+                count += 1 + place(child, [*ancestors, r["id"]])
+        r["descendants"] = count
+        return count
+
+    for r in roots:
+        place(r, [])
+    placed = {id(r) for r in ordered}
+    for r in rows:  # unreachable only on inconsistent data: shown, not lost
+        if id(r) not in placed:
+            place(r, [])
+    return ordered
 
 
 def approval_display(approval: dict | None) -> dict | None:

@@ -40,7 +40,7 @@ FORMATS = ("jsonl", "csv")
 CONTENT_TYPES = {"jsonl": "application/x-ndjson; charset=utf-8", "csv": "text/csv; charset=utf-8"}
 COLUMNS = tuple(TimelineItemOut.model_fields)
 # Columns that hold JSON: a JSON text in a CSV cell.
-_JSON_COLUMNS = {"usage", "tool_calls", "tool_input", "metadata", "raw_output"}
+_JSON_COLUMNS = {"usage", "tool_calls", "tool_input", "namespace", "metadata", "raw_output"}
 ROW_CHUNK = 1000
 RUN_CHUNK = 200
 # Text is sent in pieces of about this many characters.

@@ -16,6 +16,9 @@ feeds those callbacks to the run's :class:`~audit.recorder.LifecycleRecorder`:
   on the row;
 - ``on_llm_end`` → for a call that never streamed, which whole message
   is its answer (a non-streaming model's message may come without a run id);
+- ``on_tool_start`` → which tool call a subagent started inside the tool
+  belongs to (its namespace), before the subagent's first model request
+  (R-SUB-1);
 - ``on_llm_error`` → remembered for the terminal transaction, which closes
   the row ``failed`` with the error (a cancel is closed ``interrupted``).
 
@@ -55,6 +58,21 @@ class ModelRequestAudit(AsyncCallbackHandler):
         **kwargs: Any,
     ) -> None:
         await self._recorder.model_request(model_run_id=str(run_id), metadata=metadata or {})
+
+    async def on_tool_start(
+        self,
+        serialized: dict[str, Any],
+        input_str: str,
+        *,
+        run_id: uuid.UUID,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # Before the tool's body runs: a subagent started by this call
+        # (deepagents' task) runs in the tool's namespace (R-SUB-1).
+        tool_call_id = kwargs.get("tool_call_id")
+        if isinstance(tool_call_id, str):
+            self._recorder.tool_request(tool_call_id=tool_call_id, metadata=metadata or {})
 
     async def on_retry(self, retry_state: Any, *, run_id: uuid.UUID, **kwargs: Any) -> None:
         failure = kwargs.get("attempt_failure")

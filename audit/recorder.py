@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.utils.utils import LC_ID_PREFIX
 
 from .errors import AuditConflict
@@ -35,7 +35,14 @@ class AuditSink(Protocol):
     the lease-checking services (``audit.runner``)."""
 
     async def model_open(
-        self, *, operation_id: str, sequence: int, started_at: dt.datetime, metadata: dict
+        self,
+        *,
+        operation_id: str,
+        sequence: int,
+        started_at: dt.datetime,
+        metadata: dict,
+        namespace: list[str] | None = None,
+        parent_operation_id: str | None = None,
     ) -> None: ...
 
     async def model_retry(self, *, operation_id: str, failure: dict) -> None: ...
@@ -48,6 +55,8 @@ class AuditSink(Protocol):
         started_at: dt.datetime,
         metadata: dict,
         opened_as: str | None = None,
+        namespace: list[str] | None = None,
+        parent_operation_id: str | None = None,
     ) -> None: ...
 
     async def model_finish(
@@ -72,6 +81,8 @@ class AuditSink(Protocol):
         started_at: dt.datetime,
         declared_by_operation_id: str | None,
         metadata: dict,
+        namespace: list[str] | None = None,
+        parent_operation_id: str | None = None,
     ) -> None: ...
 
     async def tool_finish(
@@ -120,7 +131,14 @@ class LifecycleRecorder:
     """Feed it every raw v3 event with :meth:`handle`, in stream order.
 
     After the stream ends, :attr:`last_values` is the last root ``values``
-    payload (the final State) and :attr:`interrupts` its interrupts.
+    payload (the final State) and :attr:`interrupts` its interrupts: a
+    namespaced (subgraph, subagent) ``values`` event is never either.
+
+    Calls made inside a subagent (namespace ``["tools:<task id>", ...]``)
+    are recorded with their namespace and the tool call id that spawned
+    that namespace (R-SUB-1), learnt from the tool's start callback
+    (:meth:`tool_request`, before the subagent runs) or the stream's
+    ``lifecycle`` ``started`` event (its ``cause.tool_call_id``).
 
     Raises :class:`AuditConflict` from :meth:`handle` when the stream
     contradicts itself (a key change inside one lifecycle, the same key at
@@ -142,6 +160,8 @@ class LifecycleRecorder:
         # message id -> model run id, for whole messages (a model that does
         # not stream) whose stream payload carries no run id.
         self._whole_message_runs: dict[str, str] = {}
+        # namespace of a subgraph -> the tool call that spawned it (R-SUB-1).
+        self._spawned_by: dict[tuple[str, ...], str] = {}
 
     async def handle(self, event: dict) -> None:
         method = event.get("method")
@@ -158,8 +178,43 @@ class LifecycleRecorder:
         elif method == "tools":
             await self._on_tool(event, params.get("data") or {}, namespace)
         elif method == "values" and not namespace:
+            # Only the root's values are the run's State (and its
+            # interrupts); a subagent's values are its own (R-SUB-1).
             self.last_values = params.get("data")
             self.interrupts = tuple(params.get("interrupts") or ())
+        elif method == "lifecycle":
+            self._on_lifecycle(params.get("data") or {})
+
+    # -- subagents (R-SUB-1) ----------------------------------------------------
+
+    def tool_request(self, *, tool_call_id: str, metadata: dict) -> None:
+        """A tool is about to run (LangChain's tool start callback, before
+        the tool's body: a ``task`` tool's subagent has not started yet).
+        Its checkpoint namespace (``metadata["langgraph_checkpoint_ns"]``,
+        ``"tools:a9"`` or ``"tools:a9|tools:b1"``) is the namespace of any
+        graph it runs, so calls made there belong to ``tool_call_id``."""
+        checkpoint_ns = metadata.get("langgraph_checkpoint_ns") or ""
+        namespace = tuple(part for part in checkpoint_ns.split("|") if part)
+        if tool_call_id and namespace:
+            self._spawned_by.setdefault(namespace, tool_call_id)
+
+    def _on_lifecycle(self, data: dict) -> None:
+        cause = data.get("cause") or {}
+        namespace = tuple(data.get("namespace") or ())
+        if data.get("event") == "started" and cause.get("type") == "toolCall" and namespace:
+            if cause.get("tool_call_id"):
+                self._spawned_by.setdefault(namespace, str(cause["tool_call_id"]))
+
+    def parent_operation(self, namespace: list[str]) -> str | None:
+        """The tool call id that spawned the graph running in ``namespace``
+        — the innermost one, when a graph spawned by a tool call runs
+        further subgraphs — or ``None`` (the root, or subgraphs no tool call
+        spawned)."""
+        for depth in range(len(namespace), 0, -1):
+            spawner = self._spawned_by.get(tuple(namespace[:depth]))
+            if spawner is not None:
+                return spawner
+        return None
 
     # -- model requests (LangChain callbacks: R-MA-10, R-RUN-12) -------------
 
@@ -187,6 +242,8 @@ class LifecycleRecorder:
             sequence=call.sequence,
             started_at=started_at or dt.datetime.now(dt.UTC),
             metadata=row_metadata,
+            namespace=namespace,
+            parent_operation_id=self.parent_operation(namespace),
         )
 
     async def model_retry(self, *, model_run_id: str, failure: dict) -> None:
@@ -306,6 +363,8 @@ class LifecycleRecorder:
             sequence=sequence,
             started_at=event_time(event),
             metadata=metadata,
+            namespace=namespace,
+            parent_operation_id=self.parent_operation(namespace),
             **({"opened_as": opened_as} if opened_as else {}),
         )
         if self._publish and not namespace:
@@ -381,13 +440,19 @@ class LifecycleRecorder:
                 started_at=event_time(event),
                 declared_by_operation_id=self._declared_by.get(tool_call_id),
                 metadata={"namespace": namespace},
+                namespace=namespace,
+                parent_operation_id=self.parent_operation(namespace),
             )
             if self._publish and not namespace:
                 await self._publish("tool.started", {"tool_call_id": tool_call_id, "tool_name": data.get("tool_name")})
         elif kind == "tool-finished":
             output = data.get("output")
-            status = "failed" if getattr(output, "status", None) == "error" else "completed"
-            content = message_text(getattr(output, "content", output if isinstance(output, str) else ""))
+            # A tool that returns a Command (deepagents' task: the subagent's
+            # answer) puts its ToolMessage in the update: that message is
+            # the projected result; the Command is the raw output.
+            message = _tool_message_of(output, tool_call_id)
+            status = "failed" if getattr(message, "status", None) == "error" else "completed"
+            content = message_text(getattr(message, "content", message if isinstance(message, str) else ""))
             started = self._tool_started.get(tool_call_id, self._clock())
             await self._sink.tool_finish(
                 tool_call_id=tool_call_id,
@@ -438,6 +503,20 @@ class LifecycleRecorder:
 
     def interrupt_payloads(self) -> list[dict]:
         return [to_jsonable(i) for i in self.interrupts]
+
+
+def _tool_message_of(output: Any, tool_call_id: str) -> Any:
+    """The ToolMessage a tool's output carries for ``tool_call_id``: the
+    output itself, or the one in a ``Command``'s ``update["messages"]``
+    (deepagents' ``task`` returns one, PROTOCOL.md §4 capture k)."""
+    update = getattr(output, "update", None) if not isinstance(output, (str, BaseMessage)) else None
+    if isinstance(update, dict):
+        messages = update.get("messages") or []
+        for message in reversed(messages if isinstance(messages, list) else []):
+            if isinstance(message, ToolMessage) and message.tool_call_id == tool_call_id:
+                return message
+        return ""
+    return output
 
 
 _FINISH_METADATA = {"finish_reason", "model_name", "model_provider", "system_fingerprint"}

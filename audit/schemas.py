@@ -147,6 +147,13 @@ class TimelineItemOut(Schema):
     tool_name: str | None
     tool_input: Any = None
     declared_by_id: int | None
+    namespace: list[str] = Field(
+        default_factory=list,
+        description="Stream namespace of the call: [] at the root, the subagent's inside one (R-SUB-1).",
+    )
+    parent_operation_id: str | None = Field(
+        None, description="Tool call id of the `task` call whose subagent made this call; null at the root (R-SUB-1)."
+    )
     is_final_answer: bool
     metadata: dict[str, Any]
     raw_output: Any = Field(None, description="The tool's raw output envelope.")

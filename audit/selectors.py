@@ -123,6 +123,9 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
     (the tool's raw output envelope) is present only when
     ``include_raw_output`` is true: pass it for staff only (R-READ-5).
     ``workspace_path`` is the workspace file of a large tool result (R-TA-7).
+    ``namespace`` (list of strings, ``[]`` at the root) and
+    ``parent_operation_id`` (the spawning ``task`` call's tool call id, or
+    None) place a subagent's call under the call that started it (R-SUB-1).
     """
     is_tool = row.role == Message.Role.TOOL
     item: dict[str, Any] = {
@@ -144,6 +147,8 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
         "tool_name": row.tool_name or None,
         "tool_input": row.tool_input,
         "declared_by_id": row.declared_by_id,
+        "namespace": list(row.namespace or []),
+        "parent_operation_id": row.parent_operation_id,
         "is_final_answer": row.is_final_answer,
         "metadata": {k: v for k, v in (row.metadata or {}).items() if k not in _TIMELINE_HIDDEN_METADATA},
     }

@@ -71,12 +71,14 @@ def replay_usage_mode(scenario: str, messages: Sequence[BaseMessage]) -> UsageMo
     """The ``usage_mode`` of the bundled scenario's turn that ``messages``
     select (number of AI messages after the last human message, as the
     replay server counts them); ``final`` when there is no such turn."""
-    from .replay.scenarios import BUNDLED_DIR
+    from .replay.scenarios import BUNDLED_DIR, SUBAGENT_SEPARATOR
     from .replay.server import turn_index
 
+    # ``<scenario>/<subagent>``: that subagent's turns (R-SUB-1).
+    scenario, _, subagent = scenario.partition(SUBAGENT_SEPARATOR)
     path = BUNDLED_DIR / f"{scenario}.json"
     try:
-        modes = _scenario_modes(path, path.stat().st_mtime_ns)
+        modes = _scenario_modes(path, path.stat().st_mtime_ns, subagent)
     except OSError:
         return DEFAULT_USAGE_MODE
     roles = [{"role": {"human": "user", "ai": "assistant"}.get(m.type, m.type)} for m in messages]
@@ -85,11 +87,13 @@ def replay_usage_mode(scenario: str, messages: Sequence[BaseMessage]) -> UsageMo
 
 
 @lru_cache(maxsize=256)
-def _scenario_modes(path: Path, mtime_ns: int) -> tuple[UsageMode, ...]:
+def _scenario_modes(path: Path, mtime_ns: int, subagent: str = "") -> tuple[UsageMode, ...]:
     # Read the raw file (not the validated model) so that the worker never
     # fails a run over a scenario the replay server would refuse anyway.
     try:
-        turns = json.loads(path.read_text(encoding="utf-8")).get("turns") or []
+        data = json.loads(path.read_text(encoding="utf-8"))
+        turns = (data.get("subagents") or {}).get(subagent) if subagent else data.get("turns")
+        turns = turns if isinstance(turns, list) else []
     except (OSError, ValueError, AttributeError):
         return ()
     modes: list[UsageMode] = []

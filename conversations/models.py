@@ -17,7 +17,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
 
 from yuxi_project.storable import StorableCharField, StorableJSONField, StorableTextField
 
@@ -91,7 +91,8 @@ class MessageQuerySet(models.QuerySet):
         R-READ-2): user messages, final answers, and model rows as
         tool-display carriers only when their run is terminal, the terminal
         reconcile proved them (``state_reconciled``) and they declared tool
-        calls. Running and unproven rows never match."""
+        calls. Running and unproven rows never match, nor does any call
+        made inside a subgraph or subagent (R-SUB-1)."""
         from audit.models import AgentRun
 
         carrier = (
@@ -100,6 +101,7 @@ class MessageQuerySet(models.QuerySet):
             & Q(metadata__state_reconciled=True)
             & Q(tool_calls__isnull=False)
             & ~Q(tool_calls=[])
+            & Q(namespace=[])
         )
         ordinary = Q(message_type=Message.Type.TEXT, role__in=[Message.Role.USER, Message.Role.ASSISTANT])
         return self.filter(ordinary | carrier)
@@ -168,6 +170,12 @@ class Message(models.Model):
     declared_by = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="tool_executions"
     )
+    # --- subagents (R-SUB-1): the stream namespace of the call (``[]`` at
+    # the root, ``["tools:<task id>"]`` inside a subagent) and the tool call
+    # id of the ``task`` call that spawned it (null at the root). db_default:
+    # rows written by raw SQL are root rows. ---
+    namespace = models.JSONField(default=list, blank=True, db_default=Value([], output_field=models.JSONField()))
+    parent_operation_id = StorableCharField(max_length=255, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -121,6 +121,9 @@ def _with_tool_executions(thread_id: uuid.UUID, rows: list[Message]) -> list[His
                 operation_id__in={call_id for _, call_id in wanted},
                 run__turn_id__in={turn for turn, _ in wanted},
                 run__status__in=AgentRun.TERMINAL_STATUSES,
+                # The root's executions: a subagent's own tool calls show
+                # only through the task call's result (R-SUB-1).
+                namespace=[],
             )
             .exclude(execution_status=Message.ExecutionStatus.RUNNING)
             # Never the full result nor the raw output: a tool may return

@@ -1,6 +1,7 @@
-"""The built-in ``assistant`` agent (SPEC §5): a ``create_agent`` agent with
-four tools, human approval for ``send_email``, and large tool results moved
-to the thread workspace."""
+"""The built-in agents: ``assistant`` (SPEC §5), a ``create_agent`` agent
+with four tools, human approval for ``send_email``, and large tool results
+moved to the thread workspace; and ``researcher`` with its subagent
+(R-SUB-1, :mod:`audit.agents.researcher`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from .large_results import LargeToolResultMiddleware
 from .models import chat_model
 from .tools import ASSISTANT_TOOLS, AgentContext
 
-AGENTS = ("assistant",)
+AGENTS = ("assistant", "researcher")
 
 # Tools that stop the run for a human decision (R-TA-5).
 APPROVAL_REQUIRED = {"send_email": {"allowed_decisions": ["approve", "edit", "reject"]}}
@@ -44,6 +45,10 @@ def build_agent(agent_id: str, *, model: str, checkpointer: Any, http_async_clie
     Raises :class:`UnknownAgent` / ``UnknownModel``.
     """
     validate_agent_id(agent_id)
+    if agent_id == "researcher":
+        from .researcher import build_researcher
+
+        return build_researcher(model=model, checkpointer=checkpointer, http_async_client=http_async_client)
     return create_agent(
         chat_model(model, http_async_client=http_async_client),
         tools=ASSISTANT_TOOLS,

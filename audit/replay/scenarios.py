@@ -14,6 +14,16 @@ client asks for). It holds an ordered list of assistant turns::
         {"text": "It is 18°C and sunny in Paris.",
          "usage": {"prompt_tokens": 90, "completion_tokens": 11}}]}
 
+A scenario for an agent with subagents (the built-in ``researcher``,
+R-SUB-1) also gives each subagent's own turns under ``subagents``::
+
+    {"turns": [...the main agent's turns...],
+     "subagents": {"fact_checker": [...the subagent's turns...]}}
+
+The subagent's model asks for ``<scenario>/<subagent>`` (see
+:func:`subagent_model_name`); its turns are counted the same way, from its
+own conversation (a subagent starts from the task description alone).
+
 Turn keys: ``text``, ``tool_calls``, ``usage`` (with optional
 ``prompt_tokens_details`` / ``completion_tokens_details``), ``usage_mode``,
 ``chunk_delay_ms``, ``chunk_chars``, ``http_status`` + ``error_message``,
@@ -27,7 +37,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -199,24 +209,56 @@ class Turn(_Strict):
         return "tool_calls" if self.tool_calls else "stop"
 
 
+SUBAGENT_SEPARATOR = "/"
+"""Joins a scenario name and a subagent name into the model name the
+subagent's requests carry (``researcher_fact_check/fact_checker``)."""
+
+
 class Scenario(_Strict):
-    """A named, ordered list of assistant turns (at least one). Tool call
-    ids are unique across the whole scenario, so the audit can tell the
-    calls apart."""
+    """A named, ordered list of assistant turns (at least one), and, for an
+    agent with subagents, each subagent's own turns (``subagents``: name →
+    turns, at least one each). Tool call ids are unique across the whole
+    scenario, subagents included, so the audit can tell the calls apart."""
 
     name: str = Field(min_length=1)
     description: str = ""
     turns: tuple[Turn, ...] = Field(min_length=1, strict=False)
+    subagents: dict[str, Annotated[tuple[Turn, ...], Field(strict=False)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_tool_call_ids(self) -> Scenario:
         seen: set[str] = set()
-        for turn in self.turns:
+        for turn in (*self.turns, *(t for turns in self.subagents.values() for t in turns)):
             for call in turn.tool_calls:
                 if call.id in seen:
                     raise ValueError(f"tool call id {call.id!r} is used twice")
                 seen.add(call.id)
+        for subagent, turns in self.subagents.items():
+            if not subagent or SUBAGENT_SEPARATOR in subagent:
+                raise ValueError(f"subagent name {subagent!r} must be non-empty without {SUBAGENT_SEPARATOR!r}")
+            if not turns:
+                raise ValueError(f"subagent {subagent!r} needs at least one turn")
         return self
+
+
+def subagent_model_name(scenario: str, subagent: str) -> str:
+    """The model name a subagent's requests carry: ``<scenario>/<subagent>``
+    (R-SUB-1)."""
+    return f"{scenario}{SUBAGENT_SEPARATOR}{subagent}"
+
+
+def scenario_turns(scenarios: dict[str, Scenario], model: str) -> tuple[Scenario, tuple[Turn, ...]] | None:
+    """The scenario and the turns a request for ``model`` plays: a scenario
+    name gives its main turns, ``<scenario>/<subagent>`` that subagent's
+    turns; None when either is unknown."""
+    name, _, subagent = model.partition(SUBAGENT_SEPARATOR)
+    scenario = scenarios.get(name)
+    if scenario is None:
+        return None
+    if not subagent:
+        return scenario, scenario.turns
+    turns = scenario.subagents.get(subagent)
+    return (scenario, turns) if turns else None
 
 
 def _describe(error: ValidationError) -> str:

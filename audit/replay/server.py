@@ -2,7 +2,8 @@
 endpoint (streaming and non-streaming) that plays scenario files
 deterministically (SPEC §5, "Models and the replay model server").
 
-The request's ``model`` is the scenario name. Turn selection is stateless:
+The request's ``model`` is the scenario name (``<scenario>/<subagent>`` for
+a subagent's own turns, R-SUB-1). Turn selection is stateless:
 the turn index is the number of ``assistant`` messages after the last
 ``user`` message, so a client that re-sends the whole history (for example
 on resume after a human-approval interrupt) gets the right turn.
@@ -38,7 +39,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Send
 
-from .scenarios import Scenario, Turn, Usage, load_scenarios
+from .scenarios import Scenario, Turn, Usage, load_scenarios, scenario_turns
 
 logger = logging.getLogger(__name__)
 
@@ -334,8 +335,8 @@ def build_app(scenarios: dict[str, Scenario]) -> Starlette:
             return error_response(400, "'model' must be a scenario name", code="invalid_request")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             return error_response(400, "'messages' must be a list of message objects", code="invalid_request")
-        scenario = scenarios.get(name)
-        if scenario is None:
+        found = scenario_turns(scenarios, name)
+        if found is None:
             logger.info("replay request: unknown scenario %r", name)
             return error_response(
                 404, f"The model '{name}' does not exist: no replay scenario has that name.", code="model_not_found"
@@ -343,13 +344,14 @@ def build_app(scenarios: dict[str, Scenario]) -> Starlette:
         stream = body.get("stream") is True
         index = turn_index(messages)
         logger.info("replay request: scenario=%s turn=%d stream=%s", name, index, stream)
-        if index >= len(scenario.turns):
+        _, turns = found
+        if index >= len(turns):
             return error_response(
                 400,
-                f"Replay scenario '{name}' has {len(scenario.turns)} turn(s); the request asks for turn {index + 1}.",
+                f"Replay scenario '{name}' has {len(turns)} turn(s); the request asks for turn {index + 1}.",
                 code="scenario_exhausted",
             )
-        turn = scenario.turns[index]
+        turn = turns[index]
         failing = turn.fail_before_first_chunk
         if turn.connect_error_times or failing is not None:
             digest = _request_digest(name, index, messages)

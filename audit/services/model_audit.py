@@ -49,6 +49,8 @@ def model_call_open(
     sequence: int,
     started_at: datetime,
     metadata: dict[str, Any] | None = None,
+    namespace: list[str] | None = None,
+    parent_operation_id: str | None = None,
 ) -> Message:
     """Open the ``model_audit`` row of one model call when its request is
     sent, before any chunk (R-MA-10).
@@ -62,6 +64,9 @@ def model_call_open(
             that never streams keeps it, so the run's rows stay in order.
         started_at: when the request was sent (wall clock).
         metadata: namespace, model run id, node.
+        namespace: the call's stream namespace (``[]`` at the root; default
+            ``metadata["namespace"]``) and ``parent_operation_id`` the tool
+            call id of the ``task`` call whose subagent makes it (R-SUB-1).
 
     The row is ``running`` with ``metadata.awaiting_first_chunk = true`` and
     ``metadata.attempts = 1``. Opening the same operation again returns the
@@ -74,6 +79,7 @@ def model_call_open(
         sequence=sequence,
         started_at=started_at,
         metadata={**(metadata or {}), "awaiting_first_chunk": True, "attempts": 1},
+        **subagent_fields(namespace, parent_operation_id, metadata),
     )
     opened = write_operation_row(
         lease, role=Message.Role.ASSISTANT, operation_id=operation_id, now=timezone.now(), insert=row
@@ -86,9 +92,18 @@ def model_call_open(
         return existing if existing is not None else _insert_model_row(lease, operation_id, row)
 
 
-def _new_model_row(*, sequence: int, started_at: datetime, metadata: dict[str, Any]) -> Message:
+def _new_model_row(
+    *,
+    sequence: int,
+    started_at: datetime,
+    metadata: dict[str, Any],
+    namespace: list[str],
+    parent_operation_id: str | None,
+) -> Message:
     """A ``running`` model row, not saved: the one shape of a new model row
-    for the request start (R-MA-10) and message-start (R-MA-3)."""
+    for the request start (R-MA-10) and message-start (R-MA-3); a
+    subagent's call carries its ``namespace`` and ``parent_operation_id``
+    (R-SUB-1, see :func:`subagent_fields`)."""
     return Message(
         role=Message.Role.ASSISTANT,
         message_type=Message.Type.MODEL_AUDIT,
@@ -96,6 +111,8 @@ def _new_model_row(*, sequence: int, started_at: datetime, metadata: dict[str, A
         started_at=started_at,
         execution_status=ExecStatus.RUNNING,
         metadata=metadata,
+        namespace=namespace,
+        parent_operation_id=parent_operation_id,
     )
 
 
@@ -151,6 +168,8 @@ def model_call_start(
     started_at: datetime,
     metadata: dict[str, Any] | None = None,
     opened_as: str | None = None,
+    namespace: list[str] | None = None,
+    parent_operation_id: str | None = None,
 ) -> Message:
     """Record message-start of one model call: find the row opened at
     request start (R-MA-10) or open it now.
@@ -166,6 +185,8 @@ def model_call_start(
             it differs: a model that does not stream sends its whole message
             under the provider's id (PROTOCOL.md §4), and that row is re-keyed
             once, while it still awaits its first chunk.
+        namespace, parent_operation_id: as for :func:`model_call_open`
+            (R-SUB-1); a row opened at request start takes them here.
 
     A row still ``awaiting_first_chunk`` takes ``sequence`` and loses the
     mark (its status is never changed: a closed row is never reopened,
@@ -177,6 +198,7 @@ def model_call_start(
         LeaseError: see :func:`lock_run`.
     """
     metadata = metadata or {}
+    nesting = subagent_fields(namespace, parent_operation_id, metadata)
     if not opened_as:
         # One statement: take the sequence of a row that awaits its first
         # chunk, or insert the row when there is none.
@@ -187,9 +209,11 @@ def model_call_start(
             now=timezone.now(),
             update=Assign()
             .value("sequence", sequence)
-            .sql("metadata", "(m.metadata || %s) - 'awaiting_first_chunk'", metadata),
+            .sql("metadata", "(m.metadata || %s) - 'awaiting_first_chunk'", metadata)
+            .value("namespace", nesting["namespace"])
+            .sql("parent_operation_id", "COALESCE(%s, m.parent_operation_id)", nesting["parent_operation_id"]),
             update_when=("m.metadata @> %s", [json_param({"awaiting_first_chunk": True})]),
-            insert=_new_model_row(sequence=sequence, started_at=started_at, metadata=metadata),
+            insert=_new_model_row(sequence=sequence, started_at=started_at, metadata=metadata, **nesting),
         )
         if row is not None:
             return row
@@ -207,7 +231,18 @@ def model_call_start(
                 row.sequence = sequence
                 row.metadata = {**row.metadata, **metadata}
                 row.metadata.pop("awaiting_first_chunk", None)
-                row.save(update_fields=["operation_id", "sequence", "metadata", "updated_at"])
+                row.namespace = nesting["namespace"]
+                row.parent_operation_id = nesting["parent_operation_id"] or row.parent_operation_id
+                row.save(
+                    update_fields=[
+                        "operation_id",
+                        "sequence",
+                        "metadata",
+                        "namespace",
+                        "parent_operation_id",
+                        "updated_at",
+                    ]
+                )
                 return row
             if row.sequence != sequence:
                 raise AuditConflict(
@@ -216,7 +251,9 @@ def model_call_start(
                 )
             return row
         return _insert_model_row(
-            lease, operation_id, _new_model_row(sequence=sequence, started_at=started_at, metadata=metadata)
+            lease,
+            operation_id,
+            _new_model_row(sequence=sequence, started_at=started_at, metadata=metadata, **nesting),
         )
 
 
@@ -349,6 +386,18 @@ def _close_running_model_row(
         .value("price_version", priced.price_version),
         update_when=(when, params),
     )
+
+
+def subagent_fields(
+    namespace: list[str] | None, parent_operation_id: str | None, metadata: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The ``namespace`` and ``parent_operation_id`` columns of a new audit
+    row (R-SUB-1): ``namespace`` defaults to ``metadata["namespace"]``,
+    where writers before these columns put it; a root row has no parent."""
+    if namespace is None:
+        namespace = (metadata or {}).get("namespace") or []
+    namespace = [str(part) for part in namespace]
+    return {"namespace": namespace, "parent_operation_id": (parent_operation_id or None) if namespace else None}
 
 
 def _same_result(row: Message, result: dict[str, Any]) -> bool:

@@ -286,10 +286,12 @@ def _reconcile_tool_rows(final_state: list[StateMessage], prior: set[str], rows:
     """Close tool rows left ``running`` with ``awaiting_run_terminal`` from
     the last error ToolMessage with the same id (R-TA-3). Closed rows are
     never touched: the lifecycle owns them."""
+    # The root's tool rows only: the root State answers none of a
+    # subagent's calls (R-SUB-1); the terminal close ends those.
     awaiting = [
         row
         for row in rows.of(Message.Role.TOOL, status=ExecStatus.RUNNING)
-        if row.metadata.get("awaiting_run_terminal")
+        if row.metadata.get("awaiting_run_terminal") and not row.namespace
     ]
     if not awaiting:
         return
@@ -426,8 +428,8 @@ def _bind_output(
     if last_ai is None or last_ai.id not in own_ai:
         return
     row = next(iter(rows.of(Message.Role.ASSISTANT, [last_ai.id])), None)
-    if row is None or row.metadata.get("namespace"):
-        # A subgraph's or subagent's call is never the run's answer.
+    if row is None or row.namespace or row.metadata.get("namespace"):
+        # A subgraph's or subagent's call is never the run's answer (R-SUB-1).
         return
     row.message_type = Message.Type.TEXT
     rows.changed(row, "message_type")

@@ -23,6 +23,7 @@ from ..errors import AuditConflict, ToolResultConflict
 from ..lease import Lease, lock_run
 from ..models import AgentRun
 from .fenced import Assign, operation_row, write_operation_row
+from .model_audit import subagent_fields
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ def tool_call_start(
     started_at: datetime,
     declared_by_operation_id: str | None,
     metadata: dict[str, Any] | None = None,
+    namespace: list[str] | None = None,
+    parent_operation_id: str | None = None,
 ) -> Message:
     """Open the ``tool_audit`` row of one tool execution at tool-started.
 
@@ -52,6 +55,10 @@ def tool_call_start(
         tool_call_id: the model's tool call id (the operation key).
         tool_input: the arguments the tool was called with (JSON).
         declared_by_operation_id: the model call that declared the call.
+        namespace: the stream namespace of the graph the tool runs in
+            (``[]`` at the root; default ``metadata["namespace"]``) and
+            ``parent_operation_id`` the ``task`` call whose subagent runs
+            it (R-SUB-1).
 
     When this run's stream did not declare the call (a resume run executes
     the call its interrupted ancestor declared), the declaring model row is
@@ -68,6 +75,7 @@ def tool_call_start(
         started_at=started_at,
         execution_status=ExecStatus.RUNNING,
         metadata=metadata or {},
+        **subagent_fields(namespace, parent_operation_id, metadata),
     )
     if declared_by_operation_id:
         # The declaring model row of this run, looked up in the statement.

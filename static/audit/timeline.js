@@ -1,10 +1,35 @@
-// Live refresh of a run's audit timeline while the run is not terminal
+// Subagent calls fold under the tool row that spawned them (R-SUB-1), and
+// live refresh of a run's audit timeline while the run is not terminal
 // (R-ADM-1): re-fetch the timeline fragment, keep expanded rows expanded,
 // and bring the run's status, usage, duration and finish time in the page
 // header up to date from the fragment's hidden copies (data-yx-live).
 (function () {
   "use strict";
   var PERIOD_MS = 2000;
+  // Ids of tool rows whose subagent calls are hidden (R-SUB-1); kept
+  // across the live refresh.
+  var collapsed = {};
+
+  function applyCollapsed(root) {
+    root.querySelectorAll("tr[data-yx-ancestors]").forEach(function (tr) {
+      var ancestors = (tr.dataset.yxAncestors || "").split(" ");
+      tr.hidden = ancestors.some(function (id) { return id && collapsed[id]; });
+    });
+    root.querySelectorAll("button[data-yx-toggle]").forEach(function (button) {
+      var shut = !!collapsed[button.dataset.yxToggle];
+      button.setAttribute("aria-expanded", shut ? "false" : "true");
+      button.textContent = (shut ? "▸" : "▾") + button.textContent.slice(1);
+    });
+  }
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("button[data-yx-toggle]");
+    if (!button) return;
+    var id = button.dataset.yxToggle;
+    if (collapsed[id]) delete collapsed[id]; else collapsed[id] = true;
+    var timeline = document.getElementById("yx-timeline");
+    if (timeline) applyCollapsed(timeline);
+  });
 
   // The page title, heading and breadcrumbs name the run with its status
   // ("run … (running)"): once the status changes, say the new one there too.
@@ -38,6 +63,7 @@
               if (open[tr.dataset.id]) tr.querySelector("details").open = true;
             });
             retitle(current.dataset.runTitle, next.dataset.runTitle);
+            applyCollapsed(next);
             current.replaceWith(next);
             next.querySelectorAll(".yx-run-live [data-yx-live]").forEach(function (fresh) {
               document.querySelectorAll("[data-yx-live='" + fresh.dataset.yxLive + "']").forEach(function (shown) {

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core import messages as lc_messages
-from langgraph.types import Interrupt
+from langgraph.types import Command, Interrupt
 
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures"
 
@@ -23,7 +23,8 @@ _MESSAGE_CLASSES = {
 
 def decode(value: Any) -> Any:
     """Undo the capture encoder: ``{"__tuple__": [...]}`` is a tuple,
-    ``{"__pyclass__": "AIMessage", ...}`` the message object."""
+    ``{"__pyclass__": "AIMessage", ...}`` the message object (and the same
+    for ``Interrupt`` and ``Command``)."""
     if isinstance(value, list):
         return [decode(v) for v in value]
     if not isinstance(value, dict):
@@ -36,6 +37,14 @@ def decode(value: Any) -> Any:
         return _MESSAGE_CLASSES[cls](**fields)
     if cls == "Interrupt":
         return Interrupt(value=fields.get("value"), id=fields.get("id"))
+    if cls == "Command":
+        # What a tool returning a state update (deepagents' task) finishes with.
+        return Command(
+            graph=fields.get("graph"),
+            update=fields.get("update"),
+            resume=fields.get("resume"),
+            goto=fields.get("goto") or (),
+        )
     return fields
 
 

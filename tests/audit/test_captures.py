@@ -28,7 +28,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_the_captures_ship_with_the_repository():
     """A fresh clone has every capture: none of these tests can skip."""
-    assert CAPTURES.is_dir() and len(capture_names()) == 13, CAPTURES
+    assert CAPTURES.is_dir() and len(capture_names()) == 14, CAPTURES
 
 
 def _replay(run: AgentRun, captured: CapturedRun) -> LifecycleRecorder:
@@ -109,6 +109,7 @@ def test_capture_replays_into_one_row_per_model_call_R_MA_2_R_MA_3_R_MA_4_R_MA_6
         for op, facts in expected.items():
             assert rows[op].sequence == facts["sequence"]
             assert rows[op].metadata["namespace"] == facts["namespace"]
+            assert rows[op].namespace == facts["namespace"]
             assert rows[op].usage == facts["usage"]  # usage once, exactly as reported
             assert rows[op].execution_status == ("completed" if facts["usage"] else "running")
             if name != "h_nonstreaming_model":
@@ -157,7 +158,7 @@ def test_nonstreaming_capture_h_is_one_completed_row_R_MA_2():
     assert not captured.starts(), "capture h has no message-start: the whole message is the lifecycle"
 
 
-@pytest.mark.parametrize("name", ["g_subgraph_namespaces", "k_deepagents_subagent"])
+@pytest.mark.parametrize("name", ["g_subgraph_namespaces", "k_deepagents_subagent", "l_researcher_subagent"])
 def test_namespaced_calls_are_recorded_with_namespace_and_never_output_R_MA_8(name, user):
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
     (captured,) = load_capture(name)
@@ -169,10 +170,16 @@ def test_namespaced_calls_are_recorded_with_namespace_and_never_output_R_MA_8(na
         final_state=recorder.final_state(),
     )
     nested = list(Message.objects.filter(run=run, role="assistant", metadata__namespace__0__isnull=False))
-    assert len(nested) == 1 and nested[0].metadata["namespace"][0].split(":")[0] in ("child_graph", "tools")
-    assert nested[0].execution_status == "completed"
-    assert finished.output_message_id is not None and finished.output_message_id != nested[0].id
-    assert finished.output_message.metadata["namespace"] == []
+    assert len(nested) == (2 if name == "l_researcher_subagent" else 1)
+    for row in nested:
+        assert row.metadata["namespace"][0].split(":")[0] in ("child_graph", "tools")
+        assert row.namespace == row.metadata["namespace"] and row.execution_status == "completed"
+        assert finished.output_message_id is not None and finished.output_message_id != row.id
+        # Proven only by the root State: a subgraph sharing the root's
+        # messages (g) is, a subagent's own calls (k, l) never are.
+        in_root_state = row.operation_id in {m.id for m in recorder.final_state()}
+        assert bool(row.metadata.get("state_reconciled")) == in_root_state == (name == "g_subgraph_namespaces")
+    assert finished.output_message.metadata["namespace"] == [] and finished.output_message.namespace == []
 
 
 def test_midstream_error_capture_c3_leaves_running_row_closed_failed_R_MA_7_R_RUN_8(user):
