@@ -6,13 +6,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Case, F, Value, When
-from django.db.models.functions import Coalesce, Length, Substr
+from django.db.models import F
+from django.db.models.functions import Length, Substr
 
-from yuxi_project.cursors import keyset_page
+from yuxi_project.cursors import page_cursor, parse_cursor
 from yuxi_project.errors import InvalidInput, NotFound
 
-from .models import Conversation, Message
+from .models import Conversation, Message, history_carrier_q, history_ordinary_q
+from .sql import MESSAGE_TABLE, message_columns, predicate_sql
 
 
 def threads_of(user):
@@ -71,17 +72,73 @@ class HistoryPage:
     next_before: str | None
 
 
-def _history_rows(thread_id: uuid.UUID):
-    return (
-        Message.objects.filter(thread_id=thread_id, run__isnull=False)
-        .visible_in_history()
-        .annotate(
-            run_created=F("run__created_at"),
-            turn=F("run__turn_id"),
-            position=Case(When(role=Message.Role.USER, then=Value(0)), default=Value(1)),
-            sequence_key=Coalesce("sequence", Value(_NO_SEQUENCE)),
-        )
+def history_sql(
+    thread_id: uuid.UUID,
+    *,
+    limit: int | None,
+    cursor: list | None = None,
+    runs_before: Any = None,
+    exclude: frozenset[str] = frozenset(),
+) -> tuple[str, list]:
+    """The statement of a thread's history rows (R-READ-1): the thread's
+    runs (``audit_agentrun``, index ``run_thread_created_idx``), and for
+    each run its rows that :meth:`MessageQuerySet.visible_in_history`
+    admits, through the run's own index; annotated ``run_created``,
+    ``turn``, ``position`` (0 for the user's message, else 1).
+
+    With ``limit``: the newest ``limit`` rows, newest first, before the
+    ``cursor`` (``[run_created, run_id, position, sequence_key, id]``) if
+    given; PostgreSQL stops reading runs once the page is full, so a page
+    costs the same for a turn of today and one of last month. Without:
+    every row, oldest first (memory). ``runs_before`` (a datetime) keeps
+    runs created before it only. ``exclude`` names message fields not to
+    read (they are then deferred). Kept public for the read-path
+    benchmark, which EXPLAINs it."""
+    from audit.models import AgentRun
+
+    ordinary_sql, ordinary_params = predicate_sql(history_ordinary_q())
+    carrier_sql, carrier_params = predicate_sql(history_carrier_q())
+    t = MESSAGE_TABLE
+    position = f"CASE WHEN {t}.role = %s THEN 0 ELSE 1 END"
+    terminal = ", ".join(["%s"] * len(AgentRun.TERMINAL_STATUSES))
+    visible = f"({ordinary_sql} OR ({carrier_sql} AND r.status IN ({terminal})))"
+    visible_params = [*ordinary_params, *carrier_params, *AgentRun.TERMINAL_STATUSES]
+    newest_first = limit is not None
+    direction = "DESC" if newest_first else "ASC"
+    nulls = "NULLS FIRST" if newest_first else "NULLS LAST"
+    row_order = f"position {direction}, {t}.sequence {direction} {nulls}, {t}.id {direction}"
+    page_order = (
+        f"r.created_at {direction}, r.id {direction}, x.position {direction}, "
+        f"x.sequence {direction} {nulls}, x.id {direction}"
     )
+
+    def rows_of_runs(run_filter: str, run_params: list, bound: str = "", bound_params: tuple = ()) -> tuple[str, list]:
+        inner_limit = "LIMIT %s" if newest_first else ""
+        sql = f"""SELECT x.*, r.created_at AS run_created, r.turn_id AS turn
+            FROM (SELECT id, created_at, turn_id, status FROM audit_agentrun
+                  WHERE thread_id = %s {run_filter}) r
+            CROSS JOIN LATERAL (
+                SELECT {message_columns(exclude=exclude)}, {position} AS position FROM {t}
+                WHERE {t}.run_id = r.id AND {visible} {bound}
+                ORDER BY {row_order} {inner_limit}) x"""
+        params = [thread_id, *run_params, Message.Role.USER, *visible_params, *bound_params]
+        return sql, params + ([limit] if newest_first else [])
+
+    before_run_filter, before_run_params = ("AND created_at < %s", [runs_before]) if runs_before else ("", [])
+    if cursor is None:
+        sql, params = rows_of_runs(before_run_filter, before_run_params)
+        sql = f"{sql} ORDER BY {page_order}" + (" LIMIT %s" if newest_first else "")
+        return sql, params + ([limit] if newest_first else [])
+    run_created, run_id, position_key, sequence_key, row_id = cursor
+    bound = f"AND ({position}, COALESCE({t}.sequence, %s), {t}.id) < (%s, %s, %s)"
+    bound_params = (Message.Role.USER, _NO_SEQUENCE, position_key, sequence_key, row_id)
+    same_run_sql, same_run_params = rows_of_runs(
+        "AND id = %s AND created_at = %s", [run_id, run_created], bound, bound_params
+    )
+    older_sql, older_params = rows_of_runs("AND (created_at, id) < (%s, %s)", [run_created, run_id])
+    sql = f"""SELECT * FROM (({same_run_sql}) UNION ALL ({older_sql} ORDER BY {page_order} LIMIT %s)) page
+        ORDER BY run_created DESC, run_id DESC, position DESC, sequence DESC NULLS FIRST, id DESC LIMIT %s"""
+    return sql, [*same_run_params, *older_params, limit, limit]
 
 
 def thread_history(*, thread: Conversation, limit: int = 50, before: str | None = None) -> HistoryPage:
@@ -92,7 +149,9 @@ def thread_history(*, thread: Conversation, limit: int = 50, before: str | None 
     Applies :meth:`MessageQuerySet.visible_in_history`; each item that
     declared tool calls carries its tool executions (finished ones of the
     same turn, in order), so tool displays survive a page refresh. Two
-    queries whatever the page size.
+    queries whatever the page size and the thread's length: the page
+    (the thread's runs newest first, each run's rows through its index,
+    :func:`history_sql`) and the tool executions of its carriers.
 
     Raises:
         InvalidInput: ``limit`` out of range or a malformed cursor (422).
@@ -101,7 +160,14 @@ def thread_history(*, thread: Conversation, limit: int = 50, before: str | None 
     """
     if not 1 <= limit <= HISTORY_PAGE_MAX:
         raise InvalidInput(f"limit must be between 1 and {HISTORY_PAGE_MAX}", extra={"reason": "bad_limit"})
-    page, has_more, next_before = keyset_page(_history_rows(thread.id), key=_HISTORY_KEY, limit=limit, before=before)
+    cursor = parse_cursor(before, _HISTORY_KEY) if before is not None else None
+    sql, params = history_sql(thread.id, limit=limit + 1, cursor=cursor)
+    newest_first = list(Message.objects.raw(sql, params))
+    has_more = len(newest_first) > limit
+    page = newest_first[:limit][::-1]
+    for row in page:
+        row.sequence_key = _NO_SEQUENCE if row.sequence is None else row.sequence
+    next_before = page_cursor(page[0], _HISTORY_KEY) if has_more else None
     return HistoryPage(items=_with_tool_executions(thread.id, page), has_more=has_more, next_before=next_before)
 
 
@@ -170,10 +236,13 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_r
     With ``before_run`` (an AgentRun) only runs created before it count:
     the agent runtime's view when it starts that run.
     """
-    rows = _history_rows(thread_id)
-    if before_run is not None:
-        rows = rows.filter(run__created_at__lt=before_run.created_at)
-    rows = list(rows.order_by(*(name for name, _ in _HISTORY_KEY)))
+    sql, params = history_sql(
+        thread_id,
+        limit=None,
+        runs_before=before_run.created_at if before_run is not None else None,
+        exclude=_MEMORY_UNREAD_FIELDS,
+    )
+    rows = list(Message.objects.raw(sql, params))
     messages: list[dict[str, Any]] = []
     for entry in _with_tool_executions(thread_id, rows):
         row = entry.message
@@ -204,6 +273,26 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_r
     return messages
 
 
+# Fields memory never reads: deferred, so that no audit payload (usage,
+# tool input, metadata with raw output) is fetched for a whole thread.
+_MEMORY_UNREAD_FIELDS = frozenset(
+    {
+        "metadata",
+        "usage",
+        "tool_input",
+        "started_at",
+        "finished_at",
+        "duration_ms",
+        "cost_usd",
+        "price_source",
+        "price_version",
+        "declared_by",
+        "created_at",
+        "updated_at",
+        "tool_name",
+        "execution_status",
+    }
+)
 _TOOL_ROW_FIELDS = ("id", "thread_id", "run_id", "operation_id", "tool_name", "execution_status", "sequence")
 
 
