@@ -140,6 +140,15 @@ def timeline_sql(scope: str, *, limit: int, cursor: list | None) -> tuple[str, l
         WHERE {MESSAGE_TABLE}.run_id = r.id AND {audit_sql} {{bound}}
         ORDER BY {rows_order} LIMIT %s"""
     page_order = "r.created_at DESC, r.id DESC, x.sequence DESC NULLS FIRST, x.id DESC"
+    if cursor is None and scope == "id":
+        # One run: its newest rows straight from the index, the run's two
+        # columns from one lookup (an uncorrelated subquery runs once).
+        sql = f"""SELECT {columns},
+                (SELECT created_at FROM audit_agentrun WHERE id = %s) AS run_created,
+                (SELECT model FROM audit_agentrun WHERE id = %s) AS run_model
+            FROM {MESSAGE_TABLE} WHERE {MESSAGE_TABLE}.run_id = %s AND {audit_sql}
+            ORDER BY {rows_order} LIMIT %s"""
+        return sql, [_SCOPE, _SCOPE, _SCOPE, *audit_params, limit]
     if cursor is None:
         sql = f"""SELECT x.*, r.created_at AS run_created, r.model AS run_model
             FROM (SELECT id, created_at, model FROM audit_agentrun WHERE {scope} = %s) r

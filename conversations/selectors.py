@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
-from django.db.models import F
+from django.db import connection
+from django.db.models import F, Q
 from django.db.models.functions import Length, Substr
 
 from yuxi_project.cursors import page_cursor, parse_cursor
@@ -236,22 +238,26 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_r
     With ``before_run`` (an AgentRun) only runs created before it count:
     the agent runtime's view when it starts that run.
     """
-    sql, params = history_sql(
-        thread_id,
-        limit=None,
-        runs_before=before_run.created_at if before_run is not None else None,
-        exclude=_MEMORY_UNREAD_FIELDS,
-    )
-    rows = list(Message.objects.raw(sql, params))
+    rows = _memory_rows(thread_id, runs_before=before_run.created_at if before_run is not None else None)
+    by_call: dict[tuple, list[SimpleNamespace]] = {}
+    for row in rows:
+        if row.is_tool:
+            by_call.setdefault((row.turn, row.operation_id), []).append(row)
     messages: list[dict[str, Any]] = []
-    for entry in _with_tool_executions(thread_id, rows):
-        row = entry.message
-        if entry.kind == "user":
+    for row in rows:
+        if row.is_tool:
+            continue
+        if row.role == Message.Role.USER:
             messages.append({"type": "human", "id": f"msg-{row.id}", "content": row.content})
             continue
-        if entry.kind == "tool_carrier" and not include_tools:
-            continue
-        executed = {tool_row.operation_id: tool_row for tool_row in entry.tool_executions}
+        if row.message_type != Message.Type.TEXT and not include_tools:
+            continue  # a tool carrier
+        executed = {
+            tool_row.operation_id: tool_row
+            for call in row.tool_calls or []
+            if call.get("id")
+            for tool_row in by_call.get((row.turn, call["id"]), [])
+        }
         tool_calls = [call for call in row.tool_calls or [] if include_tools and call.get("id") in executed]
         if not row.content and not tool_calls:
             continue
@@ -273,26 +279,96 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_r
     return messages
 
 
-# Fields memory never reads: deferred, so that no audit payload (usage,
-# tool input, metadata with raw output) is fetched for a whole thread.
-_MEMORY_UNREAD_FIELDS = frozenset(
-    {
-        "metadata",
-        "usage",
-        "tool_input",
-        "started_at",
-        "finished_at",
-        "duration_ms",
-        "cost_usd",
-        "price_source",
-        "price_version",
-        "declared_by",
-        "created_at",
-        "updated_at",
-        "tool_name",
-        "execution_status",
-    }
+_MEMORY_COLUMNS = (
+    "id",
+    "role",
+    "message_type",
+    "content",
+    "content_chars",
+    "tool_calls",
+    "operation_id",
+    "execution_status",
+    "tool_name",
+    "run_id",
+    "turn",
+    "is_tool",
 )
+
+
+def memory_sql(thread_id: uuid.UUID, *, runs_before: Any = None) -> tuple[str, list]:
+    """The statement behind :func:`thread_memory`: the rows history shows,
+    plus the finished tool rows of terminal runs (their content cut to the
+    projection's length, with the full length), for every run of the thread
+    (created before ``runs_before`` if given) in history order. One
+    statement: the thread's runs, then each run's rows by its own index.
+    Kept public for the read-path benchmark, which EXPLAINs it."""
+    from audit.models import AgentRun
+
+    t = MESSAGE_TABLE
+    ordinary_sql, ordinary_params = predicate_sql(history_ordinary_q())
+    carrier_sql, carrier_params = predicate_sql(history_carrier_q())
+    tool_sql, tool_params = predicate_sql(
+        Q(message_type=Message.Type.TOOL_AUDIT) & ~Q(execution_status=Message.ExecutionStatus.RUNNING)
+    )
+    terminal = ", ".join(["%s"] * len(AgentRun.TERMINAL_STATUSES))
+    run_filter, run_params = ("AND created_at < %s", [runs_before]) if runs_before is not None else ("", [])
+    sql = f"""SELECT x.id, x.role, x.message_type, x.content, x.content_chars, x.tool_calls, x.operation_id,
+               x.execution_status, x.tool_name, x.run_id, r.turn_id, x.is_tool
+        FROM (SELECT id, created_at, turn_id, status FROM audit_agentrun WHERE thread_id = %s {run_filter}) r
+        CROSS JOIN LATERAL (
+            SELECT {t}.id, {t}.role, {t}.message_type, {t}.tool_calls, {t}.operation_id, {t}.execution_status,
+                   {t}.tool_name, {t}.run_id, {t}.sequence,
+                   CASE WHEN {t}.message_type = %s THEN substr({t}.content, 1, %s) ELSE {t}.content END AS content,
+                   CASE WHEN {t}.message_type = %s THEN length({t}.content) END AS content_chars,
+                   CASE WHEN {t}.role = %s THEN 0 ELSE 1 END AS position,
+                   {t}.message_type = %s AS is_tool
+            FROM {t}
+            WHERE {t}.run_id = r.id
+              AND ({ordinary_sql} OR (({carrier_sql}) OR ({tool_sql})) AND r.status IN ({terminal}))) x
+        ORDER BY r.created_at, r.id, x.position, x.sequence NULLS LAST, x.id"""
+    tool_type = Message.Type.TOOL_AUDIT
+    params = [
+        thread_id,
+        *run_params,
+        tool_type,
+        _content_head_chars(),
+        tool_type,
+        Message.Role.USER,
+        tool_type,
+        *ordinary_params,
+        *carrier_params,
+        *tool_params,
+        *AgentRun.TERMINAL_STATUSES,
+    ]
+    return sql, params
+
+
+def _memory_rows(thread_id: uuid.UUID, *, runs_before: Any) -> list[SimpleNamespace]:
+    """The rows of :func:`memory_sql` as plain objects, the stored escapes
+    decoded as the model fields decode them (R-RUN-11): no model instances,
+    whose construction would cost more than the whole statement on a long
+    thread."""
+    sql, params = memory_sql(thread_id, runs_before=runs_before)
+    decoders = {
+        name: Message._meta.get_field(name).from_db_value
+        for name in ("content", "tool_calls", "operation_id", "tool_name")
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        fetched = cursor.fetchall()
+    rows = []
+    for values in fetched:
+        row = SimpleNamespace(**dict(zip(_MEMORY_COLUMNS, values, strict=True)))
+        for name, decode in decoders.items():
+            value = getattr(row, name)
+            if value is not None:
+                setattr(row, name, decode(value, None, connection))
+        if row.is_tool:
+            row.thread_id, row.content_head = thread_id, row.content
+        rows.append(row)
+    return rows
+
+
 _TOOL_ROW_FIELDS = ("id", "thread_id", "run_id", "operation_id", "tool_name", "execution_status", "sequence")
 
 
@@ -322,8 +398,10 @@ class ToolResultView:
 
 def tool_result_view(tool_row: Message) -> ToolResultView:
     """The projection of one tool row loaded by :func:`_with_tool_executions`
-    (annotated ``content_chars`` and ``content_head``), shared by history
-    and memory so both show exactly the same (R-TA-4, R-READ-2, R-READ-7)."""
+    or :func:`_memory_rows` (anything with ``content_chars``,
+    ``content_head``, ``thread_id``, ``run_id`` and ``operation_id``),
+    shared by history and memory so both show exactly the same (R-TA-4,
+    R-READ-2, R-READ-7)."""
     from audit.agents.large_results import offloaded_summary
     from audit.agents.workspace import tool_row_large_result_path
     from yuxi_project.config import get_config
