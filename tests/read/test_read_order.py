@@ -141,14 +141,19 @@ def test_history_and_memory_match_the_definition_and_page_once_R_READ_1_R_READ_2
 # -- plans -------------------------------------------------------------------
 
 
-def _plan(sql: str, params: list) -> str:
+def _plan(sql: str, params: list, *, no_sort: bool = False) -> str:
+    """The plan of ``sql``. Tiny test tables make sequential scans and
+    sorts of one estimated row cheapest; the question here is which index
+    can supply the order and take the cursor, not the costs, so those are
+    priced out (``enable_seqscan``, and with ``no_sort`` ``enable_sort``)."""
+    settings = ["enable_seqscan"] + (["enable_sort"] if no_sort else [])
     with connection.cursor() as cursor:
-        # Tiny tables make sequential scans cheapest; the question is which
-        # index can supply the order and take the cursor, not the costs.
-        cursor.execute("SET LOCAL enable_seqscan = off")
+        for name in settings:
+            cursor.execute(f"SET LOCAL {name} = off")
         cursor.execute("EXPLAIN " + sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
-        cursor.execute("RESET enable_seqscan")
+        for name in settings:
+            cursor.execute(f"RESET {name}")
     return plan
 
 
@@ -156,7 +161,7 @@ def test_timeline_page_is_a_bounded_backward_index_scan_with_the_cursor_inside_R
     run = tool_turn(thread)
     sql, params = timeline_sql("id", limit=501, cursor=[run.created_at, run.id, 2, 10**9])
     params = [run.id if p is _SCOPE else p for p in params]
-    plan = _plan(sql, params)
+    plan = _plan(sql, params, no_sort=True)
     # The rows come in display order from the (run, sequence, id) index,
     # the cursor is a bound of that scan, and no sort reads the run's rows.
     assert "Index Scan Backward using message_run_sequence_idx" in plan, plan
