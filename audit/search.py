@@ -33,7 +33,18 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connections
-from django.db.models import BooleanField, DurationField, Expression, ExpressionWrapper, F, Q, QuerySet, Sum
+from django.db.models import (
+    BooleanField,
+    DurationField,
+    Exists,
+    Expression,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Sum,
+)
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
@@ -141,12 +152,20 @@ def filter_runs(runs: QuerySet[AgentRun], filters: RunFilters) -> QuerySet[Agent
             tool_rows = tool_rows.filter(tool_name=f.tool)
         if f.tool_status:
             tool_rows = tool_rows.filter(execution_status=f.tool_status)
-        runs = runs.filter(pk__in=tool_rows.values("run_id"))
+        # EXISTS, correlated on the run: PostgreSQL may then walk the runs
+        # newest first and probe each run's few rows by its index, stopping
+        # at the page's end, instead of hashing every matching tool row of
+        # the table first (a common tool has hundreds of thousands).
+        runs = runs.filter(Exists(tool_rows.filter(run_id=OuterRef("pk"))))
     if f.rejected is not None:
-        rejected = Message.objects.filter(
-            message_type=Message.Type.TOOL_AUDIT, execution_status=Message.ExecutionStatus.REJECTED
-        ).values("run_id")
-        runs = runs.filter(pk__in=rejected) if f.rejected else runs.exclude(pk__in=rejected)
+        rejected = Exists(
+            Message.objects.filter(
+                run_id=OuterRef("pk"),
+                message_type=Message.Type.TOOL_AUDIT,
+                execution_status=Message.ExecutionStatus.REJECTED,
+            )
+        )
+        runs = runs.filter(rejected) if f.rejected else runs.exclude(rejected)
     if f.min_duration_ms is not None:
         runs = runs.filter(started_at__isnull=False).alias(
             run_duration=ExpressionWrapper(Coalesce("finished_at", Now()) - F("started_at"), DurationField())
@@ -195,19 +214,25 @@ def id_range(term: str) -> tuple[uuid.UUID, uuid.UUID] | None:
     return uuid.UUID(digits + "0" * pad), uuid.UUID(digits + "f" * pad)
 
 
-def search_condition(term: str) -> Q:
+def search_condition(term: str) -> Expression:
     """Runs a search term ``q`` finds (R-ADM-2): an id or id prefix (run,
     thread, turn), an exact request id or operation id, or the words of the
     run's messages and audit rows."""
     term = term.strip()
-    condition = Q(request_id=term)
+    # One IN over the union of what each kind of match finds, each through
+    # its own index: an OR of these at the top would make PostgreSQL test
+    # every run of the table, newest first, against each of them.
+    runs = AgentRun.objects.order_by()
+    matches = [runs.filter(request_id=term).values("pk")]
     ids = id_range(term)
     if ids is not None:
-        condition |= Q(pk__range=ids) | Q(thread__pk__range=ids) | Q(turn_id__range=ids)
-    condition |= Q(pk__in=Message.objects.audit().filter(operation_id=term).values("run_id"))
+        matches += [
+            runs.filter(c).values("pk") for c in (Q(pk__range=ids), Q(thread__pk__range=ids), Q(turn_id__range=ids))
+        ]
+    matches.append(Message.objects.audit().filter(operation_id=term).values("run_id"))
     if ids is None:
-        condition |= Q(pk__in=Message.objects.filter(words_condition(term, using="default")).values("run_id"))
-    return condition
+        matches.append(Message.objects.filter(words_condition(term, using="default")).values("run_id"))
+    return InIdArray(matches)
 
 
 def words_condition(words: str, *, using: str) -> Q | Expression:
@@ -218,6 +243,47 @@ def words_condition(words: str, *, using: str) -> Q | Expression:
     if connections[using].vendor != "postgresql":
         return Q(content__icontains=words)
     return MatchesWords(words)
+
+
+class InIdArray(Expression):
+    """``<table>.id = ANY(ARRAY(<subquery>))``: the subquery's ids are
+    gathered first (an InitPlan), then the runs are fetched by primary key.
+    PostgreSQL estimates a full-text match at thousands of rows whatever the
+    word, and for an ``IN`` would then hash-join the whole runs table; an
+    array it takes as small, which is what a search usually finds. On
+    SQLite: ``IN``."""
+
+    conditional = True
+    output_field = BooleanField()
+
+    def __init__(self, querysets: list[QuerySet]):
+        super().__init__()
+        self.querysets = querysets
+        self.pk = F("pk")
+
+    def get_source_expressions(self):
+        return [self.pk]
+
+    def set_source_expressions(self, exprs):
+        (self.pk,) = exprs
+
+    def _union(self, connection) -> tuple[str, list]:
+        parts, params = [], []
+        for queryset in self.querysets:
+            sql, part_params = queryset.query.get_compiler(connection=connection).as_sql()
+            parts.append(f"({sql})")
+            params.extend(part_params)
+        return " UNION ".join(parts), params
+
+    def as_sql(self, compiler, connection):
+        pk_sql, pk_params = compiler.compile(self.pk)
+        sub_sql, sub_params = self._union(connection)
+        return f"{pk_sql} = ANY(ARRAY({sub_sql}))", [*pk_params, *sub_params]
+
+    def as_sqlite(self, compiler, connection):
+        pk_sql, pk_params = compiler.compile(self.pk)
+        sub_sql, sub_params = self._union(connection)
+        return f"{pk_sql} IN ({sub_sql})", [*pk_params, *sub_params]
 
 
 class MatchesWords(Expression):

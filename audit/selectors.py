@@ -6,13 +6,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Sum, Value
+from django.db.models import Count, F, IntegerField, OuterRef, Q, Subquery, Sum, Value
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce
 
 from conversations.models import Message
+from conversations.sql import MESSAGE_TABLE, message_columns, predicate_sql
 from costs.selectors import usd_text
-from yuxi_project.cursors import keyset_page
+from yuxi_project.cursors import page_cursor, parse_cursor
 from yuxi_project.errors import InvalidInput, NotFound
 
 from .models import AgentRun
@@ -49,7 +50,10 @@ def with_operation_counts(runs):
 
 TIMELINE_MAX_ROWS = 500
 # Rows without a sequence (a model call only the final State proved) sort
-# after the stream's rows of their run.
+# after the stream's rows of their run: ``sequence`` ascending NULLS LAST,
+# which is the order of the (run, sequence, id) index. Cursors carry this
+# value in place of a NULL sequence. A rejected approval row has sequence
+# 0: first in its resume run, at the decision (R-TA-5).
 _NO_SEQUENCE = 2**31 - 1
 _TIMELINE_KEY = [("run_created", "datetime"), ("run_id", "uuid"), ("sequence_key", "int"), ("id", "int")]
 
@@ -59,9 +63,9 @@ class TimelinePage:
     """One page of a timeline.
 
     ``items`` are audit rows (:class:`Message`) in display order: runs by
-    creation time, then ``sequence`` (rows without one last), then id.
-    ``truncated`` is true when older rows exist; ``next_before`` is then the
-    opaque cursor that pages back to them (else ``None``).
+    creation time (then id), then ``sequence`` (rows without one last), then
+    id. ``truncated`` is true when older rows exist; ``next_before`` is then
+    the opaque cursor that pages back to them (else ``None``).
     """
 
     items: list[Message]
@@ -72,7 +76,9 @@ class TimelinePage:
 def run_timeline(*, run_id: uuid.UUID | str, limit: int = TIMELINE_MAX_ROWS, before: str | None = None) -> TimelinePage:
     """The newest ``limit`` (1–500) model and tool rows of one run, in
     display order. Works while the run is still running. Model and tool rows
-    that share an operation id are separate items.
+    that share an operation id are separate items. One query, an index scan
+    of ``message_run_sequence_idx`` that stops after ``limit`` + 1 rows,
+    also on a page far back (the cursor bounds the scan).
 
     Access control is the caller's: this selector is for staff readers.
 
@@ -81,33 +87,98 @@ def run_timeline(*, run_id: uuid.UUID | str, limit: int = TIMELINE_MAX_ROWS, bef
 
     Implements R-READ-3.
     """
-    return _timeline_page(Message.objects.audit().filter(run_id=run_id), limit=limit, before=before)
+    return _timeline_page("id", run_id, limit=limit, before=before)
 
 
 def thread_timeline(
     *, thread_id: uuid.UUID | str, limit: int = TIMELINE_MAX_ROWS, before: str | None = None
 ) -> TimelinePage:
     """The newest ``limit`` (1–500) model and tool rows of every run of one
-    thread: runs in creation order, each run's rows by ``sequence``.
+    thread: runs in creation order, each run's rows by ``sequence``. One
+    query: the thread's runs newest first, and for each, its rows through
+    the (run, sequence, id) index, until the page is full.
 
     Raises:
         InvalidInput: ``limit`` out of range or a malformed ``before``.
 
     Implements R-READ-3.
     """
-    return _timeline_page(Message.objects.audit().filter(thread_id=thread_id), limit=limit, before=before)
+    return _timeline_page("thread_id", thread_id, limit=limit, before=before)
 
 
-def _timeline_page(rows, *, limit: int, before: str | None) -> TimelinePage:
+def _timeline_page(scope: str, value, *, limit: int, before: str | None) -> TimelinePage:
     if not 1 <= limit <= TIMELINE_MAX_ROWS:
         raise InvalidInput(f"limit must be between 1 and {TIMELINE_MAX_ROWS}", extra={"reason": "bad_limit"})
-    rows = rows.annotate(
-        run_created=F("run__created_at"),
-        run_model=F("run__model"),
-        sequence_key=Coalesce("sequence", Value(_NO_SEQUENCE)),
-    )
-    items, truncated, next_before = keyset_page(rows, key=_TIMELINE_KEY, limit=limit, before=before)
+    cursor = parse_cursor(before, _TIMELINE_KEY) if before is not None else None
+    sql, params = timeline_sql(scope, limit=limit + 1, cursor=cursor)
+    newest_first = list(Message.objects.raw(sql, [value if p is _SCOPE else p for p in params]))
+    truncated = len(newest_first) > limit
+    items = newest_first[:limit][::-1]
+    for row in items:
+        row.sequence_key = _NO_SEQUENCE if row.sequence is None else row.sequence
+    next_before = page_cursor(items[0], _TIMELINE_KEY) if truncated else None
     return TimelinePage(items=items, truncated=truncated, next_before=next_before)
+
+
+_SCOPE = object()  # placeholder of the run or thread id in timeline_sql's params
+
+
+def timeline_sql(scope: str, *, limit: int, cursor: list | None) -> tuple[str, list]:
+    """The statement of one timeline page, newest row first: ``scope`` is
+    ``"id"`` (one run) or ``"thread_id"`` (every run of a thread); the
+    scope's value is the :data:`_SCOPE` placeholder in the params. With a
+    ``cursor`` ``[run_created, run_id, sequence_key, id]``: the cursor run's
+    rows before it (a bound of the index scan: ``(sequence, id) < (s, i)``),
+    then the runs before the cursor run. Kept public for the read-path
+    benchmark, which EXPLAINs it."""
+    audit_sql, audit_params = predicate_sql(Q(operation_id__isnull=False))
+    columns = message_columns()
+    # PostgreSQL's ascending order puts NULLs last: a backward scan of
+    # (run, sequence, id) yields "sequence DESC NULLS FIRST, id DESC".
+    rows_order = f"{MESSAGE_TABLE}.sequence DESC NULLS FIRST, {MESSAGE_TABLE}.id DESC"
+    rows_of_run = f"""SELECT {columns} FROM {MESSAGE_TABLE}
+        WHERE {MESSAGE_TABLE}.run_id = r.id AND {audit_sql} {{bound}}
+        ORDER BY {rows_order} LIMIT %s"""
+    page_order = "r.created_at DESC, r.id DESC, x.sequence DESC NULLS FIRST, x.id DESC"
+    if cursor is None and scope == "id":
+        # One run: its newest rows straight from the index, the run's two
+        # columns from one lookup (an uncorrelated subquery runs once).
+        sql = f"""SELECT {columns},
+                (SELECT created_at FROM audit_agentrun WHERE id = %s) AS run_created,
+                (SELECT model FROM audit_agentrun WHERE id = %s) AS run_model
+            FROM {MESSAGE_TABLE} WHERE {MESSAGE_TABLE}.run_id = %s AND {audit_sql}
+            ORDER BY {rows_order} LIMIT %s"""
+        return sql, [_SCOPE, _SCOPE, _SCOPE, *audit_params, limit]
+    if cursor is None:
+        sql = f"""SELECT x.*, r.created_at AS run_created, r.model AS run_model
+            FROM (SELECT id, created_at, model FROM audit_agentrun WHERE {scope} = %s) r
+            CROSS JOIN LATERAL ({rows_of_run.format(bound="")}) x
+            ORDER BY {page_order} LIMIT %s"""
+        return sql, [_SCOPE, *audit_params, limit, limit]
+    run_created, run_id, sequence_key, row_id = cursor
+    if sequence_key == _NO_SEQUENCE:
+        bound, bound_params = f"AND ({MESSAGE_TABLE}.sequence IS NOT NULL OR {MESSAGE_TABLE}.id < %s)", [row_id]
+    else:
+        bound, bound_params = f"AND ({MESSAGE_TABLE}.sequence, {MESSAGE_TABLE}.id) < (%s, %s)", [sequence_key, row_id]
+    sql = f"""SELECT * FROM (
+        (SELECT x.*, r.created_at AS run_created, r.model AS run_model
+            FROM (SELECT id, created_at, model FROM audit_agentrun
+                  WHERE {scope} = %s AND id = %s AND created_at = %s) r
+            CROSS JOIN LATERAL ({rows_of_run.format(bound=bound)}) x)
+        UNION ALL
+        (SELECT x.*, r.created_at AS run_created, r.model AS run_model
+            FROM (SELECT id, created_at, model FROM audit_agentrun
+                  WHERE {scope} = %s AND (created_at, id) < (%s, %s)) r
+            CROSS JOIN LATERAL ({rows_of_run.format(bound="")}) x
+            ORDER BY {page_order} LIMIT %s)
+        ) page
+        ORDER BY run_created DESC, run_id DESC, sequence DESC NULLS FIRST, id DESC LIMIT %s"""
+    params = [
+        *[_SCOPE, run_id, run_created, *audit_params, *bound_params, limit],
+        *[_SCOPE, run_created, run_id, *audit_params, limit, limit],
+        limit,
+    ]
+    return sql, params
 
 
 # Metadata keys that the timeline shows in their own fields, or never.
@@ -188,7 +259,7 @@ def run_live_state(run_id: uuid.UUID | str) -> dict[str, Any] | None:
     rows = (
         Message.objects.audit()
         .filter(run_id=run.pk)
-        .order_by(Coalesce("sequence", Value(_NO_SEQUENCE)), "id")
+        .order_by(F("sequence").asc(nulls_last=True), "id")
         .only(
             "role",
             "operation_id",

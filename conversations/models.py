@@ -95,16 +95,30 @@ class MessageQuerySet(models.QuerySet):
         made inside a subgraph or subagent (R-SUB-1)."""
         from audit.models import AgentRun
 
-        carrier = (
-            Q(message_type=Message.Type.MODEL_AUDIT, role=Message.Role.ASSISTANT)
-            & Q(run__status__in=AgentRun.TERMINAL_STATUSES)
-            & Q(metadata__state_reconciled=True)
-            & Q(tool_calls__isnull=False)
-            & ~Q(tool_calls=[])
-            & Q(namespace=[])
-        )
-        ordinary = Q(message_type=Message.Type.TEXT, role__in=[Message.Role.USER, Message.Role.ASSISTANT])
-        return self.filter(ordinary | carrier)
+        carrier = history_carrier_q() & Q(run__status__in=AgentRun.TERMINAL_STATUSES)
+        return self.filter(history_ordinary_q() | carrier)
+
+
+def history_ordinary_q() -> Q:
+    """The ordinary messages of the history: user messages and final
+    answers (R-READ-1). Half of :meth:`MessageQuerySet.visible_in_history`;
+    the history and memory readers, which read a thread's runs before their
+    rows, apply it in SQL with :func:`history_carrier_q`."""
+    return Q(message_type=Message.Type.TEXT, role__in=[Message.Role.USER, Message.Role.ASSISTANT])
+
+
+def history_carrier_q() -> Q:
+    """A model row that may show in the history as a tool-display carrier,
+    as far as the row itself tells: proved by the terminal reconcile,
+    declaring tool calls, and made at the root, not inside a subgraph or
+    subagent (R-SUB-1). Its run must also be terminal (R-READ-1)."""
+    return (
+        Q(message_type=Message.Type.MODEL_AUDIT, role=Message.Role.ASSISTANT)
+        & Q(metadata__state_reconciled=True)
+        & Q(tool_calls__isnull=False)
+        & ~Q(tool_calls=[])
+        & Q(namespace=[])
+    )
 
 
 class Message(models.Model):

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
-from django.db.models import Case, F, Value, When
-from django.db.models.functions import Coalesce, Length, Substr
+from django.db import connection
+from django.db.models import F, Q
+from django.db.models.functions import Length, Substr
 
-from yuxi_project.cursors import keyset_page
+from yuxi_project.cursors import page_cursor, parse_cursor
 from yuxi_project.errors import InvalidInput, NotFound
 
-from .models import Conversation, Message
+from .models import Conversation, Message, history_carrier_q, history_ordinary_q
+from .sql import MESSAGE_TABLE, message_columns, predicate_sql
 
 
 def threads_of(user):
@@ -71,17 +74,73 @@ class HistoryPage:
     next_before: str | None
 
 
-def _history_rows(thread_id: uuid.UUID):
-    return (
-        Message.objects.filter(thread_id=thread_id, run__isnull=False)
-        .visible_in_history()
-        .annotate(
-            run_created=F("run__created_at"),
-            turn=F("run__turn_id"),
-            position=Case(When(role=Message.Role.USER, then=Value(0)), default=Value(1)),
-            sequence_key=Coalesce("sequence", Value(_NO_SEQUENCE)),
-        )
+def history_sql(
+    thread_id: uuid.UUID,
+    *,
+    limit: int | None,
+    cursor: list | None = None,
+    runs_before: Any = None,
+    exclude: frozenset[str] = frozenset(),
+) -> tuple[str, list]:
+    """The statement of a thread's history rows (R-READ-1): the thread's
+    runs (``audit_agentrun``, index ``run_thread_created_idx``), and for
+    each run its rows that :meth:`MessageQuerySet.visible_in_history`
+    admits, through the run's own index; annotated ``run_created``,
+    ``turn``, ``position`` (0 for the user's message, else 1).
+
+    With ``limit``: the newest ``limit`` rows, newest first, before the
+    ``cursor`` (``[run_created, run_id, position, sequence_key, id]``) if
+    given; PostgreSQL stops reading runs once the page is full, so a page
+    costs the same for a turn of today and one of last month. Without:
+    every row, oldest first (memory). ``runs_before`` (a datetime) keeps
+    runs created before it only. ``exclude`` names message fields not to
+    read (they are then deferred). Kept public for the read-path
+    benchmark, which EXPLAINs it."""
+    from audit.models import AgentRun
+
+    ordinary_sql, ordinary_params = predicate_sql(history_ordinary_q())
+    carrier_sql, carrier_params = predicate_sql(history_carrier_q())
+    t = MESSAGE_TABLE
+    position = f"CASE WHEN {t}.role = %s THEN 0 ELSE 1 END"
+    terminal = ", ".join(["%s"] * len(AgentRun.TERMINAL_STATUSES))
+    visible = f"({ordinary_sql} OR ({carrier_sql} AND r.status IN ({terminal})))"
+    visible_params = [*ordinary_params, *carrier_params, *AgentRun.TERMINAL_STATUSES]
+    newest_first = limit is not None
+    direction = "DESC" if newest_first else "ASC"
+    nulls = "NULLS FIRST" if newest_first else "NULLS LAST"
+    row_order = f"position {direction}, {t}.sequence {direction} {nulls}, {t}.id {direction}"
+    page_order = (
+        f"r.created_at {direction}, r.id {direction}, x.position {direction}, "
+        f"x.sequence {direction} {nulls}, x.id {direction}"
     )
+
+    def rows_of_runs(run_filter: str, run_params: list, bound: str = "", bound_params: tuple = ()) -> tuple[str, list]:
+        inner_limit = "LIMIT %s" if newest_first else ""
+        sql = f"""SELECT x.*, r.created_at AS run_created, r.turn_id AS turn
+            FROM (SELECT id, created_at, turn_id, status FROM audit_agentrun
+                  WHERE thread_id = %s {run_filter}) r
+            CROSS JOIN LATERAL (
+                SELECT {message_columns(exclude=exclude)}, {position} AS position FROM {t}
+                WHERE {t}.run_id = r.id AND {visible} {bound}
+                ORDER BY {row_order} {inner_limit}) x"""
+        params = [thread_id, *run_params, Message.Role.USER, *visible_params, *bound_params]
+        return sql, params + ([limit] if newest_first else [])
+
+    before_run_filter, before_run_params = ("AND created_at < %s", [runs_before]) if runs_before else ("", [])
+    if cursor is None:
+        sql, params = rows_of_runs(before_run_filter, before_run_params)
+        sql = f"{sql} ORDER BY {page_order}" + (" LIMIT %s" if newest_first else "")
+        return sql, params + ([limit] if newest_first else [])
+    run_created, run_id, position_key, sequence_key, row_id = cursor
+    bound = f"AND ({position}, COALESCE({t}.sequence, %s), {t}.id) < (%s, %s, %s)"
+    bound_params = (Message.Role.USER, _NO_SEQUENCE, position_key, sequence_key, row_id)
+    same_run_sql, same_run_params = rows_of_runs(
+        "AND id = %s AND created_at = %s", [run_id, run_created], bound, bound_params
+    )
+    older_sql, older_params = rows_of_runs("AND (created_at, id) < (%s, %s)", [run_created, run_id])
+    sql = f"""SELECT * FROM (({same_run_sql}) UNION ALL ({older_sql} ORDER BY {page_order} LIMIT %s)) page
+        ORDER BY run_created DESC, run_id DESC, position DESC, sequence DESC NULLS FIRST, id DESC LIMIT %s"""
+    return sql, [*same_run_params, *older_params, limit, limit]
 
 
 def thread_history(*, thread: Conversation, limit: int = 50, before: str | None = None) -> HistoryPage:
@@ -92,7 +151,9 @@ def thread_history(*, thread: Conversation, limit: int = 50, before: str | None 
     Applies :meth:`MessageQuerySet.visible_in_history`; each item that
     declared tool calls carries its tool executions (finished ones of the
     same turn, in order), so tool displays survive a page refresh. Two
-    queries whatever the page size.
+    queries whatever the page size and the thread's length: the page
+    (the thread's runs newest first, each run's rows through its index,
+    :func:`history_sql`) and the tool executions of its carriers.
 
     Raises:
         InvalidInput: ``limit`` out of range or a malformed cursor (422).
@@ -101,7 +162,14 @@ def thread_history(*, thread: Conversation, limit: int = 50, before: str | None 
     """
     if not 1 <= limit <= HISTORY_PAGE_MAX:
         raise InvalidInput(f"limit must be between 1 and {HISTORY_PAGE_MAX}", extra={"reason": "bad_limit"})
-    page, has_more, next_before = keyset_page(_history_rows(thread.id), key=_HISTORY_KEY, limit=limit, before=before)
+    cursor = parse_cursor(before, _HISTORY_KEY) if before is not None else None
+    sql, params = history_sql(thread.id, limit=limit + 1, cursor=cursor)
+    newest_first = list(Message.objects.raw(sql, params))
+    has_more = len(newest_first) > limit
+    page = newest_first[:limit][::-1]
+    for row in page:
+        row.sequence_key = _NO_SEQUENCE if row.sequence is None else row.sequence
+    next_before = page_cursor(page[0], _HISTORY_KEY) if has_more else None
     return HistoryPage(items=_with_tool_executions(thread.id, page), has_more=has_more, next_before=next_before)
 
 
@@ -173,19 +241,26 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_r
     With ``before_run`` (an AgentRun) only runs created before it count:
     the agent runtime's view when it starts that run.
     """
-    rows = _history_rows(thread_id)
-    if before_run is not None:
-        rows = rows.filter(run__created_at__lt=before_run.created_at)
-    rows = list(rows.order_by(*(name for name, _ in _HISTORY_KEY)))
+    rows = _memory_rows(thread_id, runs_before=before_run.created_at if before_run is not None else None)
+    by_call: dict[tuple, list[SimpleNamespace]] = {}
+    for row in rows:
+        if row.is_tool:
+            by_call.setdefault((row.turn, row.operation_id), []).append(row)
     messages: list[dict[str, Any]] = []
-    for entry in _with_tool_executions(thread_id, rows):
-        row = entry.message
-        if entry.kind == "user":
+    for row in rows:
+        if row.is_tool:
+            continue
+        if row.role == Message.Role.USER:
             messages.append({"type": "human", "id": f"msg-{row.id}", "content": row.content})
             continue
-        if entry.kind == "tool_carrier" and not include_tools:
-            continue
-        executed = {tool_row.operation_id: tool_row for tool_row in entry.tool_executions}
+        if row.message_type != Message.Type.TEXT and not include_tools:
+            continue  # a tool carrier
+        executed = {
+            tool_row.operation_id: tool_row
+            for call in row.tool_calls or []
+            if call.get("id")
+            for tool_row in by_call.get((row.turn, call["id"]), [])
+        }
         tool_calls = [call for call in row.tool_calls or [] if include_tools and call.get("id") in executed]
         if not row.content and not tool_calls:
             continue
@@ -205,6 +280,96 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_r
                 }
             )
     return messages
+
+
+_MEMORY_COLUMNS = (
+    "id",
+    "role",
+    "message_type",
+    "content",
+    "content_chars",
+    "tool_calls",
+    "operation_id",
+    "execution_status",
+    "tool_name",
+    "run_id",
+    "turn",
+    "is_tool",
+)
+
+
+def memory_sql(thread_id: uuid.UUID, *, runs_before: Any = None) -> tuple[str, list]:
+    """The statement behind :func:`thread_memory`: the rows history shows,
+    plus the finished tool rows of terminal runs (their content cut to the
+    projection's length, with the full length), for every run of the thread
+    (created before ``runs_before`` if given) in history order. One
+    statement: the thread's runs, then each run's rows by its own index.
+    Kept public for the read-path benchmark, which EXPLAINs it."""
+    from audit.models import AgentRun
+
+    t = MESSAGE_TABLE
+    ordinary_sql, ordinary_params = predicate_sql(history_ordinary_q())
+    carrier_sql, carrier_params = predicate_sql(history_carrier_q())
+    tool_sql, tool_params = predicate_sql(
+        Q(message_type=Message.Type.TOOL_AUDIT) & ~Q(execution_status=Message.ExecutionStatus.RUNNING)
+    )
+    terminal = ", ".join(["%s"] * len(AgentRun.TERMINAL_STATUSES))
+    run_filter, run_params = ("AND created_at < %s", [runs_before]) if runs_before is not None else ("", [])
+    sql = f"""SELECT x.id, x.role, x.message_type, x.content, x.content_chars, x.tool_calls, x.operation_id,
+               x.execution_status, x.tool_name, x.run_id, r.turn_id, x.is_tool
+        FROM (SELECT id, created_at, turn_id, status FROM audit_agentrun WHERE thread_id = %s {run_filter}) r
+        CROSS JOIN LATERAL (
+            SELECT {t}.id, {t}.role, {t}.message_type, {t}.tool_calls, {t}.operation_id, {t}.execution_status,
+                   {t}.tool_name, {t}.run_id, {t}.sequence,
+                   CASE WHEN {t}.message_type = %s THEN substr({t}.content, 1, %s) ELSE {t}.content END AS content,
+                   CASE WHEN {t}.message_type = %s THEN length({t}.content) END AS content_chars,
+                   CASE WHEN {t}.role = %s THEN 0 ELSE 1 END AS position,
+                   {t}.message_type = %s AS is_tool
+            FROM {t}
+            WHERE {t}.run_id = r.id
+              AND ({ordinary_sql} OR (({carrier_sql}) OR ({tool_sql})) AND r.status IN ({terminal}))) x
+        ORDER BY r.created_at, r.id, x.position, x.sequence NULLS LAST, x.id"""
+    tool_type = Message.Type.TOOL_AUDIT
+    params = [
+        thread_id,
+        *run_params,
+        tool_type,
+        _content_head_chars(),
+        tool_type,
+        Message.Role.USER,
+        tool_type,
+        *ordinary_params,
+        *carrier_params,
+        *tool_params,
+        *AgentRun.TERMINAL_STATUSES,
+    ]
+    return sql, params
+
+
+def _memory_rows(thread_id: uuid.UUID, *, runs_before: Any) -> list[SimpleNamespace]:
+    """The rows of :func:`memory_sql` as plain objects, the stored escapes
+    decoded as the model fields decode them (R-RUN-11): no model instances,
+    whose construction would cost more than the whole statement on a long
+    thread."""
+    sql, params = memory_sql(thread_id, runs_before=runs_before)
+    decoders = {
+        name: Message._meta.get_field(name).from_db_value
+        for name in ("content", "tool_calls", "operation_id", "tool_name")
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        fetched = cursor.fetchall()
+    rows = []
+    for values in fetched:
+        row = SimpleNamespace(**dict(zip(_MEMORY_COLUMNS, values, strict=True)))
+        for name, decode in decoders.items():
+            value = getattr(row, name)
+            if value is not None:
+                setattr(row, name, decode(value, None, connection))
+        if row.is_tool:
+            row.thread_id, row.content_head = thread_id, row.content
+        rows.append(row)
+    return rows
 
 
 _TOOL_ROW_FIELDS = ("id", "thread_id", "run_id", "operation_id", "tool_name", "execution_status", "sequence")
@@ -236,8 +401,10 @@ class ToolResultView:
 
 def tool_result_view(tool_row: Message) -> ToolResultView:
     """The projection of one tool row loaded by :func:`_with_tool_executions`
-    (annotated ``content_chars`` and ``content_head``), shared by history
-    and memory so both show exactly the same (R-TA-4, R-READ-2, R-READ-7)."""
+    or :func:`_memory_rows` (anything with ``content_chars``,
+    ``content_head``, ``thread_id``, ``run_id`` and ``operation_id``),
+    shared by history and memory so both show exactly the same (R-TA-4,
+    R-READ-2, R-READ-7)."""
     from audit.agents.large_results import offloaded_summary
     from audit.agents.workspace import tool_row_large_result_path
     from yuxi_project.config import get_config

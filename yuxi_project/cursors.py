@@ -88,6 +88,25 @@ def _dump(value: Any) -> Any:
     return value
 
 
+def parse_cursor(cursor: str, key: list[tuple[str, str]]) -> list[Any]:
+    """The values of a cursor made by :func:`page_cursor` for ``key``
+    (``[(field, kind)]``), parsed to their kinds (aware datetimes in UTC,
+    UUIDs, ints).
+
+    Raises :class:`InvalidInput` (``reason: bad_cursor``) for a cursor that
+    does not decode to such a key."""
+    raw = decode_cursor(cursor, length=len(key))
+    try:
+        return [_PARSERS[kind](value) for (_, kind), value in zip(key, raw, strict=True)]
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidInput("the cursor is malformed", extra={"reason": "bad_cursor"}) from exc
+
+
+def page_cursor(row: Any, key: list[tuple[str, str]]) -> str:
+    """The cursor of ``row``: its ``key`` attributes, encoded."""
+    return encode_cursor([_dump(getattr(row, name)) for name, _ in key])
+
+
 def keyset_page(rows, *, key: list[tuple[str, str]], limit: int, before: str | None) -> tuple[list, bool, str | None]:
     """The newest ``limit`` rows of ``rows`` in ascending ``key`` order,
     optionally only those before the cursor ``before``.
@@ -102,14 +121,9 @@ def keyset_page(rows, *, key: list[tuple[str, str]], limit: int, before: str | N
     """
     names = [name for name, _ in key]
     if before is not None:
-        raw = decode_cursor(before, length=len(key))
-        try:
-            values = [_PARSERS[kind](value) for (_, kind), value in zip(key, raw, strict=True)]
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise InvalidInput("the cursor is malformed", extra={"reason": "bad_cursor"}) from exc
-        rows = rows.filter(before_key(names, values))
+        rows = rows.filter(before_key(names, parse_cursor(before, key)))
     newest_first = list(rows.order_by(*(f"-{name}" for name in names))[: limit + 1])
     more = len(newest_first) > limit
     items = newest_first[:limit][::-1]
-    next_before = encode_cursor([_dump(getattr(items[0], name)) for name in names]) if more else None
+    next_before = page_cursor(items[0], key) if more else None
     return items, more, next_before

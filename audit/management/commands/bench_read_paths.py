@@ -1,0 +1,140 @@
+"""``python manage.py bench_read_paths [--rows 1000000] [--rounds 5]``:
+build a large audit in its own database and time every read path; see
+:mod:`audit.bench_reads`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import psycopg
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection, connections
+
+from audit import bench_reads
+
+_MARK_TABLE = "bench_read_paths_dataset"
+
+
+class Command(BaseCommand):
+    help = (
+        "Build a realistic audit (default 1,000,000 audit rows over 30 days, many users and threads, one "
+        "20,000-row run, one 1,000-turn thread) by bulk SQL in its own database (<database>_bench, created "
+        "and migrated here; reused while its size matches), then print each read endpoint's p50/p95 over "
+        "HTTP (Django test client, in process), the best SQL's EXPLAIN ANALYZE time and their ratio."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--rows", type=int, default=1_000_000, help="audit rows (model and tool rows)")
+        parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds over every endpoint")
+        parser.add_argument("--repeat", type=int, default=10, help="calls per endpoint and round")
+        parser.add_argument("--database", default="", help="bench database name (default <current>_bench)")
+        parser.add_argument("--rebuild", action="store_true", help="drop and rebuild the dataset")
+        parser.add_argument("--only", default="", help="comma-separated words: measure endpoints named so")
+        parser.add_argument("--drop", action="store_true", help="drop the bench database at the end")
+
+    def handle(
+        self, *args, rows: int, rounds: int, repeat: int, database: str, rebuild: bool, drop: bool, only: str, **options
+    ):
+        if rows < 1_000 or rounds < 1 or repeat < 1:
+            raise CommandError("--rows must be at least 1000, --rounds and --repeat at least 1")
+        if connection.vendor != "postgresql":
+            raise CommandError("bench_read_paths needs PostgreSQL (DATABASE_URL=postgres://...)")
+        name = database or f"{connection.settings_dict['NAME']}_bench"
+        out = self.stdout.write
+        original = connection.settings_dict["NAME"]
+        created = _create_database(name, drop_first=rebuild)
+        _use_database(name)
+        try:
+            call_command("migrate", verbosity=0)
+            dataset = None if created else _stored_dataset(rows)
+            if dataset is None:
+                if not created:  # another size: start from an empty database
+                    connections["default"].close()
+                    _create_database(name, drop_first=True)
+                    call_command("migrate", verbosity=0)
+                out(f"building {rows:,} audit rows in database {name} ...")
+                dataset = bench_reads.build_dataset(rows=rows, log=out)
+                _store_dataset(dataset, rows)
+                out(f"built in {dataset.build_seconds:.0f} s")
+            else:
+                out(f"reusing the dataset in database {name} (--rebuild to build it again)")
+            try:
+                call_command("rebuild_rollups")
+                out("rollups rebuilt (rebuild_rollups)")
+            except CommandError as exc:
+                if "Unknown command" not in str(exc):
+                    raise
+            out(
+                f"dataset: {dataset.audit_rows:,} audit rows, {dataset.runs:,} runs, {dataset.threads:,} threads, "
+                f"{dataset.users:,} users, {dataset.first_day} to {dataset.last_day}"
+            )
+            out(f"measuring: {rounds} rounds x {repeat} calls per endpoint, over HTTP (Django test client)")
+            points = bench_reads.measure(
+                dataset, rounds=rounds, repeat=repeat, only=tuple(w for w in only.split(",") if w), log=out
+            )
+            for line in bench_reads.report(points):
+                out(line)
+            out(
+                "SQL ms: EXPLAIN ANALYZE execution time, median of 3; 'hand' = one hand-written statement for the "
+                "same answer, 'product' = the sum over the statements the endpoint ran (authentication excluded)."
+            )
+        finally:
+            _use_database(original)
+            if drop:
+                _drop_database(name)
+
+
+def _admin_connection():
+    settings = connection.settings_dict
+    return psycopg.connect(
+        host=settings["HOST"] or None,
+        port=settings["PORT"] or None,
+        user=settings["USER"] or None,
+        password=settings["PASSWORD"] or None,
+        dbname="postgres",
+        autocommit=True,
+    )
+
+
+def _create_database(name: str, *, drop_first: bool) -> bool:
+    """Create ``name`` unless it exists; True when created."""
+    with _admin_connection() as admin:
+        if drop_first:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            return False
+        admin.execute(f'CREATE DATABASE "{name}"')
+        return True
+
+
+def _drop_database(name: str) -> None:
+    with _admin_connection() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _use_database(name: str) -> None:
+    conn = connections["default"]
+    conn.close()
+    conn.settings_dict["NAME"] = name
+
+
+def _stored_dataset(rows: int) -> bench_reads.Dataset | None:
+    with connection.cursor() as c:
+        c.execute(f"CREATE TABLE IF NOT EXISTS {_MARK_TABLE} (rows integer PRIMARY KEY, dataset jsonb)")
+        c.execute(f"SELECT dataset FROM {_MARK_TABLE} WHERE rows = %s", [rows])
+        found = c.fetchone()
+    if not found:
+        return None
+    data = found[0] if isinstance(found[0], dict) else json.loads(found[0])
+    return bench_reads.Dataset(**data)
+
+
+def _store_dataset(dataset: bench_reads.Dataset, rows: int) -> None:
+    with connection.cursor() as c:
+        c.execute(f"CREATE TABLE IF NOT EXISTS {_MARK_TABLE} (rows integer PRIMARY KEY, dataset jsonb)")
+        c.execute(
+            f"INSERT INTO {_MARK_TABLE} VALUES (%s, %s)",
+            [rows, json.dumps(dataclasses.asdict(dataset), default=str)],
+        )

@@ -1,0 +1,47 @@
+"""SQL pieces for the readers that walk a thread's runs before their rows
+(history, memory, timelines; R-READ-1..3, issue 11).
+
+Those readers order rows by their run (creation time, id) and then by the
+row's own key inside the run. Written as one ORM query, the order comes
+from a join, so PostgreSQL reads and sorts every row of the run or thread
+to return one page. Written as ``runs ⋈ LATERAL (rows of one run ORDER BY
+… LIMIT n)``, each step is an index scan in the order wanted and the scan
+stops once the page is full. The ORM has no LATERAL, so these readers build
+that statement here, with the row predicates compiled from the same
+``Q`` definitions the ORM readers use (:mod:`conversations.models`), never
+re-typed in SQL.
+"""
+
+from __future__ import annotations
+
+from django.db import connections
+from django.db.models import Q
+
+from .models import Message
+
+MESSAGE_TABLE = Message._meta.db_table
+
+
+def message_columns(alias: str = MESSAGE_TABLE, *, exclude: frozenset[str] = frozenset()) -> str:
+    """The message table's model columns qualified with ``alias`` (never
+    ``*``: the generated ``search_vector`` column is no model field and
+    would travel with every row)."""
+    qn = connections["default"].ops.quote_name
+    return ", ".join(
+        f"{qn(alias)}.{qn(f.column)}"
+        for f in Message._meta.concrete_fields
+        if f.name not in exclude and f.attname not in exclude
+    )
+
+
+def predicate_sql(condition: Q, *, using: str = "default") -> tuple[str, list]:
+    """``condition`` on the message table compiled to SQL and its params;
+    columns are qualified with the table's own name, so the statement must
+    name the table without an alias. Only conditions on the message row
+    itself (no joins) compile here."""
+    query = Message.objects.using(using).filter(condition).query
+    if len(query.alias_map) > 1:
+        raise ValueError("predicate_sql takes conditions on the message row only")
+    compiler = query.get_compiler(using=using)
+    sql, params = compiler.compile(query.where)
+    return sql, list(params)
