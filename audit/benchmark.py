@@ -173,6 +173,27 @@ class _RawWriter:
     on its own connection (no Django, no pool) — ``BEGIN``; lock the run row
     and compare its lease fields; ``INSERT`` one message row; ``COMMIT``."""
 
+    _GIVEN = frozenset(
+        (
+            "thread_id",
+            "run_id",
+            "role",
+            "message_type",
+            "content",
+            "tool_calls",
+            "metadata",
+            "operation_id",
+            "started_at",
+            "sequence",
+            "execution_status",
+            "price_source",
+            "price_version",
+            "tool_name",
+            "created_at",
+            "updated_at",
+        )
+    )
+
     def __init__(self):
         import psycopg
 
@@ -180,7 +201,14 @@ class _RawWriter:
 
         self.conn = psycopg.connect(postgres_conninfo())
         run_table, message_table = AgentRun._meta.db_table, Message._meta.db_table
-        self.fields = [f for f in Message._meta.concrete_fields if not f.primary_key]
+        # The columns the baseline sets itself; every other column gets its
+        # database default, or the model's default (columns added later).
+        fields = [f for f in Message._meta.concrete_fields if not f.primary_key and not f.generated]
+        given = {f for f in fields if f.attname in self._GIVEN}
+        self.fields = [f for f in fields if f in given or not f.has_db_default()]
+        self.defaults = {
+            f.attname: f.get_db_prep_save(f.get_default(), connection) for f in self.fields if f not in given
+        }
         columns = ", ".join(connection.ops.quote_name(f.column) for f in self.fields)
         self.lock_sql = (
             f"SELECT request_id, thread_id, lease_owner, fencing_token, status, lease_expires_at "
@@ -220,7 +248,10 @@ class _RawWriter:
                 raise RunTerminal("terminal")
             if found[5] is None or found[5] <= now:
                 raise LeaseLost("expired")
-            self.conn.execute(self.insert_sql, [values.get(f.attname) for f in self.fields])
+            self.conn.execute(
+                self.insert_sql,
+                [values[f.attname] if f.attname in values else self.defaults[f.attname] for f in self.fields],
+            )
 
     def close(self) -> None:
         self.conn.close()

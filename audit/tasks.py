@@ -41,9 +41,13 @@ def sweep_expired_leases() -> int:
 
 @shared_task(name="audit.dispatch_runs", acks_late=False, ignore_result=True)
 def dispatch_runs() -> dict[str, int]:
-    """Hand over again the pending runs whose broker message may be lost and
-    apply recorded cancel requests (R-RUN-9, R-RUN-10); scheduled by Celery
-    beat every ``DISPATCH_INTERVAL_SECONDS`` on the maintenance queue."""
+    """Hand over again the pending runs whose broker message may be lost,
+    apply recorded cancel requests (R-RUN-9, R-RUN-10) and roll up the ended
+    runs whose terminal transaction could not (R-DASH-1); scheduled by
+    Celery beat every ``DISPATCH_INTERVAL_SECONDS`` on the maintenance
+    queue."""
+    from dashboard.rollups import rollups_catch_up
+
     from .dispatch import runs_dispatch
 
-    return runs_dispatch()
+    return {**runs_dispatch(), "rolled_up": rollups_catch_up()}

@@ -9,6 +9,13 @@ serves three callers, so they cannot disagree:
   ``rolled_up_at`` — only if it is not marked yet — and adds the run's
   figures to the three rollup tables. A second terminal attempt, a
   redelivered task or a replayed call finds the mark and adds nothing.
+  Runs ending in the same hour and model share rollup rows; the terminal
+  transaction waits for such a row at most ``ROLLUP_LOCK_WAIT_MS``
+  (another run's commit takes milliseconds) and otherwise leaves the run
+  unmarked — a worker frozen inside its own terminal transaction never
+  holds up the ends of other runs. :func:`rollups_catch_up` (every dispatch
+  round on the maintenance queue) adds such runs later; until then the
+  dashboard counts them from their rows, like active runs.
 * :func:`feedback_changed`: feedback is given after the run ended; its
   like/dislike delta is added to the hour the feedback was created in.
 * :func:`rebuild_day`: ``rebuild_rollups`` recomputes one UTC day from the
@@ -27,6 +34,7 @@ the deltas.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -35,6 +43,8 @@ from django.db import connection
 from audit.models import AgentRun
 
 from .models import RUN_STATUS_COLUMNS
+
+log = logging.getLogger(__name__)
 
 GRAIN = "1 hour"
 ORIGIN = "TIMESTAMPTZ '2000-01-01 00:00:00+00'"
@@ -319,10 +329,55 @@ def run_roll_up(*, run_id) -> bool:
     run's status and rows were written (with the run row locked): the
     figures then commit or roll back with the run's end. Returns whether
     the run was rolled up now (R-DASH-1).
+
+    A rollup row that another transaction holds longer than
+    ``ROLLUP_LOCK_WAIT_MS`` (a worker frozen inside its terminal
+    transaction) is not waited for: the statement is undone to a savepoint,
+    the run stays unmarked (the dashboard counts it from its rows) and
+    :func:`rollups_catch_up` adds it later; returns False then.
     """
+    from django.db import OperationalError, transaction
+
+    from yuxi_project.config import get_config
+
+    wait_ms = get_config().ROLLUP_LOCK_WAIT_MS
     with connection.cursor() as cursor:
-        cursor.execute(_RUN_ROLL_UP, {"run_id": run_id})
-        return bool(cursor.fetchone()[0])
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        (previous,) = cursor.fetchone()
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{wait_ms}ms"])
+        try:
+            with transaction.atomic():
+                cursor.execute(_RUN_ROLL_UP, {"run_id": run_id})
+                rolled_up = bool(cursor.fetchone()[0])
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
+                raise
+            log.warning("run %s: a rollup row is held by another transaction; rolled up later", run_id)
+            rolled_up = False
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+    return rolled_up
+
+
+def rollups_catch_up(*, limit: int = 200) -> int:
+    """Roll up terminal runs their terminal transaction left unmarked (see
+    :func:`run_roll_up`), each in its own short transaction with its run row
+    locked (``SKIP LOCKED``: a run a worker holds is left for the next
+    round). Served by the partial index of unmarked runs. Returns how many
+    were rolled up (R-DASH-1)."""
+    from django.db import transaction
+
+    waiting = list(
+        AgentRun.objects.filter(rolled_up_at__isnull=True, status__in=AgentRun.TERMINAL_STATUSES)
+        .order_by("finished_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    done = 0
+    for run_id in waiting:
+        with transaction.atomic():
+            locked = AgentRun.objects.select_for_update(no_key=True, skip_locked=True).filter(pk=run_id)
+            if locked.exists() and run_roll_up(run_id=run_id):
+                done += 1
+    return done
 
 
 _FEEDBACK_DELTA = _upsert_sql(

@@ -90,6 +90,10 @@ class Config(BaseSettings):
     WORKER_LOCK_TIMEOUT_MS: int = Field(default=5000, ge=1)
     WORKER_STATEMENT_TIMEOUT_MS: int = Field(default=30000, ge=1)
     WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS: int = Field(default=5000, ge=1)
+    # How long a run's terminal transaction waits for a dashboard rollup row
+    # another transaction holds before it leaves the run to the catch-up of
+    # the next dispatch round (R-DASH-1; dashboard.rollups.run_roll_up).
+    ROLLUP_LOCK_WAIT_MS: int = Field(default=200, ge=1)
     # Tool results longer than this many characters go to the thread
     # workspace instead of the graph State (R-TA-4).
     LARGE_TOOL_RESULT_CHARS: int = Field(default=4000, ge=1)

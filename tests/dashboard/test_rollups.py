@@ -191,6 +191,40 @@ def test_a_second_terminal_attempt_or_roll_up_adds_nothing_R_DASH_1(thread):
     assert rollup_state() == once
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_rollup_row_held_by_a_frozen_transaction_delays_no_run_end_R_DASH_1(thread, db_name):
+    """A worker frozen inside its terminal transaction holds the rollup rows
+    of its hour and model. Another run ending in that hour must not wait for
+    it (nor fail): it ends at once, unmarked, the dashboard counts it from its
+    rows, and the next catch-up round adds it exactly once."""
+    import psycopg
+
+    first, _ = _completed_run(thread, op="lc_run--first")
+    assert AgentRun.objects.get(pk=first.pk).rolled_up_at is not None
+    window = selectors.dashboard_window(first_day=T0.date(), last_day=timezone.now().date())
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as frozen:
+        frozen.execute(f"SELECT 1 FROM {rollups.HOUR_TABLE} FOR UPDATE")  # held, never committed
+        frozen.execute(f"SELECT 1 FROM {rollups.LATENCY_TABLE} FOR UPDATE")
+        other = Conversation.objects.create(user=thread.user, agent_id="assistant", model=thread.model)
+        second, _ = _completed_run(other, op="lc_run--second")
+        second.refresh_from_db()
+        assert second.status == "completed" and second.rolled_up_at is None
+        # Counted from its rows meanwhile: the same answers as from rows.
+        assert figures(window) == figures_from_rows(window)
+        assert figures(window)["overview"]["runs_by_status"]["completed"] == 2
+        # The holder is still there: the catch-up waits no longer than the
+        # run's end did, and leaves the run for the next round.
+        assert rollups.rollups_catch_up() == 0
+        frozen.rollback()
+    assert rollups.rollups_catch_up() == 1
+    assert rollups.rollups_catch_up() == 0
+    assert AgentRun.objects.get(pk=second.pk).rolled_up_at is not None
+    incremental = rollup_state()
+    assert figures(window) == figures_from_rows(window)
+    rollups.rollups_rebuild()
+    assert rollup_state() == incremental
+
+
 def test_a_run_that_is_not_terminal_is_not_rolled_up_R_DASH_1(thread):
     run = make_run(thread)
     assert rollups.run_roll_up(run_id=run.id) is False

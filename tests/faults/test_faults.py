@@ -278,27 +278,39 @@ def test_duplicate_task_delivery_starts_nothing_twice_R_RUN_3(stack):
 
 def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
     """Finding 2: a worker stopped (SIGSTOP) while it holds a run row in an
-    open transaction. Cancel answers in < 2 s, nine cancels at once do not
-    use up the web's connections, other users' requests answer in < 1 s
-    without 5xx; PostgreSQL ends the frozen transaction, the run is swept
-    (cancelled, as asked), and after SIGCONT everything goes on."""
+    open transaction (its terminal transaction). Cancel answers in < 2 s,
+    nine cancels at once do not use up the web's connections, other users'
+    requests answer in < 1 s without 5xx; PostgreSQL ends the frozen
+    transaction, the run is swept (cancelled, as asked), and after SIGCONT
+    everything goes on."""
     batch = Batch(stack)
     frozen_thread = batch.new_thread("user0", "replay:slow_lookup")
     others = [batch.new_thread(f"user{i}") for i in range(1, 5)]
     baseline = _others_baseline(stack)
-    # An uncommitted row with the key the worker's tool_call_start will
-    # insert makes that insert wait for us inside the worker's transaction,
-    # after it locked the run row (a unique-index wait; foreign keys are
-    # checked only at COMMIT). There the worker is frozen.
+    # Where a worker holds a run row across statements: its lifecycle writes
+    # are single statements that commit at once (audit.services.fenced), so
+    # it is the run's terminal transaction, which locks the run row first.
+    # The test locks the model row that declared the tool call while the
+    # tool runs; the terminal reconcile marks that row, so the worker's
+    # terminal transaction waits there, inside, holding the run row. There
+    # the worker is frozen.
+    target = batch.submit(frozen_thread, "archive?")
+    with stack.db() as conn:
+        wait_until(
+            lambda: conn.execute(
+                "SELECT 1 FROM conversations_message WHERE run_id = %s AND operation_id = 'call_lookup_slow'",
+                [target.run_id],
+            ).fetchone(),
+            timeout=60,
+        )
     blocker = stack.db()
     blocker.autocommit = False
-    target = batch.submit(frozen_thread, "archive?")
-    blocker.execute(
-        "INSERT INTO conversations_message (role, message_type, content, metadata, tool_name, created_at, updated_at,"
-        " thread_id, run_id, operation_id) VALUES ('tool', 'tool_audit', '', '{}', 'lookup_docs', now(), now(),"
-        " %s, %s, 'call_lookup_slow')",
-        [frozen_thread, target.run_id],
-    )
+    declaring = blocker.execute(
+        "SELECT id FROM conversations_message WHERE run_id = %s AND role = 'assistant' AND tool_calls IS NOT NULL"
+        " FOR NO KEY UPDATE",
+        [target.run_id],
+    ).fetchall()
+    assert declaring, "the model row that declared the tool call"
     blocker_pid = blocker.info.backend_pid
     with stack.db() as conn:
         blocked = wait_until(
