@@ -12,6 +12,7 @@ from django.db.models.functions import Cast, Coalesce
 
 from conversations.models import Message
 from costs.selectors import usd_text
+from governance.payloads import payload_note
 from yuxi_project.cursors import keyset_page
 from yuxi_project.errors import InvalidInput, NotFound
 
@@ -146,6 +147,7 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
         "declared_by_id": row.declared_by_id,
         "is_final_answer": row.is_final_answer,
         "metadata": {k: v for k, v in (row.metadata or {}).items() if k not in _TIMELINE_HIDDEN_METADATA},
+        "payload_note": payload_note(row.metadata),
     }
     if include_raw_output:
         item["raw_output"] = (row.metadata or {}).get("raw_output") if is_tool else None

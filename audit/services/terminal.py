@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from conversations.models import Message
 from costs.pricing import price_unpriced_rows
+from governance.seal import seal_run
 from ops import metrics
 from yuxi_project.errors import InvalidInput
 
@@ -434,6 +435,7 @@ def _terminate(
     run.error_message = error_message
     run.interrupts = interrupts if status == Status.INTERRUPTED else None
     run.save()
+    seal_run(run)  # R-GOV-3: every row is closed now; the seal is part of this transaction
     metrics.run_ended(run)
     thread_id = run.thread_id
     # The next runs are handed over after commit; the dispatcher's grace
