@@ -23,6 +23,8 @@ def pytest_configure(config):
         )
     if not settings.CONFIG.REDIS_URL:
         raise pytest.UsageError("the tests need Redis: set REDIS_URL=redis://... (bin/test does this)")
+    # Test users need no password strength: see tests/hashers.py.
+    settings.PASSWORD_HASHERS = ["tests.hashers.OneIterationPBKDF2PasswordHasher"]
 
 
 @pytest.fixture
