@@ -109,7 +109,7 @@ def audit_row_facts(run_ids: list) -> dict[Any, list[dict[str, Any]]]:
     from conversations.models import Message
 
     by_run: dict[Any, list[dict[str, Any]]] = {run_id: [] for run_id in run_ids}
-    for facts in Message.objects.audit().filter(run_id__in=run_ids).values(*FACT_FIELDS).iterator(chunk_size=2000):
+    for facts in Message.objects.audit().filter(run_id__in=run_ids).values(*FACT_FIELDS):
         by_run.setdefault(facts["run_id"], []).append(facts)
     for rows in by_run.values():
         rows.sort(key=_timeline_key)
@@ -120,23 +120,29 @@ def compute_seal(run_id, rows: list[dict[str, Any]]) -> Seal:
     return chain(run_id, ((facts["id"], row_digest(facts)) for facts in rows))
 
 
-def seal_run(run) -> Seal:
-    """Seal a terminal run: hash its audit rows and store ``seal_head``,
-    ``seal_row_count``, ``seal_rows`` and ``sealed_at`` on the run row.
+def seal_run(run, *, save: bool = False) -> Seal:
+    """Seal a terminal run: hash its audit rows and set ``seal_head``,
+    ``seal_row_count``, ``seal_rows`` and ``sealed_at`` on ``run``.
 
-    Must be called inside the run's terminal transaction with the run row
-    locked and every row closed (``audit.services.terminal``), or by a
-    purge or erasure under the audited bypass. One SELECT of the run's
-    audit rows and one UPDATE of the run. Implements R-GOV-3.
+    The terminal transaction calls it with every row closed, the run row
+    locked and its terminal fields set, right before it saves the run: the
+    seal is written by that same save (one UPDATE of the run, whose status
+    and seal change together). A purge or erasure passes ``save=True``
+    under the audited bypass, and the seal fields alone are updated. One
+    SELECT of the run's audit rows. Implements R-GOV-3.
     """
     from audit.models import AgentRun
 
     seal = compute_seal(run.pk, audit_row_facts([run.pk])[run.pk])
     run.seal_head, run.seal_row_count, run.seal_rows = seal.head, seal.row_count, seal.rows
     run.sealed_at = timezone.now()
-    AgentRun.objects.filter(pk=run.pk).update(
-        seal_head=run.seal_head, seal_row_count=run.seal_row_count, seal_rows=run.seal_rows, sealed_at=run.sealed_at
-    )
+    if save:
+        AgentRun.objects.filter(pk=run.pk).update(
+            seal_head=run.seal_head,
+            seal_row_count=run.seal_row_count,
+            seal_rows=run.seal_rows,
+            sealed_at=run.sealed_at,
+        )
     return seal
 
 

@@ -95,7 +95,7 @@ def _reseal(action: GovernanceAction, runs: list[AgentRun], verified: dict) -> N
         if run.sealed_at is None:
             continue
         previous_head, previous_count = run.seal_head, run.seal_row_count
-        seal = seal_run(run)
+        seal = seal_run(run, save=True)
         reseals.append(
             RunReseal(
                 action=action,

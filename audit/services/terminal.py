@@ -434,8 +434,8 @@ def _terminate(
     run.error_type = error_type[:100]
     run.error_message = error_message
     run.interrupts = interrupts if status == Status.INTERRUPTED else None
+    seal_run(run)  # R-GOV-3: every row is closed now; saved with the run below
     run.save()
-    seal_run(run)  # R-GOV-3: every row is closed now; the seal is part of this transaction
     metrics.run_ended(run)
     thread_id = run.thread_id
     # The next runs are handed over after commit; the dispatcher's grace
