@@ -31,6 +31,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.db import connection, transaction
 from django.utils import timezone
 
 SEAL_VERSION = b"yuxi-seal/v1"
@@ -223,15 +224,23 @@ def verify_runs(runs, *, batch_size: int = 200) -> Iterator[tuple[Report, list]]
         page = runs.order_by("id")
         if last is not None:
             page = page.filter(id__gt=last)
-        batch = list(page.values(*fields)[:batch_size])
+        # One snapshot per batch: a purge or erasure that re-seals a run
+        # between reading the seal and reading the rows is never taken for
+        # a change (its rows and seal commit together).
+        own_transaction = not connection.in_atomic_block
+        with transaction.atomic():
+            if own_transaction and connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            batch = list(page.values(*fields)[:batch_size])
+            sealed = [run for run in batch if run["sealed_at"] is not None]
+            rows = audit_row_facts([run["id"] for run in sealed]) if sealed else {}
         if not batch:
             return
         last = batch[-1]["id"]
-        sealed = [run for run in batch if run["sealed_at"] is not None]
         report.checked += len(batch)
         report.unsealed += len(batch) - len(sealed)
         report.sealed += len(sealed)
-        rows = audit_row_facts([run["id"] for run in sealed]) if sealed else {}
         for run in sealed:
             finding = check_run(
                 run["id"], run["seal_head"], run["seal_row_count"], run["seal_rows"], rows.get(run["id"], [])
