@@ -63,7 +63,6 @@ class ToolExecutionOut(Schema):
     )
     size_chars: int = Field(..., description="Length of the full result in characters.")
     workspace_path: str | None = Field(None, description="Workspace file of a large result, else null.")
-    payload_note: str | None = Field(None, description=_PAYLOAD_NOTE)
 
     @staticmethod
     def from_row(row) -> ToolExecutionOut:
@@ -77,7 +76,6 @@ class ToolExecutionOut(Schema):
             content=view.content,
             size_chars=view.size_chars,
             workspace_path=view.workspace_path,
-            payload_note=payload_note(row.metadata),
         )
 
 
