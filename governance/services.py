@@ -159,6 +159,9 @@ def _purgeable_rows(cutoff: datetime):
         .filter(run__status__in=AgentRun.TERMINAL_STATUSES, run__finished_at__lt=cutoff)
         .exclude(metadata__has_key=payloads.PURGED)
         .exclude(metadata__has_key=payloads.ERASED)
+        # A run still awaiting approval keeps the declarations its resume
+        # matches decisions against (R-TA-5).
+        .exclude(run__status=AgentRun.Status.INTERRUPTED, run__resumed_by__isnull=True)
     )
 
 

@@ -22,7 +22,7 @@ from governance.models import GovernanceAction, RunReseal
 from governance.services import payloads_purge
 from governance.tasks import purge_payloads as purge_task
 from tests.conftest import bearer
-from tests.read.builders import tool_turn
+from tests.read.builders import RunDriver, tool_turn
 from yuxi_project.config import get_config
 
 from .helpers import behind_the_back, verify
@@ -186,3 +186,12 @@ def test_workspace_of_threads_is_untouched_by_other_runs_purge_R_GOV_1(thread, w
     tool_turn(thread)
     payloads_purge(older_than_days=0, actor="t")
     assert keep.read_text() == "kept"
+
+
+def test_a_run_awaiting_approval_keeps_its_declarations_R_GOV_1(thread):
+    driver = RunDriver(thread)
+    call = {"id": "call_mail", "name": "send_email", "args": {"to": "a@example.com"}}
+    driver.model("lc_run--ask", tool_calls=[call])
+    driver.finish("interrupted", interrupts=[{"value": {"action_requests": [{"name": "send_email"}]}}])
+    assert payloads_purge(older_than_days=1, actor="t", now=LATER).rows == 0
+    assert Message.objects.get(operation_id="lc_run--ask").tool_calls == [call]
