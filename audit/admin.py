@@ -292,6 +292,7 @@ class AgentRunAdmin(admin.ModelAdmin):
                     ("lease_owner", "fencing_token", "lease_expires_at"),
                     "trace_id",
                     "cancel_requested_display",
+                    "seal_display",
                 ),
             },
         ),
@@ -303,6 +304,16 @@ class AgentRunAdmin(admin.ModelAdmin):
         for entry in options["fields"]
         for name in (entry if isinstance(entry, tuple) else (entry,))
     )
+
+    @admin.display(description="seal")
+    def seal_display(self, run):
+        """The run's seal (R-GOV-3): head, row count and when; runs that
+        ended before sealing existed are unsealed."""
+        if run.sealed_at is None:
+            return "unsealed"
+        return format_html(
+            "<code>{}</code> over {} rows, {}", run.seal_head, run.seal_row_count, time_html(run.sealed_at)
+        )
 
     # --- read-only: workers write runs (R-RUN-4) ---------------------------
 

@@ -105,7 +105,12 @@ class _Fixture:
         return run_acquire(run_id=run.id, owner=f"bench-{uuid.uuid4().hex[:8]}", ttl_seconds=3600)
 
     def delete(self) -> None:
-        self.user.delete()  # cascades to threads, runs and their rows
+        from governance.bypass import audited_bypass
+
+        # Audit rows and runs are append-only (R-GOV-3): the benchmark's own
+        # throw-away rows go through the recorded bypass.
+        with audited_bypass(reason="bench_audit_writes: delete its throw-away user, threads and runs"):
+            self.user.delete()  # cascades to threads, runs and their rows
 
 
 def _service_write(lease: Lease, operation_id: str, sequence: int) -> None:

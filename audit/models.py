@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from governance.triggers import RUN_TRIGGERS
 from yuxi_project.storable import StorableCharField, StorableJSONField, StorableTextField
 
 
@@ -95,10 +96,22 @@ class AgentRun(models.Model):
     # again (R-RUN-9).
     dispatched_at = models.DateTimeField(null=True, blank=True, default=timezone.now)
 
+    # --- seal (R-GOV-3, governance.seal): written once by the terminal
+    # transaction, again only by a purge or an erasure; null on runs that
+    # ended before sealing existed (reported as unsealed). ---
+    seal_head = models.CharField(max_length=64, blank=True, default="", db_default="")
+    seal_row_count = models.PositiveIntegerField(null=True, blank=True)
+    # [[row id, first 16 hex digits of the row's digest], ...] in timeline
+    # order: lets a verification name the first row that differs.
+    seal_rows = models.JSONField(null=True, blank=True)
+    sealed_at = models.DateTimeField(null=True, blank=True)
+
     objects = AgentRunQuerySet.as_manager()
 
     class Meta:
         ordering = ["created_at"]
+        # Append-only once sealed; no DELETE (R-GOV-3, governance.triggers).
+        triggers = RUN_TRIGGERS
         constraints = [
             # request_id first: the index also serves the admin's exact
             # search by request id alone.

@@ -160,6 +160,9 @@ class TimelineItemOut(Schema):
     workspace_path: str | None = Field(
         None, description="Workspace file of a large tool result (per execution, R-TA-7), else null."
     )
+    payload_note: str | None = Field(
+        None, description='"payload purged on <date>" or "payload erased on <date>" (R-GOV-1, R-GOV-2), else null.'
+    )
 
 
 class TimelineOut(Schema):

@@ -13,6 +13,7 @@ from django.db.models.functions import Cast, Coalesce
 from conversations.models import Message
 from conversations.sql import MESSAGE_TABLE, message_columns, predicate_sql
 from costs.selectors import usd_text
+from governance.payloads import payload_note
 from yuxi_project.cursors import page_cursor, parse_cursor
 from yuxi_project.errors import InvalidInput, NotFound
 
@@ -222,6 +223,7 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
         "parent_operation_id": row.parent_operation_id,
         "is_final_answer": row.is_final_answer,
         "metadata": {k: v for k, v in (row.metadata or {}).items() if k not in _TIMELINE_HIDDEN_METADATA},
+        "payload_note": payload_note(row.metadata),
     }
     if include_raw_output:
         item["raw_output"] = (row.metadata or {}).get("raw_output") if is_tool else None

@@ -23,6 +23,7 @@ from audit import selectors as audit_selectors
 from audit.admin import cost_of, cost_text, status_badge, timeline_page_context
 from audit.models import AgentRun
 from audit.templatetags.yx_admin import time_html
+from governance.payloads import payload_note
 from yuxi_project.paginator import EstimatingPaginator
 from yuxi_project.storable import visible, visible_fields
 
@@ -58,6 +59,11 @@ class ConversationAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         # Threads are created through the API by their owner.
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        # A thread's runs and audit rows are append-only (R-GOV-3): the
+        # database refuses the cascade; erase_user erases a user's threads.
         return False
 
     def get_queryset(self, request):
@@ -227,10 +233,16 @@ class MessageAdmin(admin.ModelAdmin):
         "tool_input",
         "declared_by",
         "workspace_file",
+        "payload",
         "metadata",
         "created_at",
         "updated_at",
     )
+
+    @admin.display(description="payload")
+    def payload(self, message):
+        """Says "payload purged on <date>" once a purge or erasure emptied it (R-GOV-1)."""
+        return payload_note(message.metadata) or "—"
 
     @admin.display(description="workspace file")
     def workspace_file(self, message):

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q, Value
 
+from governance.triggers import MESSAGE_TRIGGERS
 from yuxi_project.storable import StorableCharField, StorableJSONField, StorableTextField
 
 
@@ -196,6 +197,9 @@ class Message(models.Model):
     objects = MessageQuerySet.as_manager()
 
     class Meta:
+        # Closed audit rows are append-only; audit rows are never deleted
+        # (R-GOV-3, governance.triggers).
+        triggers = MESSAGE_TRIGGERS
         constraints = [
             # One row per operation of a run; model and tool ids are separate
             # namespaces because the role is part of the key (R-MA-1).

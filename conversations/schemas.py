@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from ninja import Field, Schema
 
+from governance.payloads import payload_note
+
 
 class ThreadIn(Schema):
     agent_id: str = Field(..., min_length=1, max_length=100)
@@ -32,6 +34,9 @@ class ErrorOut(Schema):
     """Every error answer: ``{"error": {"code", "message", ...}}``."""
 
     error: ErrorDetail
+
+
+_PAYLOAD_NOTE = '"payload purged on <date>" or "payload erased on <date>" (R-GOV-1, R-GOV-2), else null.'
 
 
 class ToolCallOut(Schema):
@@ -85,6 +90,7 @@ class HistoryItemOut(Schema):
     tool_executions: list[ToolExecutionOut]
     metadata: dict[str, Any] = Field(..., description="Public operation metadata only (model name, finish reason).")
     created_at: datetime
+    payload_note: str | None = Field(None, description=_PAYLOAD_NOTE)
 
     @staticmethod
     def from_entry(entry) -> HistoryItemOut:
@@ -100,6 +106,7 @@ class HistoryItemOut(Schema):
             tool_executions=[ToolExecutionOut.from_row(t) for t in entry.tool_executions],
             metadata=entry.public_metadata(),
             created_at=row.created_at,
+            payload_note=payload_note(row.metadata),
         )
 
 

@@ -168,6 +168,11 @@ class Config(BaseSettings):
     OTEL_EXPORT_SETTLE_SECONDS: float = Field(default=5.0, ge=0)
     # Celery queue of the export task, apart from the agent runs.
     OTEL_EXPORT_QUEUE: str = "otel-export"
+    # Retention (R-GOV-1): purge the payloads of audit rows of runs that
+    # finished more than this many days ago (unset: keep them; the beat
+    # task is then not scheduled), every RETENTION_PURGE_INTERVAL_SECONDS.
+    RETENTION_DAYS: int | None = Field(default=None, ge=0)
+    RETENTION_PURGE_INTERVAL_SECONDS: float = Field(default=3600.0, gt=0)
 
     @field_validator("ALLOWED_HOSTS", "MODELS", mode="before")
     @classmethod

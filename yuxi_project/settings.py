@@ -29,6 +29,9 @@ INSTALLED_APPS = [
     "dashboard",
     "costs",
     "otel_export",
+    # Append-only audit triggers declared on the models (R-GOV-3).
+    "pgtrigger",
+    "governance",
 ]
 
 MIDDLEWARE = [
@@ -208,6 +211,14 @@ if CONFIG.OTEL_EXPORTER_OTLP_ENDPOINT:
         "task": "otel_export.export",
         "schedule": CONFIG.OTEL_EXPORT_INTERVAL_SECONDS,
         "options": {"queue": CONFIG.OTEL_EXPORT_QUEUE, "expires": CONFIG.OTEL_EXPORT_INTERVAL_SECONDS},
+    }
+# Retention (R-GOV-1): the periodic purge of old payloads, on the
+# maintenance queue; only scheduled when RETENTION_DAYS is set.
+if CONFIG.RETENTION_DAYS is not None:
+    CELERY_BEAT_SCHEDULE["purge-payloads"] = {
+        "task": "governance.purge_payloads",
+        "schedule": CONFIG.RETENTION_PURGE_INTERVAL_SECONDS,
+        "options": {"queue": CONFIG.CELERY_MAINTENANCE_QUEUE, "expires": CONFIG.RETENTION_PURGE_INTERVAL_SECONDS},
     }
 # The schedule is one fixed interval task, so beat keeps it in memory: the
 # default shelve-backed scheduler adds a state file per beat and, on Python

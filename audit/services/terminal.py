@@ -16,6 +16,7 @@ from django.utils import timezone
 from conversations.models import Message
 from costs.pricing import price_row
 from dashboard.rollups import run_roll_up
+from governance.seal import seal_run
 from ops import metrics
 from yuxi_project.errors import InvalidInput
 
@@ -481,6 +482,7 @@ def _terminate(
     run.error_type = error_type[:100]
     run.error_message = error_message
     run.interrupts = interrupts if status == Status.INTERRUPTED else None
+    seal_run(run)  # R-GOV-3: every row is closed now; saved with the run below
     run.save()
     # Dashboard figures of the run, added once with the run's end (R-DASH-1).
     run_roll_up(run_id=run.pk)

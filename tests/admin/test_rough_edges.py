@@ -24,6 +24,7 @@ from audit.demo import DEMO_TOKEN_NAME, ensure_demo_user
 from audit.models import AgentRun
 from audit.services import StateMessage
 from conversations.models import ApiToken, Message
+from governance.bypass import audited_bypass
 from tests.conftest import bearer
 from tests.read.builders import RunDriver
 
@@ -194,7 +195,9 @@ def test_times_show_milliseconds_with_iso_8601_to_copy_R_ADM_1(client, staff_use
     run = big_run(thread, rows=2)
     started = dt.datetime(2026, 11, 30, 6, 23, 41, 517_250, tzinfo=dt.UTC)
     AgentRun.objects.filter(pk=run.pk).update(started_at=started)
-    Message.objects.filter(run=run, sequence=1).update(started_at=started)
+    # A closed row's start is a fact (R-GOV-3): set through the recorded bypass.
+    with audited_bypass(reason="test: a row that started at a chosen time"):
+        Message.objects.filter(run=run, sequence=1).update(started_at=started)
     client.force_login(staff_user)
     html = client.get(reverse("admin:audit_agentrun_change", args=[run.pk])).content.decode()
     iso = started.isoformat(timespec="microseconds")

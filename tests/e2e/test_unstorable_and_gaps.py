@@ -17,6 +17,7 @@ from django.db import connection
 from audit.events import stream_key
 from audit.models import AgentRun
 from conversations.models import Message
+from governance.bypass import audited_bypass
 from tests.conftest import bearer
 
 from .stack import TERMINAL_STATUSES, create_thread, wait_for_status
@@ -162,7 +163,10 @@ def test_a_followed_run_that_is_deleted_ends_the_stream_with_an_error_event_R_EV
         )
         reader.start()
         time.sleep(0.5)
-        AgentRun.objects.filter(pk=run_id).delete()
+        # Runs are append-only (R-GOV-3): the loss is simulated deliberately,
+        # through the recorded bypass.
+        with audited_bypass(reason="test: a followed run is lost"):
+            AgentRun.objects.filter(pk=run_id).delete()
         reader.join(timeout=30)
         assert not reader.is_alive()
         assert collected[-1][1] == "error" and collected[-1][2]["error"] == "run_not_found"

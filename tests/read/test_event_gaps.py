@@ -136,7 +136,12 @@ def test_a_stream_whose_run_was_deleted_ends_with_an_error_event_R_EVT_2(thread)
 def _delete_run(run_id) -> None:
     from django.db import connection
 
-    AgentRun.objects.filter(pk=run_id).delete()
+    from governance.bypass import audited_bypass
+
+    # Runs are append-only (R-GOV-3): the loss is simulated deliberately,
+    # through the recorded bypass.
+    with audited_bypass(reason="test: a followed run is lost"):
+        AgentRun.objects.filter(pk=run_id).delete()
     connection.close()
 
 

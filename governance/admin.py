@@ -1,0 +1,66 @@
+"""Purges, erasures and re-seals, read-only (R-GOV-1..3): written by the
+governance commands only."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from .models import GovernanceAction, RunReseal
+
+
+class RunResealInline(admin.TabularInline):
+    model = RunReseal
+    fields = ("run", "previous_head", "previous_row_count", "previous_verified", "head", "row_count", "created_at")
+    readonly_fields = fields
+    raw_id_fields = ("run",)
+    extra = 0
+    can_delete = False
+    show_change_link = False
+    max_num = 0
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(GovernanceAction)
+class GovernanceActionAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "kind",
+        "status",
+        "actor",
+        "criterion",
+        "rows_changed",
+        "runs_resealed",
+        "runs_skipped",
+        "files_deleted",
+        "started_at",
+        "finished_at",
+    )
+    list_filter = ("kind", "status")
+    readonly_fields = (
+        "kind",
+        "status",
+        "actor",
+        "subject_user_id",
+        "criterion",
+        "rows_changed",
+        "runs_resealed",
+        "runs_skipped",
+        "files_deleted",
+        "started_at",
+        "finished_at",
+        "note",
+    )
+    fields = readonly_fields
+    inlines = (RunResealInline,)
+    show_full_result_count = False
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

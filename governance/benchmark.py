@@ -1,0 +1,117 @@
+"""What sealing adds to the terminal transaction (``python manage.py
+bench_seal``, R-GOV-3).
+
+Drives runs through the real services (lease, model and tool rows closed
+by their lifecycles), then times their terminal transaction
+(:func:`audit.services.run_finish`) alternately with the seal and with the
+seal switched off, and times the seal's own work (reading the run's rows
+and hashing them). Creates a throw-away user, threads and runs and deletes
+them at the end through the recorded bypass. A benchmark, not a test: it
+prints figures and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from unittest import mock
+
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from audit import services
+from audit.benchmark import LatencySummary, summarize
+from audit.services import StateMessage
+from conversations.models import Conversation
+
+from .bypass import audited_bypass
+from .seal import audit_row_facts, compute_seal
+
+
+@dataclass(frozen=True)
+class SealBench:
+    rows_per_run: int
+    with_seal: LatencySummary
+    without_seal: LatencySummary
+    seal_alone: LatencySummary
+
+    @property
+    def ratio_median(self) -> float:
+        return self.with_seal.median_ms / self.without_seal.median_ms
+
+
+def _driven_run(user, thread, rows: int):
+    run, _ = services.run_submit(user=user, thread_id=thread.id, request_id=f"bench-{uuid.uuid4().hex}", text="x")
+    lease = services.run_acquire(run_id=run.id, owner=f"bench-{uuid.uuid4().hex[:8]}", ttl_seconds=3600)
+    state = [StateMessage(kind="human", id=f"h-{run.id}", content="x")]
+    now = timezone.now()
+    for i in range(rows // 2):
+        op, call = f"lc_run--bench-{i}", f"call_bench_{i}"
+        services.model_call_start(lease=lease, operation_id=op, sequence=2 * i + 1, started_at=now, metadata={})
+        services.model_call_finish(
+            lease=lease,
+            operation_id=op,
+            content="",
+            tool_calls=[{"id": call, "name": "calculator", "args": {"expression": "1+1"}}],
+            usage={"input_tokens": 50, "output_tokens": 10, "total_tokens": 60},
+            finished_at=now,
+            duration_ms=5,
+        )
+        services.tool_call_start(
+            lease=lease,
+            tool_call_id=call,
+            tool_name="calculator",
+            tool_input={"expression": "1+1"},
+            sequence=2 * i + 2,
+            started_at=now,
+            declared_by_operation_id=op,
+            metadata={},
+        )
+        services.tool_call_finish(
+            lease=lease,
+            tool_call_id=call,
+            status="completed",
+            content="2",
+            raw_output={"content": "2"},
+            finished_at=now,
+            duration_ms=1,
+        )
+        state.append(StateMessage(kind="ai", id=op, tool_calls=[{"id": call, "name": "calculator", "args": {}}]))
+    return run, lease, state
+
+
+def bench_seal(*, runs: int = 40, rows: int = 10) -> SealBench:
+    """Median and p95 (ms) of ``run_finish`` with and without the seal over
+    ``runs`` runs of ``rows`` audit rows each (half each way, alternating),
+    and of the seal's own work on the sealed runs."""
+    user = get_user_model().objects.create_user(username=f"bench-seal-{uuid.uuid4().hex[:10]}")
+    with_seal, without_seal, alone = [], [], []
+    try:
+        sealed = []
+        for i in range(runs):
+            thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+            run, lease, state = _driven_run(user, thread, rows)
+            seal_on = i % 2 == 0
+            started = time.perf_counter()
+            if seal_on:
+                services.run_finish(lease=lease, status="completed", final_state=state)
+                with_seal.append(time.perf_counter() - started)
+                sealed.append(run.pk)
+            else:
+                with mock.patch("audit.services.terminal.seal_run"):
+                    services.run_finish(lease=lease, status="completed", final_state=state)
+                without_seal.append(time.perf_counter() - started)
+        for run_id in sealed:
+            started = time.perf_counter()
+            compute_seal(run_id, audit_row_facts([run_id])[run_id])
+            alone.append(time.perf_counter() - started)
+    finally:
+        with audited_bypass(reason="bench_seal: delete its throw-away user, threads and runs"):
+            user.delete()
+    return SealBench(
+        rows_per_run=rows,
+        with_seal=summarize(with_seal),
+        without_seal=summarize(without_seal),
+        seal_alone=summarize(alone),
+    )

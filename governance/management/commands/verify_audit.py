@@ -1,0 +1,70 @@
+"""``python manage.py verify_audit [--run ID] [--since DATE]`` (R-GOV-3)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+from django.core.management.base import CommandError
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from audit.management.commands._database import DatabaseCommand
+from audit.models import AgentRun
+from governance.seal import verify_runs
+
+
+def _since(value: str) -> dt.datetime:
+    parsed = parse_datetime(value)
+    if parsed is None:
+        day = parse_date(value)
+        if day is None:
+            raise CommandError(f"--since: {value!r} is not a date (YYYY-MM-DD) or an ISO 8601 time")
+        parsed = dt.datetime.combine(day, dt.time())
+    return parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=dt.UTC)
+
+
+class Command(DatabaseCommand):
+    help = (
+        "Recompute the seal of every terminal run (or one run, or the runs finished since a date) and report "
+        "every run whose audit rows were changed, removed or added after sealing, naming the first differing "
+        "row. Exit status 1 if any. Runs that ended before sealing existed are reported as unsealed."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--run", help="only this run id")
+        parser.add_argument("--since", help="only runs finished at or after this date (YYYY-MM-DD, UTC) or time")
+        parser.add_argument("--batch-size", type=int, default=200, help="runs per batch (default 200)")
+
+    def handle(self, *args, run=None, since=None, batch_size=200, **options):
+        runs = AgentRun.objects.terminal()
+        if run:
+            try:
+                run_id = uuid.UUID(run)
+            except ValueError:
+                raise CommandError(f"--run: {run!r} is not a run id") from None
+            if not AgentRun.objects.filter(pk=run_id).exists():
+                raise CommandError(f"--run: no run {run_id}")
+            runs = runs.filter(pk=run_id)
+        if since:
+            runs = runs.filter(finished_at__gte=_since(since))
+        if batch_size < 1:
+            raise CommandError("--batch-size must be at least 1")
+        total = runs.count()
+        reported = 0
+        report = None
+        for report, _batch in verify_runs(runs, batch_size=batch_size):
+            for finding in report.findings[reported:]:
+                self.stdout.write(self.style.ERROR(str(finding)))
+            reported = len(report.findings)
+            self.stderr.write(f"checked {report.checked}/{total} runs")
+        if report is None:
+            self.stdout.write("no terminal runs to verify")
+            return
+        self.stdout.write(
+            f"{report.checked} runs: {report.sealed} sealed, {report.unsealed} unsealed "
+            f"(ended before sealing existed), {len(report.findings)} changed after sealing"
+        )
+        if report.findings:
+            raise CommandError(f"{len(report.findings)} run(s) changed after sealing", returncode=1)
+        self.stdout.write(self.style.SUCCESS("every sealed run matches its seal"))

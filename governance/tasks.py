@@ -1,0 +1,33 @@
+"""Celery task of the periodic purge (R-GOV-1): thin, like ``audit.tasks``."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="governance.purge_payloads", acks_late=False, ignore_result=True)
+def purge_payloads() -> int:
+    """One purge pass with ``RETENTION_DAYS``, scheduled by Celery beat every
+    ``RETENTION_PURGE_INTERVAL_SECONDS`` on the maintenance queue when
+    ``RETENTION_DAYS`` is set. Returns the number of rows purged; another
+    purge in progress skips this pass."""
+    from yuxi_project.config import get_config
+
+    from .errors import GovernanceBusy
+    from .services import payloads_purge
+
+    days = get_config().RETENTION_DAYS
+    if days is None:
+        return 0
+    try:
+        outcome = payloads_purge(older_than_days=days, actor="celery-beat")
+    except GovernanceBusy:
+        log.info("periodic purge skipped: another purge or erasure is running")
+        return 0
+    if outcome.rows:
+        log.info("periodic purge #%s: %d rows of %d runs", outcome.action.pk, outcome.rows, outcome.runs)
+    return outcome.rows

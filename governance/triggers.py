@@ -1,0 +1,141 @@
+"""Append-only audit in the database (R-GOV-3): django-pgtrigger triggers
+declared on ``AgentRun`` and ``Message`` (so their migrations own them).
+
+What they refuse, unless the transaction names an open governance action
+(the audited bypass, :func:`governance.bypass.audited_bypass`):
+
+* UPDATE of a **closed** audit row's facts — run, thread, role, operation
+  id, sequence, status, timestamps, duration, usage, tool name and input,
+  declaring row — and overwriting its content, declared tool calls, cost or
+  raw output once set. The terminal reconcile may still *fill* what the
+  stream left empty (content, tool calls, cost) and add metadata proofs
+  (``state_reconciled``), and binding makes the answer row ``text``: those
+  happen before the run is sealed.
+* Once the run is **sealed**, any change of a row's sealed facts at all
+  (content, tool calls, type, cost and price, metadata too).
+* UPDATE of a sealed run's seal, status, input, output or end time (an
+  ``interrupted`` run excepted: cancelling its pending approval ends it
+  again, and that terminal transaction seals it again).
+* DELETE of audit rows and of runs (a thread or user deleted with its runs
+  cascades into this and is refused the same way).
+
+Rows still ``running`` and ordinary chat messages are not restricted: the
+lifecycle writes them under the run's lease (R-RUN-4). TRUNCATE fires no row
+trigger. ``created_at``/``updated_at`` are bookkeeping, not facts.
+
+The bypass is "audited": the setting must hold the id of a
+``GovernanceAction`` row that is still open, so every change that passes
+names who made it, when and why.
+"""
+
+from __future__ import annotations
+
+import pgtrigger
+
+BYPASS_SETTING = "yuxi.governance_action"
+
+_BYPASS = f"""(
+    COALESCE(current_setting('{BYPASS_SETTING}', true), '') <> ''
+    AND EXISTS (
+        SELECT 1 FROM governance_governanceaction
+        WHERE id = NULLIF(current_setting('{BYPASS_SETTING}', true), '')::bigint AND finished_at IS NULL
+    )
+)"""
+
+# restrict_violation: Django raises IntegrityError.
+_REFUSE = "USING ERRCODE = 'restrict_violation', HINT = 'only purge_payloads and erase_user may change the audit'"
+
+_CLOSED_FACTS = """
+    (OLD.run_id, OLD.thread_id, OLD.role, OLD.operation_id, OLD.sequence, OLD.execution_status,
+     OLD.started_at, OLD.finished_at, OLD.duration_ms, OLD.usage, OLD.tool_name, OLD.tool_input,
+     OLD.declared_by_id)
+    IS DISTINCT FROM
+    (NEW.run_id, NEW.thread_id, NEW.role, NEW.operation_id, NEW.sequence, NEW.execution_status,
+     NEW.started_at, NEW.finished_at, NEW.duration_ms, NEW.usage, NEW.tool_name, NEW.tool_input,
+     NEW.declared_by_id)
+    OR (OLD.content <> '' AND NEW.content IS DISTINCT FROM OLD.content)
+    OR (OLD.tool_calls IS NOT NULL AND NEW.tool_calls IS DISTINCT FROM OLD.tool_calls)
+    OR (OLD.cost_usd IS NOT NULL AND NEW.cost_usd IS DISTINCT FROM OLD.cost_usd)
+    OR (OLD.metadata ? 'raw_output' AND NEW.metadata -> 'raw_output' IS DISTINCT FROM OLD.metadata -> 'raw_output')
+"""
+
+_SEALED_FACTS = """
+    (OLD.content, OLD.tool_calls, OLD.message_type, OLD.cost_usd, OLD.price_source, OLD.price_version,
+     OLD.metadata)
+    IS DISTINCT FROM
+    (NEW.content, NEW.tool_calls, NEW.message_type, NEW.cost_usd, NEW.price_source, NEW.price_version,
+     NEW.metadata)
+"""
+
+closed_audit_facts = pgtrigger.Trigger(
+    name="closed_audit_facts",
+    when=pgtrigger.Before,
+    operation=pgtrigger.Update,
+    condition=pgtrigger.Condition("OLD.operation_id IS NOT NULL AND OLD.execution_status <> 'running'"),
+    func=f"""
+        IF {_BYPASS} THEN
+            RETURN NEW;
+        END IF;
+        IF {_CLOSED_FACTS} THEN
+            RAISE EXCEPTION 'audit row % is closed: its facts are append-only (R-GOV-3)', OLD.id {_REFUSE};
+        END IF;
+        IF {_SEALED_FACTS} AND EXISTS (
+            SELECT 1 FROM audit_agentrun WHERE id = OLD.run_id AND sealed_at IS NOT NULL
+        ) THEN
+            RAISE EXCEPTION 'audit row % belongs to sealed run %: it is append-only (R-GOV-3)', OLD.id, OLD.run_id
+                {_REFUSE};
+        END IF;
+        RETURN NEW;
+    """,
+)
+
+audit_row_delete = pgtrigger.Trigger(
+    name="audit_row_delete",
+    when=pgtrigger.Before,
+    operation=pgtrigger.Delete,
+    condition=pgtrigger.Condition("OLD.operation_id IS NOT NULL"),
+    func=f"""
+        IF {_BYPASS} THEN
+            RETURN OLD;
+        END IF;
+        RAISE EXCEPTION 'audit row % cannot be deleted: the audit is append-only (R-GOV-3)', OLD.id {_REFUSE};
+    """,
+)
+
+run_delete = pgtrigger.Trigger(
+    name="run_delete",
+    when=pgtrigger.Before,
+    operation=pgtrigger.Delete,
+    func=f"""
+        IF {_BYPASS} THEN
+            RETURN OLD;
+        END IF;
+        RAISE EXCEPTION 'run % cannot be deleted: the audit is append-only (R-GOV-3)', OLD.id {_REFUSE};
+    """,
+)
+
+sealed_run = pgtrigger.Trigger(
+    name="sealed_run",
+    when=pgtrigger.Before,
+    operation=pgtrigger.Update,
+    # An interrupted run may still end once more (cancelled while awaiting
+    # approval, R-TA-5): its terminal transaction seals it again.
+    condition=pgtrigger.Condition("OLD.sealed_at IS NOT NULL AND OLD.status <> 'interrupted'"),
+    func=f"""
+        IF {_BYPASS} THEN
+            RETURN NEW;
+        END IF;
+        IF (OLD.seal_head, OLD.seal_row_count, OLD.seal_rows, OLD.sealed_at, OLD.status, OLD.input,
+            OLD.output_message_id, OLD.finished_at)
+           IS DISTINCT FROM
+           (NEW.seal_head, NEW.seal_row_count, NEW.seal_rows, NEW.sealed_at, NEW.status, NEW.input,
+            NEW.output_message_id, NEW.finished_at) THEN
+            RAISE EXCEPTION 'run % is sealed: its seal, status, input and output are append-only (R-GOV-3)', OLD.id
+                {_REFUSE};
+        END IF;
+        RETURN NEW;
+    """,
+)
+
+MESSAGE_TRIGGERS = [closed_audit_facts, audit_row_delete]
+RUN_TRIGGERS = [run_delete, sealed_run]
