@@ -216,7 +216,12 @@ def _clean_up(user, thread_ids: list[uuid.UUID], run_ids: list[uuid.UUID], works
     with connection.cursor() as cursor:
         for table in ("checkpoint_writes", "checkpoint_blobs", "checkpoints"):
             cursor.execute(f"DELETE FROM {table} WHERE thread_id = ANY(%s)", [[str(t) for t in thread_ids]])
-    user.delete()  # threads, runs and their rows
+    from governance.bypass import audited_bypass
+
+    # Audit rows and runs are append-only (R-GOV-3): the benchmark's own
+    # throw-away rows go through the recorded bypass.
+    with audited_bypass(reason="bench_run_overhead: delete its throw-away user, threads and runs"):
+        user.delete()  # threads, runs and their rows
     release_connection()
     redis_url = get_config().REDIS_URL
     if redis_url and run_ids:

@@ -19,7 +19,7 @@ from tests.dashboard.world import build_world
 
 from .conftest import SCREENSHOTS
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "pw-browser-1234"
 VIEWS = [
