@@ -165,7 +165,9 @@ class RunEventPublisher:
     async def _send(self) -> None:
         from redis.exceptions import RedisError
 
-        batch = self._pending
+        # A copy: events published while the script runs join the next
+        # batch; only what was sent is taken off the list.
+        batch = list(self._pending)
         try:
             if self._client is None:
                 self._client = _redis(self._redis_url)

@@ -110,3 +110,39 @@ def test_live_events_wait_in_a_batch_and_close_sends_them_all_in_order_R_EVT_1()
     finally:
         client.delete(stream_key(run_id))
         client.close()
+
+
+def test_an_event_published_while_a_batch_is_in_flight_is_sent_with_the_next_R_EVT_1():
+    """Found by a newcomer: an event published while the timer's flush
+    awaited Redis was deleted with the batch in flight, never sent, and the
+    stream's ids stayed consecutive (a silent loss). Every event of every
+    interleaving of publish and flush reaches the stream, once, in order."""
+    import redis
+
+    run_id = "batch-in-flight-run"
+    client = redis.Redis.from_url(settings.CONFIG.REDIS_URL)
+    client.delete(stream_key(run_id))
+
+    async def go():
+        publisher = RunEventPublisher(run_id, settings.CONFIG.REDIS_URL)
+        await publisher.publish("a", {"n": 1})
+        in_flight = asyncio.ensure_future(publisher.flush())  # what the timer does
+        await asyncio.sleep(0)  # the flush now awaits Redis
+        await publisher.publish("b", {"n": 2})
+        await in_flight
+        await publisher.publish("c", {"n": 3})
+        for n in range(4, 40):  # more flushes racing publishes
+            racing = asyncio.ensure_future(publisher.flush())
+            await asyncio.sleep(0)
+            await publisher.publish(f"e{n}", {"n": n})
+            await racing
+        await publisher.close()
+
+    try:
+        asyncio.run(go())
+        entries = client.xrange(stream_key(run_id))
+        assert [e[1][b"type"].decode() for e in entries] == ["a", "b", "c", *[f"e{n}" for n in range(4, 40)]]
+        assert [e[0] for e in entries] == [f"{i}-0".encode() for i in range(1, 40)]
+    finally:
+        client.delete(stream_key(run_id))
+        client.close()
