@@ -55,6 +55,7 @@ class PrivateRedis:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # no signal meant for the test run reaches it
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -75,7 +75,10 @@ class PrivatePostgres:
         self.port = free_port()
         self.data = root / "pgdata"
         self.sockets = root / "pgsock"
-        self.log = ARTIFACTS / f"private-postgres-{self.port}.log"
+        # In the cluster's own folder, which the postgres user can reach
+        # wherever the checkout is (a clone in a 0700 folder); copied to
+        # test-artifacts/ when the cluster stops.
+        self.log = root / "postgres.log"
 
     def init(self) -> None:
         self.data.mkdir(parents=True)
@@ -91,7 +94,6 @@ class PrivatePostgres:
         )
 
     def start(self) -> None:
-        ARTIFACTS.mkdir(exist_ok=True)
         self.log.touch()
         if os.geteuid() == 0:
             shutil.chown(self.log, "postgres", "postgres")
@@ -112,6 +114,9 @@ class PrivatePostgres:
             check=False,
             capture_output=True,
         )
+        ARTIFACTS.mkdir(exist_ok=True)
+        with contextlib.suppress(OSError):
+            shutil.copyfile(self.log, ARTIFACTS / f"private-postgres-{self.port}.log")
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgres://postgres@127.0.0.1:{self.port}/{dbname}"
