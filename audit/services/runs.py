@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -241,6 +242,9 @@ def lease_renew(*, lease: Lease, ttl_seconds: float, now: datetime | None = None
 # --------------------------------------------------------------------------
 
 
+_PENDING_CANCEL_RETRIES = 3
+
+
 def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
     """Ask for a run to stop, without waiting for its row lock.
 
@@ -279,6 +283,15 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
         # recorded request stays the source of truth.
         cancel_signal_send(run_id=run.id)
     applied = cancel_request_apply(run_id=run.id)
+    # A worker that finds a pending run still queued behind its thread holds
+    # the row for a few milliseconds: try again briefly (at most about
+    # 150 ms, never waiting on the lock) before leaving the request to the
+    # worker or the dispatcher.
+    for _ in range(_PENDING_CANCEL_RETRIES if run.status == Status.PENDING else 0):
+        if applied is not None:
+            break
+        time.sleep(0.05)
+        applied = cancel_request_apply(run_id=run.id)
     if applied is not None:
         return applied
     # A worker holds the row: the request is recorded, it will apply it.
