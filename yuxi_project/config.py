@@ -68,6 +68,11 @@ class Config(BaseSettings):
     # Seconds a process waits for a pooled database connection before the
     # write counts as failed (then retried, R-RUN-8).
     DB_POOL_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0)
+    # Prepare the audit writes' statements on the server once per connection
+    # (they are then planned once, not on every write). Turn off behind a
+    # pooler that cannot keep prepared statements (PgBouncer before 1.21 in
+    # transaction mode; see docs/SCALING.md).
+    DB_PREPARED_STATEMENTS: bool = True
     # Attempts for one critical audit write before the run fails (R-RUN-8).
     AUDIT_WRITE_ATTEMPTS: int = Field(default=3, ge=1, le=20)
     # --- dispatch from PostgreSQL (R-RUN-9) ---

@@ -146,3 +146,20 @@ def test_an_event_published_while_a_batch_is_in_flight_is_sent_with_the_next_R_E
     finally:
         client.delete(stream_key(run_id))
         client.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fenced_writes_are_prepared_once_per_connection_R_RUN_5(thread):
+    """Each lifecycle write is planned once per connection, not on every
+    write (planning was half of a write's time): Django turns psycopg's
+    prepared statements off unless the connection allows them."""
+    lease = acquire(make_run(thread))
+    for i in range(3):
+        services.model_call_start(lease=lease, operation_id=f"lc_run--p{i}", sequence=i + 1, started_at=T0)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans + custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE 'WITH leased_run AS %%' AND statement LIKE '%%INSERT INTO%%'"
+        )
+        executions = [row[0] for row in cursor.fetchall()]
+    assert executions == [3], "the model row's start must be one statement prepared on this connection"
