@@ -87,8 +87,14 @@ class CancelSignalListener:
             if not self._key_reported and await self._client.exists(cancel_key(self.run_id)):
                 self._key_reported = True
                 return True
-            message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
-            return message is not None
+            # get_message returns None at once when what it read was the
+            # subscription's own confirmation: wait out the rest of the
+            # timeout, or the caller polls the database at every run's start.
+            deadline = asyncio.get_running_loop().time() + timeout
+            while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                if await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left) is not None:
+                    return True
+            return False
         except Exception as exc:  # Redis is a hint only; the database decides
             log.warning("cancel listener for run %s: %s", self.run_id, exc)
             await self.close()

@@ -280,6 +280,27 @@ def test_a_signal_sent_before_the_listener_subscribes_is_not_lost_R_RUN_6(thread
     assert asyncio.run(listen()) == (True, False)
 
 
+def test_a_first_wait_without_a_signal_lasts_its_timeout_R_RUN_6(thread):
+    """The subscription's own confirmation is no signal and no reason to
+    return early: the worker's lease keeper would poll the database at the
+    start of every run."""
+    run = make_run(thread)
+    redis.Redis.from_url(settings.CONFIG.REDIS_URL).delete(cancel_key(run.id))
+
+    async def listen():
+        listener = CancelSignalListener(run.id)
+        try:
+            began = time.monotonic()
+            signalled = await listener.wait(0.5)
+            return signalled, time.monotonic() - began
+        finally:
+            await listener.close()
+
+    signalled, waited = asyncio.run(listen())
+    assert signalled is False
+    assert waited >= 0.45, f"the first wait returned after {waited * 1000:.0f} ms"
+
+
 def test_cancel_on_a_terminal_run_changes_nothing_R_RUN_6(thread):
     run = make_run(thread)
     services.run_finish(lease=acquire(run), status="completed")
