@@ -38,7 +38,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 from django.contrib.auth import get_user_model
 from django.db import connection
 from langchain_core.messages import HumanMessage
@@ -48,6 +47,7 @@ from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
 
 from .agents.assistant import build_agent
+from .agents.models import model_http_client
 from .agents.tools import AgentContext
 from .checkpoint import open_checkpointer, postgres_conninfo
 from .events import stream_key
@@ -115,7 +115,7 @@ async def _graph_run(thread_id: uuid.UUID, *, conninfo: str | None, workspace: P
     context = AgentContext(thread_id=str(thread_id), run_id=str(uuid.uuid4()), workspace=str(workspace))
     config = {"configurable": {"thread_id": str(thread_id)}, "recursion_limit": 40}
     message = {"messages": [HumanMessage(content="weather in Paris?", id=f"human-{uuid.uuid4()}")]}
-    async with httpx.AsyncClient(timeout=120) as http_client:
+    async with model_http_client() as http_client:
         if conninfo is None:
             graph = build_agent("assistant", model=SCENARIO_MODEL, checkpointer=None, http_async_client=http_client)
             stream = await graph.astream_events(message, config, version="v3", context=context)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError
 from django.db.models import Exists, OuterRef
@@ -40,6 +39,7 @@ from yuxi_project.errors import ApplicationError, NotFound
 
 from . import services
 from .agents.assistant import build_agent
+from .agents.models import model_http_client
 from .agents.tools import AgentContext
 from .cancellation import CancelSignalListener
 from .causes import failure_cause_send
@@ -231,7 +231,7 @@ class RunExecutor:
 
     async def _drive(self) -> _Outcome:
         try:
-            async with open_checkpointer(self.conninfo) as saver, httpx.AsyncClient(timeout=120) as http_client:
+            async with open_checkpointer(self.conninfo) as saver, model_http_client() as http_client:
                 graph = build_agent(
                     self.run.agent_id, model=self.run.model, checkpointer=saver, http_async_client=http_client
                 )

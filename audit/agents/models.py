@@ -11,6 +11,9 @@ model's usage mode (R-MA-11) and our own retries before the first chunk
 
 from __future__ import annotations
 
+import functools
+import ssl
+
 import httpx
 
 from yuxi_project.config import get_config
@@ -38,6 +41,21 @@ def validate_model_name(name: str) -> str:
     if name not in available_models():
         raise UnknownModel(f"unknown model {name!r}", extra={"available": available_models()})
     return name
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # Loading the CA bundle takes tens of milliseconds; a context is safe to
+    # share between clients and event loops, so it is built once per process.
+    return httpx.create_ssl_context()
+
+
+def model_http_client() -> httpx.AsyncClient:
+    """A new HTTP client for the model calls of one run (one event loop),
+    with the process's TLS context (same trust as httpx's default: the
+    certifi bundle, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``). The caller
+    closes it (``async with``)."""
+    return httpx.AsyncClient(timeout=120, verify=_tls_context())
 
 
 def chat_model(name: str, *, http_async_client: httpx.AsyncClient | None = None) -> AuditedChatOpenAI:

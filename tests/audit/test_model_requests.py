@@ -319,3 +319,22 @@ def test_the_callback_handler_feeds_the_recorder_and_ignores_foreign_retries_R_M
     assert row.metadata["attempts"] == 2
     cut = recorder.cut_calls()[row.operation_id]
     assert cut["error"] is None, "a cancellation is not an error"
+
+
+def test_each_run_gets_its_own_model_client_on_one_shared_tls_context():
+    """Building a TLS context loads the CA bundle (tens of ms): every run's
+    HTTP client shares the process's one context, which still verifies
+    certificates and host names as httpx's default does."""
+    import asyncio
+    import ssl
+
+    from audit.agents.models import model_http_client
+
+    async def two_clients():
+        async with model_http_client() as first, model_http_client() as second:
+            assert first is not second
+            return [client._transport._pool._ssl_context for client in (first, second)]
+
+    first, second = asyncio.run(two_clients())
+    assert first is second
+    assert first.verify_mode == ssl.CERT_REQUIRED and first.check_hostname
