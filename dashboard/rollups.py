@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from django.db import connection
 
 from audit.models import AgentRun
+from yuxi_project.db import execute_prepared
 
 from .models import RUN_STATUS_COLUMNS
 
@@ -342,13 +343,14 @@ def run_roll_up(*, run_id) -> bool:
 
     wait_ms = get_config().ROLLUP_LOCK_WAIT_MS
     with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('lock_timeout')")
-        (previous,) = cursor.fetchone()
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{wait_ms}ms"])
+        # The previous limit read and the new one set in one round trip.
+        cursor.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)", [f"{wait_ms}ms"])
+        previous = cursor.fetchone()[0]
         try:
             with transaction.atomic():
-                cursor.execute(_RUN_ROLL_UP, {"run_id": run_id})
-                rolled_up = bool(cursor.fetchone()[0])
+                # Prepared: planning this statement took three times its
+                # execution, on every run's end.
+                rolled_up = bool(execute_prepared(_RUN_ROLL_UP, {"run_id": run_id})[0])
         except OperationalError as exc:
             if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
                 raise

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from django.db import connection
 
 
@@ -12,6 +15,29 @@ def release_connection() -> None:
     stream calls it so that it holds no connection while it waits (R-EVT-1)."""
     if not connection.in_atomic_block:
         connection.close()
+
+
+def execute_prepared(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
+    """Run one statement on this thread's Django connection (its transaction,
+    its adapters; errors translated as Django's are) with server-side
+    binding, prepared once per connection, and return its first row.
+
+    For hot statements whose text never changes (audit writes, the run's
+    rollup): PostgreSQL then plans them once, not on every call — for a
+    statement of several CTEs the planning costs more than the execution.
+    Placeholders are psycopg's (``%s`` or ``%(name)s``). Without prepared
+    statements (``DB_PREPARED_STATEMENTS=false``, or not PostgreSQL) the
+    statement is only sent with server-side binding."""
+    import psycopg
+
+    connection.ensure_connection()
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params, prepare=True)
+        return cursor.fetchone()
 
 
 def worker_session_options(config) -> str:

@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from conversations.models import Message
+from yuxi_project.db import execute_prepared
 
 from ..lease import Lease, leased_run_sql
 
@@ -180,15 +180,10 @@ def write_operation_row(
         )
         selects.append("SELECT * FROM inserted")
     sql = " ".join(parts) + " " + " UNION ALL ".join(selects)
-    # A psycopg cursor with server-side binding on Django's connection (the
-    # same transaction and adapters; errors translated as Django's are):
-    # the statement is prepared once per connection — its text depends only
-    # on the kind of write, never on the values — so a write costs one
-    # round trip and little CPU on either side.
-    db.ensure_connection()
-    with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
-        cursor.execute(sql, params, prepare=True)
-        found = cursor.fetchone()
+    # Prepared once per connection — the text depends only on the kind of
+    # write, never on the values — so a write costs one round trip and
+    # little CPU on either side.
+    found = execute_prepared(sql, params)
     return None if found is None else _message_from_row(found)
 
 

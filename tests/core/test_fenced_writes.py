@@ -163,3 +163,17 @@ def test_fenced_writes_are_prepared_once_per_connection_R_RUN_5(thread):
         )
         executions = [row[0] for row in cursor.fetchall()]
     assert executions == [3], "the model row's start must be one statement prepared on this connection"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_rollup_of_a_run_end_is_prepared_once_per_connection_R_DASH_1(thread):
+    """The rollup statement of a run's end is planned once per connection:
+    planning it took three times its execution."""
+    for i in range(2):
+        services.run_finish(lease=acquire(make_run(thread, request_id=f"rollup-{i}")), status="completed")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans + custom_plans FROM pg_prepared_statements WHERE statement LIKE 'WITH marked AS %%'"
+        )
+        executions = [row[0] for row in cursor.fetchall()]
+    assert executions == [2]
