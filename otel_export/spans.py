@@ -10,7 +10,10 @@ One closed run becomes one trace:
 * ``execute_tool {tool}`` — one per tool row, child of the run span, with a
   link to the ``chat`` span of the model call that declared it (that call
   may be in another run: a resume executes what its interrupted run
-  declared).
+  declared);
+* a subagent's ``chat`` and ``execute_tool`` spans (R-SUB-1) are children
+  of the ``execute_tool task`` span that spawned them, and carry
+  ``yuxi.namespace`` and ``yuxi.parent_operation_id``.
 
 Ids are derived from the database, never drawn at random, so exporting the
 same run again yields the same spans: the trace id is the run's UUID, the
@@ -204,11 +207,30 @@ class SpanFactory:
         trace_id = trace_id_of(run.id)
         root = SpanContext(trace_id, run_span_id(run.id), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
         yield self._run_span(run, trace_id)
+        # A subagent's calls are children of the tool call that spawned it
+        # (R-SUB-1); its key is only known once the run's tool rows are.
+        waiting: list[Message] = []
+        tool_rows: dict[str, int] = {}
         for row in rows:
             if row.role == Message.Role.TOOL:
-                yield self._tool_span(run, row, root)
+                tool_rows[row.operation_id] = row.pk
+            if row.parent_operation_id:
+                waiting.append(row)
             else:
-                yield self._model_span(run, row, root)
+                yield self._row_span(run, row, root)
+        for row in waiting:
+            spawner = tool_rows.get(row.parent_operation_id)
+            parent = (
+                SpanContext(trace_id, row_span_id(spawner), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+                if spawner is not None
+                else root
+            )
+            yield self._row_span(run, row, parent)
+
+    def _row_span(self, run: AgentRun, row: Message, parent: SpanContext) -> ReadableSpan:
+        if row.role == Message.Role.TOOL:
+            return self._tool_span(run, row, parent)
+        return self._model_span(run, row, parent)
 
     # -- one span each ------------------------------------------------------
 
@@ -422,6 +444,10 @@ def _row_ids(run: AgentRun, row: Message) -> dict[str, Any]:
     }
     if row.sequence is not None:
         ids["yuxi.sequence"] = row.sequence
+    if row.namespace:
+        ids["yuxi.namespace"] = [str(part) for part in row.namespace]
+        if row.parent_operation_id:
+            ids["yuxi.parent_operation_id"] = row.parent_operation_id
     return ids
 
 

@@ -351,3 +351,28 @@ def test_the_applications_sampler_and_limits_do_not_thin_the_export_R_OTEL_1(
     spans = receiver.unique()
     assert set(spans) == expected_span_ids([run])
     assert all(len(span.attributes) > 2 for span in spans.values())
+
+
+def test_a_subagents_calls_are_children_of_the_task_call_that_spawned_it_R_OTEL_1_R_SUB_1(
+    user, replay_models, export_config, receiver
+):
+    thread = Conversation.objects.create(user=user, agent_id="researcher", model="replay:researcher_fact_check")
+    run = make_run(thread, text="Check the retention policy")
+    run_execute(run_id=run.id, owner="in-process")
+    assert AgentRun.objects.get(pk=run.pk).status == "completed"
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 1
+    spans = receiver.unique()
+
+    rows = list(Message.objects.audit().filter(run=run))
+    task = next(r for r in rows if r.tool_name == "task")
+    children = [r for r in rows if r.parent_operation_id]
+    assert children and {r.parent_operation_id for r in children} == {task.operation_id}
+    for row in rows:
+        span = spans[f"{row_span_id(row.pk):016x}"]
+        if row.parent_operation_id:
+            assert span.parent_span_id == f"{row_span_id(task.pk):016x}"
+            assert span.attributes["yuxi.namespace"] == row.namespace
+            assert span.attributes["yuxi.parent_operation_id"] == task.operation_id
+        else:
+            assert span.parent_span_id == f"{run_span_id(run.id):016x}"
+            assert "yuxi.namespace" not in span.attributes
