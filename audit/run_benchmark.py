@@ -129,10 +129,14 @@ async def _graph_run(thread_id: uuid.UUID, *, conninfo: str | None, workspace: P
                 pass
 
 
-def bench_run_overhead(*, runs: int = 40, rounds: int = 5, warmup: int = 5, rss_every: int = 200) -> RunOverheadResult:
+def bench_run_overhead(
+    *, runs: int = 40, rounds: int = 5, warmup: int = 5, rss_every: int = 200, memory_runs: int = 0
+) -> RunOverheadResult:
     """Run the benchmark: ``rounds`` rounds of ``runs`` runs per variant,
     the three variants interleaved run by run (their order rotating), after
-    ``warmup`` unmeasured runs of each. Returns the figures."""
+    ``warmup`` unmeasured runs of each; then ``memory_runs`` more product
+    runs alone (untimed), so the memory samples reach thousands of runs in
+    reasonable time. Returns the figures."""
     config = get_config()
     conninfo = postgres_conninfo()
     if conninfo is None:
@@ -200,6 +204,8 @@ def bench_run_overhead(*, runs: int = 40, rounds: int = 5, warmup: int = 5, rss_
                 result.round_checkpointer_overhead_ms.append(saver)
                 result.round_product_overhead_ms.append(product)
                 result.round_ratio.append(product / saver if saver > 0 else float("inf"))
+            for _ in range(memory_runs):
+                one("product")
             if not result.rss_mib or result.rss_mib[-1][0] != product_runs:
                 result.rss_mib.append((product_runs, _rss_mib()))
     finally:

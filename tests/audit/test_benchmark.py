@@ -34,9 +34,10 @@ def test_bench_audit_writes_refuses_bad_arguments_R_READ_6():
 
 def test_bench_run_overhead_prints_the_three_variants_the_ratio_and_memory_and_cleans_up():
     out = io.StringIO()
-    call_command("bench_run_overhead", runs=1, rounds=1, warmup=0, rss_every=1, stdout=out)
+    call_command("bench_run_overhead", runs=1, rounds=1, warmup=0, rss_every=1, memory_runs=2, stdout=out)
     text = out.getvalue()
     assert "plain graph:" in text and "checkpointer:" in text and "product:" in text
     assert "ratio product / checkpointer overhead:" in text
     assert "worker memory (RSS)" in text and "MiB" in text
+    assert "3 runs:" in text  # one timed product run, then two for memory only
     assert not AgentRun.objects.exists() and not Message.objects.exists()

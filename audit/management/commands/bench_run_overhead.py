@@ -22,11 +22,21 @@ class Command(BaseCommand):
         parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; figures are their median")
         parser.add_argument("--warmup", type=int, default=5, help="unmeasured runs per variant first")
         parser.add_argument("--rss-every", type=int, default=200, help="sample memory every N product runs")
+        parser.add_argument(
+            "--memory-runs",
+            type=int,
+            default=0,
+            help="then N more product runs alone (untimed) for the memory samples, e.g. 2000",
+        )
 
-    def handle(self, *args, runs: int, rounds: int, warmup: int, rss_every: int, **options) -> None:
-        if runs < 1 or rounds < 1 or warmup < 0 or rss_every < 1:
-            raise CommandError("--runs, --rounds and --rss-every must be at least 1, --warmup at least 0")
-        result = bench_run_overhead(runs=runs, rounds=rounds, warmup=warmup, rss_every=rss_every)
+    def handle(self, *args, runs: int, rounds: int, warmup: int, rss_every: int, memory_runs: int, **options) -> None:
+        if runs < 1 or rounds < 1 or warmup < 0 or rss_every < 1 or memory_runs < 0:
+            raise CommandError(
+                "--runs, --rounds and --rss-every must be at least 1, --warmup and --memory-runs at least 0"
+            )
+        result = bench_run_overhead(
+            runs=runs, rounds=rounds, warmup=warmup, rss_every=rss_every, memory_runs=memory_runs
+        )
         out = self.stdout.write
         med = result.median
         out(f"one run (2 model calls + 1 tool, replay at 0 ms), {rounds} round(s) of {runs} runs per variant (ms):")
