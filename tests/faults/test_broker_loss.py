@@ -16,6 +16,7 @@ connection.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -133,3 +134,28 @@ def test_closing_a_working_channel_still_restores_its_unacknowledged_messages():
             again.ack()
         finally:
             queue(conn.default_channel).delete()
+
+
+@pytest.mark.faults
+def test_closing_a_channel_while_redis_is_down_gives_its_unacknowledged_messages_up_without_raising_R_RUN_9(
+    private_redis, caplog
+):
+    """kombu's restore raises Redis's ConnectionError out of
+    ``Channel.close`` when Redis is gone; the channel closes, and the late
+    ack of one of its messages raises nothing either."""
+    name = f"broker-down-{uuid.uuid4().hex[:8]}"
+    queue = Queue(name, Exchange(name, type="direct"), routing_key=name)
+    conn = Connection(private_redis.url, transport=settings.CELERY_BROKER_TRANSPORT)
+    try:
+        with conn.Producer() as producer:
+            producer.publish({"n": 1}, exchange=queue.exchange, routing_key=name, declare=[queue])
+        channel = conn.channel()
+        message = queue(channel).get(no_ack=False)
+        assert message is not None
+        private_redis.kill9()
+        with caplog.at_level(logging.WARNING, logger="yuxi_project.broker"):
+            channel.close()
+        assert "not restoring 1 unacknowledged message(s)" in caplog.text
+        message.ack()  # the run ended after the connection was lost
+    finally:
+        conn.collect()
