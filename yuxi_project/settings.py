@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import ssl
+from urllib.parse import parse_qs, urlsplit
+
 import dj_database_url
 
 from .config import BASE_DIR, get_config
@@ -137,6 +140,15 @@ LOGIN_URL = "/admin/login/"
 if CONFIG.REDIS_URL:
     CELERY_BROKER_URL = CONFIG.REDIS_URL
     CELERY_TASK_ALWAYS_EAGER = False
+    # kombu's Redis transport, except that losing Redis while runs hold
+    # unacknowledged messages does not end the worker (see the module).
+    CELERY_BROKER_TRANSPORT = "yuxi_project.broker:Transport"
+    _broker_url = urlsplit(CONFIG.REDIS_URL)
+    if _broker_url.scheme == "rediss" and not any(key.startswith("ssl_") for key in parse_qs(_broker_url.query)):
+        # What kombu does for a rediss:// URL without ssl_* options (it
+        # warns), which it only does when the URL's scheme names the
+        # transport.
+        CELERY_BROKER_USE_SSL = {"ssl_cert_reqs": ssl.CERT_NONE}
 else:
     # Embedded defaults: no broker; tasks run in-process (see
     # audit.dispatch). Said plainly in the README.

@@ -83,6 +83,10 @@ def test_redis_killed_and_restarted_empty_mid_batch_loses_no_run_R_RUN_9(stack):
     exited = [w.name for w in stack.workers if w.popen.poll() is not None]
     assert not exited, f"workers exited after losing Redis: {exited}"
     assert stack.maintenance.popen.poll() is None, "the maintenance worker exited after losing Redis"
+    # A worker that gave up is still alive while it finishes its runs: its
+    # log says so before it exits.
+    gave_up = [p.name for p in [*stack.workers, stack.maintenance] if "Unrecoverable error" in p.output()]
+    assert not gave_up, f"workers gave up after losing Redis: {gave_up}"
     verify("redis kill -9 + restart empty (x2)", stack, batch, recovery)
 
 
