@@ -145,10 +145,11 @@ if CONFIG.REDIS_URL:
     CELERY_BROKER_TRANSPORT = "yuxi_project.broker:Transport"
     _broker_url = urlsplit(CONFIG.REDIS_URL)
     if _broker_url.scheme == "rediss" and not any(key.startswith("ssl_") for key in parse_qs(_broker_url.query)):
-        # What kombu does for a rediss:// URL without ssl_* options (it
-        # warns), which it only does when the URL's scheme names the
-        # transport.
-        CELERY_BROKER_USE_SSL = {"ssl_cert_reqs": ssl.CERT_NONE}
+        # A rediss:// URL without ssl_* options verifies the server's
+        # certificate, as redis-py does for the live events and cancel
+        # signals on the same URL (kombu alone would fall back to no
+        # verification). Add ``?ssl_cert_reqs=none`` to the URL to opt out.
+        CELERY_BROKER_USE_SSL = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
 else:
     # Embedded defaults: no broker; tasks run in-process (see
     # audit.dispatch). Said plainly in the README.
