@@ -476,6 +476,7 @@ WORD_CASES = [
     {"q": "drizzle or sleet"},
     {"q": "drizzle", "status": "failed"},
     {"q": "hail", "status": "failed"},
+    {"q": "drizzle", "tool": "get_weather", "min_duration_ms": 0},
 ]
 
 
