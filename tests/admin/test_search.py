@@ -366,9 +366,9 @@ def weather_log(user):
     """6,200 runs of one thread (created in pairs: ties broken by id), one
     model and one tool row each; every 7th run failed. Words:
 
-    * ``drizzle``: both rows of two runs in three (8,000 rows: a common word,
+    * ``drizzle``: both rows of two runs in three (~8,300 rows: a common word,
       found by walking the newest runs);
-    * ``"drizzle again"``: the tool row of those runs (a phrase, 4,000 rows);
+    * ``"drizzle again"``: the tool row of those runs (a phrase, ~4,100 rows);
     * ``hail``: both rows of the 1,100 oldest runs (2,200 rows: more than a
       few, but none in the walk's window of newest runs: the walk comes up
       short and the search gathers);
@@ -505,7 +505,7 @@ def test_run_list_pages_of_a_word_match_the_plain_search_R_ADM_2(weather_log):
 def test_a_common_word_walks_the_newest_runs_a_rare_one_is_gathered_R_ADM_2(weather_log):
     """The plan each word takes (decided by the data, not by the planner's
     estimate): a word two runs in three hold is found by probing the newest
-    runs until the page is full, never by gathering its 8,000 rows; a rare
+    runs until the page is full, never by gathering its ~8,300 rows; a rare
     word is gathered from the GIN index without walking; a word many rows
     hold but no recent run walks the window, then gathers."""
     from audit.search import SEARCH_WALK_RUNS, filters_from
