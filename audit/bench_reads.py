@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 from django.db import connection
 
@@ -42,6 +43,11 @@ CITIES = (
 # One run in RARE_EVERY says this word: a full-text search with few matches.
 CITY_SQL = "(ARRAY[" + ", ".join(f"'{c}'" for c in CITIES) + "])[g % 50 + 1]"
 RARE_WORD = "zanzibar"
+# In every tool row's content (``"conditions": "sunny", "celsius": n``):
+# 7 turns in 10 have one, about one row in five.
+COMMON_WORD = "celsius"
+# The answer of a completed Paris run: one run in 50 less the failed ones.
+PHRASE = '"sunny in Paris"'
 RARE_EVERY = 5_000
 MESSAGE_ID_BASE = 10  # message ids: run number * 4 + slot (0 user, 1 carrier, 2 tool, 3 answer)
 
@@ -422,8 +428,13 @@ def endpoints(ds: Dataset) -> list[Endpoint]:
         Endpoint(f"memory, {turns}", f"/api/threads/{ds.long_thread_id}/memory"),
         Endpoint(f"memory with tools, {turns}", f"/api/threads/{ds.long_thread_id}/memory?include_tools=true"),
         Endpoint("search: run list, no filter", runs_api),
+        # Words of every frequency (R-ADM-2: each decides its own plan): a
+        # rare word, a city (one run in 50; about 1 row in 43), a word of
+        # every tool row (about 1 row in 5) and a phrase (1 row in 170).
         Endpoint(f"search: q={RARE_WORD} (rare word)", f"{runs_api}&q={RARE_WORD}"),
         Endpoint("search: q=Paris (1 row in 50)", f"{runs_api}&q=Paris"),
+        Endpoint(f"search: q={COMMON_WORD} (1 row in 5)", f"{runs_api}&q={COMMON_WORD}"),
+        Endpoint(f"search: q={PHRASE} (phrase)", f"{runs_api}&q={quote(PHRASE)}"),
         Endpoint("search: q=run id prefix", f"{runs_api}&q={str(failed_run)[:8]}"),
         Endpoint("search: status=failed, tool=send_email", f"{runs_api}&status=failed&tool=send_email"),
         Endpoint("search: tool=lookup_docs&tool_status=failed", f"{runs_api}&tool=lookup_docs&tool_status=failed"),

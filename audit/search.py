@@ -21,6 +21,14 @@ action, management command) and the message list search:
 Filters that look into audit rows are ``run IN (SELECT run_id ...)``
 subqueries driven by an index of the message table, so a rare match does
 not scan the runs table newest-first.
+
+Words are searched in one of two ways, chosen per term inside the page's one
+statement (the planner cannot: its estimate of a word's matches does not
+tell how soon the newest runs hold a page of them): a word few rows
+hold is gathered from the GIN index (every matching run, then the page); a
+word many rows hold, on the run list, is found by walking the list's runs
+newest first and probing each run's rows (:class:`PageWalk`), which stops
+when the page is full. See :func:`search_condition`.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from typing import Any
 
@@ -55,6 +63,20 @@ from yuxi_project.errors import InvalidInput
 from .models import AgentRun
 
 RUN_LIST_MAX = 200
+# The run list's order: newest first, the id breaking ties. The page query,
+# its cursor and the search's walk of the page's runs all follow it.
+RUN_LIST_ORDER = ("-created_at", "-pk")
+# A word held by at most this many audit rows and messages is gathered from
+# the GIN index: at most ~25 ms of heap and run fetches on two cores (1M
+# audit rows: ~4 µs a row, ~9 µs a run). Counting up to it is one bounded
+# index read (~1–30 ms, a phrase of common words the most).
+SEARCH_FEW_ROWS = 2_000
+# A word held by more rows is first looked for in this many runs of the page,
+# newest first, one index probe of the run's rows each (~10–20 µs): a word in
+# one run of 50 fills a page of 50 within ~2,600 runs. When these runs hold
+# fewer matches than the page takes, the search gathers as for a rare word
+# (the walk wasted: at most ~50–100 ms, plus listing the window's runs).
+SEARCH_WALK_RUNS = 5_000
 # Hex digits of an id the admin shows (``str(run.id)[:8]``): the shortest
 # id prefix the search takes as an id.
 ID_PREFIX_MIN = 8
@@ -214,10 +236,31 @@ def id_range(term: str) -> tuple[uuid.UUID, uuid.UUID] | None:
     return uuid.UUID(digits + "0" * pad), uuid.UUID(digits + "f" * pad)
 
 
-def search_condition(term: str) -> Expression:
+@dataclass(frozen=True)
+class PageWalk:
+    """The runs a page of the run list is taken from, for
+    :func:`search_condition`: ``runs`` is a QuerySet of runs with every
+    other filter and the cursor applied (no search, any order: the walk
+    follows :data:`RUN_LIST_ORDER`); the page takes its first ``size``
+    matching runs (the page's limit plus one, to know whether more follow)."""
+
+    runs: QuerySet[AgentRun]
+    size: int
+
+
+def search_condition(term: str, *, walk: PageWalk | None = None) -> Expression:
     """Runs a search term ``q`` finds (R-ADM-2): an id or id prefix (run,
     thread, turn), an exact request id or operation id, or the words of the
-    run's messages and audit rows."""
+    run's messages and audit rows.
+
+    ``walk``: the page the condition is for (the run list). Without it
+    (exports, the admin) the words' runs are all gathered from the GIN index
+    first. With it, a word more than :data:`SEARCH_FEW_ROWS` rows hold is
+    looked for in the first :data:`SEARCH_WALK_RUNS` runs of the page in
+    list order; the runs found there are the page's when they fill it or
+    when the window held every run of the page's filters (so the condition
+    keeps exactly the runs of the page that the plain condition keeps);
+    otherwise the words' runs are gathered as without ``walk``."""
     term = term.strip()
     # One IN over the union of what each kind of match finds, each through
     # its own index: an OR of these at the top would make PostgreSQL test
@@ -231,6 +274,8 @@ def search_condition(term: str) -> Expression:
         ]
     matches.append(Message.objects.audit().filter(operation_id=term).values("run_id"))
     if ids is None:
+        if walk is not None and connections["default"].vendor == "postgresql":
+            return InIdArray(matches, words=WordsOfPage(term, walk))
         matches.append(Message.objects.filter(words_condition(term, using="default")).values("run_id"))
     return InIdArray(matches)
 
@@ -256,9 +301,10 @@ class InIdArray(Expression):
     conditional = True
     output_field = BooleanField()
 
-    def __init__(self, querysets: list[QuerySet]):
+    def __init__(self, querysets: list[QuerySet], *, words: WordsOfPage | None = None):
         super().__init__()
         self.querysets = querysets
+        self.words = words
         self.pk = F("pk")
 
     def get_source_expressions(self):
@@ -273,7 +319,13 @@ class InIdArray(Expression):
             sql, part_params = queryset.query.get_compiler(connection=connection).as_sql()
             parts.append(f"({sql})")
             params.extend(part_params)
-        return " UNION ".join(parts), params
+        if self.words is None:
+            return " UNION ".join(parts), params
+        with_sql, with_params, words_parts = self.words.as_sql(connection)
+        for sql, part_params in words_parts:
+            parts.append(f"({sql})")
+            params.extend(part_params)
+        return f"{with_sql} " + " UNION ".join(parts), [*with_params, *params]
 
     def as_sql(self, compiler, connection):
         pk_sql, pk_params = compiler.compile(self.pk)
@@ -284,6 +336,72 @@ class InIdArray(Expression):
         pk_sql, pk_params = compiler.compile(self.pk)
         sub_sql, sub_params = self._union(connection)
         return f"{pk_sql} IN ({sub_sql})", [*pk_params, *sub_params]
+
+
+class WordsOfPage:
+    """The SQL of :func:`search_condition`'s words for a page (PostgreSQL):
+    a ``WITH`` clause, and the parts it adds to :class:`InIdArray`'s union.
+
+    * ``search_few``: whether at most :data:`SEARCH_FEW_ROWS` rows hold the
+      words (the index's matches counted, stopping one past the bound);
+    * ``search_window``: the first :data:`SEARCH_WALK_RUNS` runs of the page's
+      filters, in list order;
+    * ``search_walked``: unless the rows are few, the first ``size`` runs of
+      the window one of whose rows holds the words (``probe``);
+    * the union: the walked runs, and the runs of every row holding the
+      words (``search_gathered``, through the GIN index) unless the walk
+      settled the page.
+
+    Each decision is an InitPlan gating a whole branch (a one-time filter),
+    so the branch not taken costs nothing. The aliases name the branches in
+    ``EXPLAIN`` (the tests read them)."""
+
+    def __init__(self, words: str, walk: PageWalk):
+        self.words = words
+        self.walk = walk
+
+    def as_sql(self, connection) -> tuple[str, list, list[tuple[str, list]]]:
+        table = connection.ops.quote_name(Message._meta.db_table)
+        run_id = connection.ops.quote_name(Message._meta.get_field("run").column)
+        matches = "search_vector @@ websearch_to_tsquery('simple', %s)"
+        runs = self.walk.runs.order_by(*RUN_LIST_ORDER).values("pk", "created_at")[:SEARCH_WALK_RUNS]
+        runs_sql, runs_params = runs.query.get_compiler(connection=connection).as_sql()
+        size = int(self.walk.size)
+        # The window is a CTE so that its runs are listed once, whether the
+        # walk or the count below reads them; a CTE is read back in the
+        # order its rows were made (its ORDER BY): the walk's LIMIT keeps
+        # the first matches of the list, and stops reading there (an ORDER
+        # BY on the CTE would sort, so read, the whole window first).
+        # OFFSET 0 keeps the EXISTS a probe of each run's rows (through the
+        # message table's run index) in that order: as a semi-join,
+        # PostgreSQL could hash every row the GIN index matches first.
+        with_sql = f"""WITH search_few AS MATERIALIZED (
+                SELECT count(*) <= {SEARCH_FEW_ROWS} AS yes FROM (
+                    SELECT 1 FROM {table} search_counted WHERE {matches} LIMIT {SEARCH_FEW_ROWS + 1}) search_hits),
+            search_window AS MATERIALIZED ({runs_sql}),
+            search_walked AS MATERIALIZED (
+                SELECT page.pk FROM search_window page
+                WHERE NOT (SELECT yes FROM search_few) AND EXISTS (
+                    SELECT 1 FROM {table} probe WHERE probe.{run_id} = page.pk AND probe.{matches} OFFSET 0)
+                LIMIT {size})"""
+        # Gather unless the walk settled the page: it found the page's runs,
+        # or its window held every run of the page's filters. A CASE, so
+        # that each InitPlan runs only when the one before did not decide.
+        gather = f"""CASE WHEN (SELECT yes FROM search_few) THEN true
+                WHEN (SELECT count(*) FROM search_walked) >= {size} THEN false
+                ELSE (SELECT count(*) FROM search_window) >= {SEARCH_WALK_RUNS} END"""
+        # The gathering branch takes the words as an InitPlan's value, not a
+        # constant: PostgreSQL then prices it at its default selectivity, not
+        # at the word's frequency. It runs only for words few rows hold (or
+        # when the walk comes up short), and a price of a common word's
+        # hundreds of thousands of rows would switch on JIT compilation for
+        # the whole statement (~200 ms) while the branch does not even run.
+        gathered = "search_vector @@ (SELECT websearch_to_tsquery('simple', %s))"
+        parts = [
+            ("SELECT pk FROM search_walked", []),
+            (f"SELECT {run_id} FROM {table} search_gathered WHERE {gathered} AND {gather}", [self.words]),
+        ]
+        return with_sql, [self.words, *runs_params, self.words], parts
 
 
 class MatchesWords(Expression):
@@ -342,11 +460,15 @@ def run_list_page(filters: RunFilters, *, limit: int = 50, before: str | None = 
 
     if not 1 <= limit <= RUN_LIST_MAX:
         raise InvalidInput(f"limit must be between 1 and {RUN_LIST_MAX}", extra={"reason": "bad_limit"})
-    runs = filter_runs(AgentRun.objects.select_related("user"), filters)
+    runs = filter_runs(AgentRun.objects.select_related("user"), replace(filters, q=None))
     if before is not None:
         created_at, run_id = _run_cursor(before)
         runs = runs.filter(Q(created_at__lte=created_at) & (Q(created_at__lt=created_at) | Q(pk__lt=run_id)))
-    rows = list(with_operation_counts(runs).order_by("-created_at", "-pk")[: limit + 1])
+    if filters.q:
+        # Last, so that a common word is looked for among the runs that
+        # every other filter and the cursor keep, page by page.
+        runs = runs.filter(search_condition(filters.q, walk=PageWalk(runs, limit + 1)))
+    rows = list(with_operation_counts(runs).order_by(*RUN_LIST_ORDER)[: limit + 1])
     has_more = len(rows) > limit
     items = rows[:limit]
     next_before = encode_cursor([items[-1].created_at.isoformat(), str(items[-1].pk)]) if has_more else None

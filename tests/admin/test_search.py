@@ -17,6 +17,7 @@ from django.urls import reverse
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
 from tests.conftest import bearer
+from yuxi_project.cursors import encode_cursor
 
 pytestmark = pytest.mark.django_db
 
@@ -355,3 +356,164 @@ def test_run_list_queries_do_not_grow_with_runs_R_ADM_2(
     for params in ({}, {"q": "Paris", "tool": "get_weather"}, {"q": str(thread.pk)[:8]}, {"from": "2026-01-01"}):
         with django_assert_max_num_queries(8):
             assert client.get(reverse("admin:audit_agentrun_changelist"), params).status_code == 200
+
+
+# -- words of every frequency on the run list (R-ADM-2) ------------------------
+
+
+@pytest.fixture
+def weather_log(user):
+    """6,200 runs of one thread (created in pairs: ties broken by id), one
+    model and one tool row each; every 7th run failed. Words:
+
+    * ``drizzle``: both rows of two runs in three (~8,300 rows: a common word,
+      found by walking the newest runs);
+    * ``"drizzle again"``: the tool row of those runs (a phrase, ~4,100 rows);
+    * ``hail``: both rows of the 1,100 oldest runs (2,200 rows: more than a
+      few, but none in the walk's window of newest runs: the walk comes up
+      short and the search gathers);
+    * ``sleet``: five runs (rare: gathered at once);
+    * a recent run's request id is ``hail`` (an id match joins the words').
+    """
+    from audit.search import SEARCH_FEW_ROWS, SEARCH_WALK_RUNS
+
+    total, old = 6_200, 1_100
+    assert total - old >= SEARCH_WALK_RUNS and 2 * old > SEARCH_FEW_ROWS
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:tool_then_answer")
+    # Bulk SQL: 18,600 rows through the ORM take a quarter of a minute.
+    # Run n is the n-th newest (n // 2 seconds old: pairs tie on created_at).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO audit_agentrun (id, request_id, request_fingerprint, turn_id, agent_id, model, input,
+                   status, fencing_token, error_type, error_message, usage, trace_id, created_at, started_at,
+                   finished_at, updated_at, thread_id, user_id)
+               SELECT md5(%(thread)s || n)::uuid, CASE WHEN n = 10 THEN 'hail' ELSE 'bulk-' || n END, '',
+                   md5('turn' || %(thread)s || n)::uuid, 'assistant', 'replay:tool_then_answer', '{}',
+                   CASE WHEN n %% 7 = 3 THEN 'failed' ELSE 'completed' END, 1,
+                   CASE WHEN n %% 7 = 3 THEN 'model_error' ELSE '' END, '',
+                   '{"input_tokens": 1, "output_tokens": 1, "total_tokens": 2, "unknown_calls": 0}', '',
+                   %(now)s - (n / 2) * interval '1 second', %(now)s, %(now)s, %(now)s, %(thread)s, %(user)s
+               FROM generate_series(0, %(total)s - 1) n""",
+            {"thread": str(thread.pk), "now": NOW, "total": total, "user": user.pk},
+        )
+        cursor.execute(
+            """INSERT INTO conversations_message (role, message_type, content, metadata, operation_id, started_at,
+                   finished_at, sequence, execution_status, tool_name, created_at, updated_at, run_id, thread_id,
+                   price_source, price_version)
+               SELECT CASE WHEN tool THEN 'tool' ELSE 'assistant' END,
+                   CASE WHEN tool THEN 'tool_audit' ELSE 'model_audit' END,
+                   CASE WHEN n %% 3 = 1 THEN CASE WHEN tool THEN 'result ' ELSE 'turn ' END
+                        WHEN tool THEN 'drizzle again ' ELSE 'light drizzle today ' END || n
+                   || CASE WHEN n >= %(total)s - %(old)s THEN ' hail' ELSE '' END
+                   || CASE WHEN tool AND n IN (5, 900, 2500, 4000, 5999) THEN ' sleet' ELSE '' END,
+                   '{}', CASE WHEN tool THEN 't-' ELSE 'm-' END || n, %(now)s, %(now)s,
+                   CASE WHEN tool THEN 2 ELSE 1 END, 'completed', CASE WHEN tool THEN 'get_weather' ELSE '' END,
+                   %(now)s, %(now)s, md5(%(thread)s || n)::uuid, %(thread)s, '', ''
+               FROM generate_series(0, %(total)s - 1) n CROSS JOIN (VALUES (false), (true)) kind(tool)""",
+            {"thread": str(thread.pk), "now": NOW, "total": total, "old": old},
+        )
+        cursor.execute("ANALYZE audit_agentrun")
+        cursor.execute("ANALYZE conversations_message")
+    by_id = AgentRun.objects.in_bulk()
+    runs = [by_id[uuid.UUID(_md5(f"{thread.pk}{n}"))] for n in range(total)]
+    return runs
+
+
+def _md5(text: str) -> str:
+    import hashlib
+
+    return hashlib.md5(text.encode()).hexdigest()
+
+
+def _reference_page(filters, *, limit: int, before: str | None):
+    """The page as the plain condition gives it: every matching run, then
+    the newest ``limit`` (+1) after the cursor."""
+    from audit.search import _run_cursor, filter_runs
+
+    runs = filter_runs(AgentRun.objects.all(), filters)
+    if before is not None:
+        created_at, run_id = _run_cursor(before)
+        runs = runs.filter(created_at__lte=created_at).exclude(created_at=created_at, pk__gte=run_id)
+    rows = list(runs.order_by("-created_at", "-pk").values_list("pk", flat=True)[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def _walk_plan(filters, *, limit: int, before: str | None = None) -> dict[str, int]:
+    """How many times each branch of the page's search ran (EXPLAIN
+    ANALYZE of the page query): ``probe`` loops = runs walked,
+    ``search_gathered`` loops = 1 when the GIN index gathered every match."""
+    import json
+
+    from django.test.utils import CaptureQueriesContext
+
+    from audit.search import run_list_page
+
+    with CaptureQueriesContext(connection) as queries:
+        run_list_page(filters, limit=limit, before=before)
+    (sql,) = [q["sql"] for q in queries.captured_queries]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+        plan = cursor.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    loops: dict[str, int] = {}
+
+    def visit(node):
+        if node.get("Alias") in ("probe", "search_gathered"):
+            loops[node["Alias"]] = loops.get(node["Alias"], 0) + node["Actual Loops"]
+        for child in node.get("Plans", []):
+            visit(child)
+
+    visit(plan[0]["Plan"])
+    return loops
+
+
+WORD_CASES = [
+    {"q": "drizzle"},
+    {"q": '"drizzle again"'},
+    {"q": "drizzle -today"},
+    {"q": "hail"},
+    {"q": "sleet"},
+    {"q": "drizzle or sleet"},
+    {"q": "drizzle", "status": "failed"},
+    {"q": "hail", "status": "failed"},
+    {"q": "drizzle", "tool": "get_weather", "min_duration_ms": 0},
+]
+
+
+def test_run_list_pages_of_a_word_match_the_plain_search_R_ADM_2(weather_log):
+    """Whatever the word's frequency and the plan it takes, the run list
+    gives exactly the pages the plain condition gives: the same runs, in
+    order, across cursors (also from one deep in the list, where fewer runs
+    than the walk's window remain). One test: the log takes seconds to load."""
+    from audit.search import filters_from, run_list_page
+
+    deep = AgentRun.objects.get(pk=weather_log[5_500].pk)
+    for params in WORD_CASES:
+        filters = filters_from(params)
+        for start in (None, encode_cursor([deep.created_at.isoformat(), str(deep.pk)])):
+            before = start
+            for _ in range(3):
+                page = run_list_page(filters, limit=50, before=before)
+                expected, more = _reference_page(filters, limit=50, before=before)
+                assert [run.pk for run in page.items] == expected, (params, before)
+                assert page.has_more == more, (params, before)
+                if not page.has_more:
+                    break
+                before = page.next_before
+
+
+def test_a_common_word_walks_the_newest_runs_a_rare_one_is_gathered_R_ADM_2(weather_log):
+    """The plan each word takes (decided by the data, not by the planner's
+    estimate): a word two runs in three hold is found by probing the newest
+    runs until the page is full, never by gathering its ~8,300 rows; a rare
+    word is gathered from the GIN index without walking; a word many rows
+    hold but no recent run walks the window, then gathers."""
+    from audit.search import SEARCH_WALK_RUNS, filters_from
+
+    common = _walk_plan(filters_from({"q": "drizzle"}), limit=50)
+    assert common.get("search_gathered", 0) == 0, common
+    assert 0 < common.get("probe", 0) <= 100, common  # 51 matches among the newest ~77 runs
+    rare = _walk_plan(filters_from({"q": "sleet"}), limit=50)
+    assert rare.get("probe", 0) == 0 and rare["search_gathered"] == 1, rare
+    old = _walk_plan(filters_from({"q": "hail"}), limit=50)
+    assert old["probe"] == SEARCH_WALK_RUNS and old["search_gathered"] == 1, old
