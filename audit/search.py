@@ -380,9 +380,10 @@ class WordsOfPage:
                     SELECT 1 FROM {table} search_counted WHERE {matches} LIMIT {SEARCH_FEW_ROWS + 1}) search_hits),
             search_window AS MATERIALIZED ({runs_sql}),
             search_walked AS MATERIALIZED (
-                SELECT page.pk FROM search_window page
+                SELECT page.pk FROM ({runs_sql}) page
                 WHERE NOT (SELECT yes FROM search_few) AND EXISTS (
                     SELECT 1 FROM {table} probe WHERE probe.{run_id} = page.pk AND probe.{matches} OFFSET 0)
+                ORDER BY page.created_at DESC, page.pk DESC
                 LIMIT {size})"""
         # Gather unless the walk settled the page: it found the page's runs,
         # or its window held every run of the page's filters. A CASE, so
@@ -401,7 +402,7 @@ class WordsOfPage:
             ("SELECT pk FROM search_walked", []),
             (f"SELECT {run_id} FROM {table} search_gathered WHERE {gathered} AND {gather}", [self.words]),
         ]
-        return with_sql, [self.words, *runs_params, self.words], parts
+        return with_sql, [self.words, *runs_params, *runs_params, self.words], parts
 
 
 class MatchesWords(Expression):
