@@ -115,7 +115,15 @@ class RollupUserHour(models.Model):
             # User first: active users probe each user's hours (EXISTS).
             models.UniqueConstraint(fields=["user", "hour"], name="rollup_user_hour_key"),
         ]
-        indexes = [models.Index(fields=["hour"], name="rollup_user_hour_idx")]
+        indexes = [
+            # A window's edge hours (costs by user reads the whole days from
+            # RollupUserDay): an index-only range scan.
+            models.Index(
+                fields=["hour"],
+                include=["user", "user_messages", "closed_calls", "unknown_cost_calls", "cost_usd"],
+                name="rollup_user_hour_idx",
+            )
+        ]
 
 
 class RollupUserDay(models.Model):

@@ -544,15 +544,20 @@ def _rebuild_range(since: dt.datetime, until: dt.datetime) -> None:
             cursor.execute(f"INSERT INTO {table} ({', '.join((*keys, *counters))}) {select}", params)
 
 
-def rebuild_day_rows(day: dt.date) -> None:
-    """Recompute the day rows of the UTC day ``day`` as the sums of its hour
-    rows, with both tables locked against terminal upserts (which write
-    both in one statement): a run ending meanwhile waits, then adds its
-    figures to both. Reads at most a day's hour rows (a short lock)."""
+def rebuild_day_rows(first: dt.date, last: dt.date | None = None) -> None:
+    """Recompute the day rows of the UTC days ``first..last`` (default: the
+    one day ``first``) as the sums of their hour rows, and the per-user
+    blocks holding them as the sums of their halves, with the hour and day
+    tables locked against terminal upserts (which write both in one
+    statement): a run ending meanwhile waits, then adds its figures to
+    both. For one day it reads a day's hour rows and two rows per user and
+    span (a short lock). Call it inside a transaction."""
+    last = last or first
     params = {
-        "day": day,
-        "since": dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC),
-        "until": dt.datetime.combine(day + dt.timedelta(days=1), dt.time.min, tzinfo=dt.UTC),
+        "first": first,
+        "last": last,
+        "since": dt.datetime.combine(first, dt.time.min, tzinfo=dt.UTC),
+        "until": dt.datetime.combine(last + dt.timedelta(days=1), dt.time.min, tzinfo=dt.UTC),
     }
     with connection.cursor() as cursor:
         cursor.execute(f"LOCK TABLE {', '.join((*DAY_TABLES, *DAY_TABLES.values()))} IN SHARE ROW EXCLUSIVE MODE")
@@ -561,23 +566,26 @@ def rebuild_day_rows(day: dt.date) -> None:
             sums = ", ".join(f"SUM({c})" for c in counters)  # numeric; the insert casts back to bigint
             one = " AND span = 1" if day_table == USER_DAY_TABLE else ""
             span = ("span",) if day_table == USER_DAY_TABLE else ()
-            cursor.execute(f"DELETE FROM {day_table} WHERE day = %(day)s{one}", params)
+            cursor.execute(f"DELETE FROM {day_table} WHERE day >= %(first)s AND day <= %(last)s{one}", params)
             cursor.execute(
                 f"INSERT INTO {day_table} ({', '.join(('day', *span, *keys[1:], *counters))})"
-                f" SELECT %(day)s, {'1, ' if span else ''}{', '.join(keys[1:])}, {sums}"
-                f" FROM {hour_table} WHERE hour >= %(since)s AND hour < %(until)s GROUP BY {', '.join(keys[1:])}",
+                f" SELECT {_day('hour')}, {'1, ' if span else ''}{', '.join(keys[1:])}, {sums}"
+                f" FROM {hour_table} WHERE hour >= %(since)s AND hour < %(until)s GROUP BY 1, {', '.join(keys[1:])}",
                 params,
             )
-        # Each block holding the day: the sum of its two halves, bottom up.
+        # The blocks holding the days: the sums of their halves, bottom up.
         for span in USER_SPANS[1:]:
-            block = _block("%(day)s::date", str(span))
+            first_block, last_block = _block("%(first)s::date", str(span)), _block("%(last)s::date", str(span))
             spans = {**params, "span": span, "half": span // 2}
-            cursor.execute(f"DELETE FROM {USER_DAY_TABLE} WHERE span = %(span)s AND day = {block}", spans)
+            cursor.execute(
+                f"DELETE FROM {USER_DAY_TABLE} WHERE span = %(span)s AND day >= {first_block} AND day <= {last_block}",
+                spans,
+            )
             cursor.execute(
                 f"INSERT INTO {USER_DAY_TABLE} (day, span, user_id, {', '.join(USER_COUNTERS)})"
-                f" SELECT {block}, %(span)s, user_id, {', '.join(f'SUM({c})' for c in USER_COUNTERS)}"
-                f" FROM {USER_DAY_TABLE} WHERE span = %(half)s AND day >= {block} AND day < {block} + %(span)s"
-                " GROUP BY user_id",
+                f" SELECT {_block('day', str(span))}, %(span)s, user_id, {', '.join(f'SUM({c})' for c in USER_COUNTERS)}"
+                f" FROM {USER_DAY_TABLE} WHERE span = %(half)s AND day >= {first_block}"
+                f" AND day < {last_block} + %(span)s GROUP BY 1, user_id",
                 spans,
             )
 

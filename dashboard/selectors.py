@@ -499,11 +499,13 @@ def rollup_sql(
             if per_hour:
                 days += " AND d.span = 1"
             else:
-                # A few aligned blocks per user (each a range of the key's
-                # index) instead of one row per user and day.
+                # A few aligned blocks per user instead of one row per user
+                # and day; each block one range of the key's index: LATERAL
+                # with OFFSET 0 (never flattened into a join, which would
+                # be planned as a scan of the whole table).
                 days = (
-                    f"unnest(%(block_days)s::date[], %(block_spans)s::smallint[]) b(day, span)"
-                    f" JOIN {day_table} d ON d.span = b.span AND d.day = b.day WHERE TRUE"
+                    "unnest(%(block_days)s::date[], %(block_spans)s::smallint[]) b(day, span) CROSS JOIN LATERAL"
+                    f" (SELECT * FROM {day_table} d WHERE d.span = b.span AND d.day = b.day OFFSET 0) d WHERE TRUE"
                 )
         stored = (
             f"SELECT {columns} FROM {table} WHERE hour >= %(start)s AND hour < %(days_from)s{condition}"

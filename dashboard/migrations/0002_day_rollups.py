@@ -120,5 +120,13 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('span', 'day', 'user'), include=('user_messages', 'closed_calls', 'unknown_cost_calls', 'cost_usd'), name='rollup_user_day_key')],
             },
         ),
+        migrations.RemoveIndex(
+            model_name='rollupuserhour',
+            name='rollup_user_hour_idx',
+        ),
+        migrations.AddIndex(
+            model_name='rollupuserhour',
+            index=models.Index(fields=['hour'], include=('user', 'user_messages', 'closed_calls', 'unknown_cost_calls', 'cost_usd'), name='rollup_user_hour_idx'),
+        ),
         migrations.RunSQL(FILL, reverse_sql=migrations.RunSQL.noop),
     ]
