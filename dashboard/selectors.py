@@ -440,13 +440,22 @@ def rollup_params(window: Window) -> dict:
     }
 
 
+# IANA names of UTC itself (offset 0 forever): no need to look at each hour.
+_ZONES_AT_UTC = frozenset(
+    ["UTC", "Etc/UTC", "Etc/UCT", "UCT", "Etc/Universal", "Universal", "Etc/Zulu", "Zulu", "Etc/GMT", "GMT"]
+    + ["Etc/GMT0", "Etc/GMT+0", "Etc/GMT-0", "GMT0", "GMT+0", "GMT-0", "Etc/Greenwich", "Greenwich"]
+)
+
+
 def _utc_days_are_local_days(window: Window) -> bool:
     """Whether every UTC day of the window is one calendar day of its zone
     (the zone's offset is 0 throughout: UTC, or London in winter), so the
     day rows can be grouped by local day."""
+    if window.tz.key in _ZONES_AT_UTC:
+        return True
     start, end = window.start.astimezone(dt.UTC), window.end.astimezone(dt.UTC)
     hour = start
-    while hour < end:
+    while hour < end:  # at most 24 x 366 hours, and only in a zone at +00:00
         if hour.astimezone(window.tz).utcoffset():
             return False
         hour += dt.timedelta(hours=1)
