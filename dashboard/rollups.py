@@ -7,8 +7,9 @@ serves three callers, so they cannot disagree:
   its fallback and the lease sweeper all end in
   ``audit.services.terminal._terminate``) one statement marks the run
   ``rolled_up_at`` — only if it is not marked yet — and adds the run's
-  figures to the rollup tables (hourly and per UTC day). A second terminal attempt, a
-  redelivered task or a replayed call finds the mark and adds nothing.
+  figures to the rollup tables (hourly and per UTC day). A second
+  terminal attempt, a redelivered task or a replayed call finds the mark
+  and adds nothing.
   Runs ending in the same hour and model share rollup rows; the terminal
   transaction waits for such a row at most ``ROLLUP_LOCK_WAIT_MS``
   (another run's commit takes milliseconds) and otherwise leaves the run
@@ -403,8 +404,8 @@ def run_roll_up(*, run_id) -> bool:
 
     One statement (one round trip): marks the run ``rolled_up_at`` where it
     is terminal and not marked yet, and adds its figures to the six
-    rollup tables (hourly and per UTC day) only through that mark — so a repeated terminal path adds
-    nothing. Must be called inside the terminal transaction, after the
+    rollup tables (hourly and per UTC day) only through that mark — so a
+    repeated terminal path adds nothing. Must be called inside the terminal transaction, after the
     run's status and rows were written (with the run row locked): the
     figures then commit or roll back with the run's end. Returns whether
     the run was rolled up now (R-DASH-1).
@@ -519,7 +520,9 @@ def rebuild_day(day: dt.date) -> None:
     concurrent terminal upserts (SHARE ROW EXCLUSIVE) for as long as its
     recomputation takes — a fraction of a second, well inside a worker's
     lock timeout — so a run ending meanwhile waits and is then added once.
-    Call it outside a transaction."""
+    Then, in one more transaction, the day's day rows and the per-user
+    blocks holding it (:func:`rebuild_day_rows`). Call it outside a
+    transaction."""
     from django.db import transaction
 
     start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
@@ -629,7 +632,8 @@ def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
     """Recompute the rollups from the audit rows (``rebuild_rollups``).
 
     Marks every terminal run not marked yet, then recomputes one UTC day
-    after another, an hour per transaction (:func:`rebuild_day`), from ``since`` (a UTC day;
+    after another, an hour per transaction and then its day rows
+    (:func:`rebuild_day`), from ``since`` (a UTC day;
     default: the first day holding a fact) to the last day holding one;
     without ``since`` the rows outside that span are deleted too.
     ``progress(day, done, total)`` is called after each day. Returns the
