@@ -12,6 +12,14 @@ A calendar day of any zone whose offsets are whole hours is a whole number
 of UTC hours, so ``tz`` still works; other zones fall back to the rows
 (see :mod:`dashboard.selectors`).
 
+Each hourly table has a per-UTC-day twin (:class:`RollupDay`,
+:class:`RollupUserDay`, :class:`RollupLatencyDay`) with the same keys and
+counters, ``day`` (a UTC calendar day) in place of ``hour``: a day row is
+always the sum of the hour rows of its UTC day (both are written by the
+same statements). A window's figures that are not per local day read the
+day rows of its whole UTC days and the hour rows only at its edges, so a
+30-day window reads about 30 rows per group instead of 720.
+
 Rows are machine-written (INSERT … ON CONFLICT DO UPDATE adding deltas);
 ``python manage.py rebuild_rollups`` recomputes them from the audit rows.
 """
@@ -107,7 +115,50 @@ class RollupUserHour(models.Model):
             # User first: active users probe each user's hours (EXISTS).
             models.UniqueConstraint(fields=["user", "hour"], name="rollup_user_hour_key"),
         ]
-        indexes = [models.Index(fields=["hour"], name="rollup_user_hour_idx")]
+        indexes = [
+            # A window's edge hours (costs by user reads the whole days from
+            # RollupUserDay): an index-only range scan.
+            models.Index(
+                fields=["hour"],
+                include=["user", "user_messages", "closed_calls", "unknown_cost_calls", "cost_usd"],
+                name="rollup_user_hour_idx",
+            )
+        ]
+
+
+class RollupUserDay(models.Model):
+    """:class:`RollupUserHour` summed over aligned blocks of UTC days: a row
+    of ``span`` days (1, 2, 4, … :data:`dashboard.rollups.USER_SPANS`)
+    starting at ``day``, a multiple of ``span`` days after 1970-01-01. Any
+    run of whole days is a handful of such blocks (at most two per span),
+    so the window totals of costs by user read about 10 rows per user, not
+    one per user and day (R-COST-2)."""
+
+    day = models.DateField(help_text="First UTC day of the block.")
+    span = models.SmallIntegerField(default=1, help_text="Days in the block (a power of two).")
+    user = models.ForeignKey(
+        # No index of its own: the unique key leads with the block, and
+        # deleting a user (the only reader of such an index) is rare.
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="+",
+        db_index=False,
+    )
+    user_messages = _counter()
+    closed_calls = _counter()
+    unknown_cost_calls = _counter()
+    cost_usd = models.DecimalField(max_digits=30, decimal_places=12, default=0, db_default=0)
+
+    class Meta:
+        constraints = [
+            # The upsert's conflict target and, covering the counters, one
+            # index-only range scan per block of the window.
+            models.UniqueConstraint(
+                fields=["span", "day", "user"],
+                include=["user_messages", "closed_calls", "unknown_cost_calls", "cost_usd"],
+                name="rollup_user_day_key",
+            ),
+        ]
 
 
 class RollupLatencyHour(models.Model):
@@ -127,3 +178,58 @@ class RollupLatencyHour(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["hour", "model", "bucket"], name="rollup_latency_key")]
+
+
+class RollupDay(models.Model):
+    """:class:`RollupHour` summed over one UTC day (same keys and counters,
+    ``day`` in place of ``hour``)."""
+
+    day = models.DateField(help_text="UTC calendar day.")
+    model = models.CharField(max_length=200)
+    agent_id = models.CharField(max_length=100)
+    tool_name = models.CharField(max_length=200, blank=True, default="")
+
+    runs_pending = _counter()
+    runs_running = _counter()
+    runs_cancel_requested = _counter()
+    runs_completed = _counter()
+    runs_failed = _counter()
+    runs_cancelled = _counter()
+    runs_interrupted = _counter()
+    messages = _counter()
+    model_calls = _counter()
+    input_tokens = _counter()
+    output_tokens = _counter()
+    total_tokens = _counter()
+    unknown_usage_calls = _counter()
+    closed_calls = _counter()
+    unknown_cost_calls = _counter()
+    cost_usd = models.DecimalField(max_digits=30, decimal_places=12, default=0, db_default=0)
+    tool_executions = _counter()
+    tool_successes = _counter()
+    tool_failures = _counter()
+    all_tool_executions = _counter()
+    all_tool_successes = _counter()
+    all_tool_failures = _counter()
+    likes = _counter()
+    dislikes = _counter()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["day", "model", "agent_id", "tool_name"], name="rollup_day_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.model} {self.agent_id} {self.tool_name or '-'}"
+
+
+class RollupLatencyDay(models.Model):
+    """:class:`RollupLatencyHour` summed over one UTC day."""
+
+    day = models.DateField(help_text="UTC calendar day.")
+    model = models.CharField(max_length=200)
+    bucket = models.SmallIntegerField()
+    calls = _counter()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["day", "model", "bucket"], name="rollup_latency_day_key")]

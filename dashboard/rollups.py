@@ -7,8 +7,9 @@ serves three callers, so they cannot disagree:
   its fallback and the lease sweeper all end in
   ``audit.services.terminal._terminate``) one statement marks the run
   ``rolled_up_at`` — only if it is not marked yet — and adds the run's
-  figures to the three rollup tables. A second terminal attempt, a
-  redelivered task or a replayed call finds the mark and adds nothing.
+  figures to the rollup tables (hourly and per UTC day). A second
+  terminal attempt, a redelivered task or a replayed call finds the mark
+  and adds nothing.
   Runs ending in the same hour and model share rollup rows; the terminal
   transaction waits for such a row at most ``ROLLUP_LOCK_WAIT_MS``
   (another run's commit takes milliseconds) and otherwise leaves the run
@@ -20,6 +21,12 @@ serves three callers, so they cannot disagree:
   like/dislike delta is added to the hour the feedback was created in.
 * :func:`rebuild_day`: ``rebuild_rollups`` recomputes one UTC day from the
   rows of the marked runs.
+
+Each hourly table has a per-UTC-day twin (:data:`DAY_TABLES`) with the same
+keys and counters, ``day`` in place of ``hour``. Every writer adds the same
+facts to both, in the same statement (the terminal roll-up, feedback), or
+recomputes the day rows as the sum of the day's hour rows (rebuild), so a
+day row always equals the sum of the hour rows of its UTC day.
 
 The dashboard adds the figures of the runs not marked yet (active runs,
 and runs from before the rollups existed until ``rebuild_rollups`` ran)
@@ -56,6 +63,17 @@ BUCKETS_PER_DOUBLING = 4
 HOUR_TABLE = "dashboard_rolluphour"
 USER_TABLE = "dashboard_rollupuserhour"
 LATENCY_TABLE = "dashboard_rolluplatencyhour"
+DAY_TABLE = "dashboard_rollupday"
+USER_DAY_TABLE = "dashboard_rollupuserday"
+LATENCY_DAY_TABLE = "dashboard_rolluplatencyday"
+# Each hourly table -> its per-UTC-day twin (same keys after the first,
+# same counters).
+DAY_TABLES = {HOUR_TABLE: DAY_TABLE, USER_TABLE: USER_DAY_TABLE, LATENCY_TABLE: LATENCY_DAY_TABLE}
+# The per-user day table also holds aligned blocks of these many days
+# (block starts are multiples of the span after BLOCK_EPOCH): a window's
+# whole days are then at most two blocks per span, a few rows per user.
+USER_SPANS = (1, 2, 4, 8, 16, 32, 64, 128)
+BLOCK_EPOCH = dt.date(1970, 1, 1)
 
 HOUR_KEYS = ("hour", "model", "agent_id", "tool_name")
 HOUR_COUNTERS = (
@@ -79,6 +97,7 @@ HOUR_COUNTERS = (
     "dislikes",
 )
 USER_KEYS = ("hour", "user_id")  # conflict target: the (user, hour) key
+USER_DAY_KEYS = ("day", "span", "user_id")
 USER_COUNTERS = ("user_messages", "closed_calls", "unknown_cost_calls", "cost_usd")
 LATENCY_KEYS = ("hour", "model", "bucket")
 LATENCY_COUNTERS = ("calls",)
@@ -104,8 +123,45 @@ def bucket_of(duration_ms: float) -> int:
     return min(1 + math.floor(BUCKETS_PER_DOUBLING * math.log2(duration_ms)), LATENCY_BUCKETS - 1)
 
 
+def hour_bucket(column: str) -> str:
+    """The SQL of the UTC hour (its start) holding the timestamp ``column``."""
+    return _hour(column)
+
+
 def _hour(column: str) -> str:
     return f"date_bin('{GRAIN}', {column}, {ORIGIN})"
+
+
+def _day(column: str) -> str:
+    return f"({column} AT TIME ZONE 'UTC')::date"
+
+
+def _block(day: str, span: str) -> str:
+    """The first day of the aligned block of ``span`` days (SQL) holding the
+    date ``day`` (SQL); ``mod`` twice: a date before the epoch too (``mod``,
+    not ``%``, which a parametrized statement would take for a placeholder)."""
+    offset = f"({day} - DATE '{BLOCK_EPOCH.isoformat()}')"
+    return f"({day} - mod(mod({offset}, {span}) + {span}, {span}))"
+
+
+def day_blocks(first: dt.date, end: dt.date) -> list[tuple[dt.date, int]]:
+    """The UTC days ``[first, end)`` as aligned blocks ``[(start, span)]``
+    of :data:`USER_SPANS` days, largest first from the left: at most two
+    blocks per span."""
+    blocks = []
+    day = first
+    while day < end:
+        span = USER_SPANS[-1]
+        while span > 1 and ((day - BLOCK_EPOCH).days % span or day + dt.timedelta(days=span) > end):
+            span //= 2
+        blocks.append((day, span))
+        day += dt.timedelta(days=span)
+    return blocks
+
+
+def _bucket(grain: str, column: str) -> str:
+    """The SQL of the bucket (``hour`` or ``day`` key) a timestamp belongs to."""
+    return _hour(column) if grain == "hour" else _day(column)
 
 
 @dataclass(frozen=True)
@@ -252,10 +308,18 @@ def _latency_branches() -> list[Branch]:
     ]
 
 
+def _day_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
+    return ("day", *keys[1:])
+
+
+# table -> (keys, the first one the time bucket; counters; fact branches).
 TABLES = {
     HOUR_TABLE: (HOUR_KEYS, HOUR_COUNTERS, _hour_branches),
     USER_TABLE: (USER_KEYS, USER_COUNTERS, _user_branches),
     LATENCY_TABLE: (LATENCY_KEYS, LATENCY_COUNTERS, _latency_branches),
+    DAY_TABLE: (_day_keys(HOUR_KEYS), HOUR_COUNTERS, _hour_branches),
+    USER_DAY_TABLE: (USER_DAY_KEYS, USER_COUNTERS, _user_branches),
+    LATENCY_DAY_TABLE: (_day_keys(LATENCY_KEYS), LATENCY_COUNTERS, _latency_branches),
 }
 
 
@@ -265,7 +329,8 @@ def facts_sql(
     """SELECT of the figures of ``table``'s shape (its key columns then its
     counters, one row per key) for the runs ``r`` that match the SQL
     condition ``runs``, counting only facts whose own timestamp is in
-    ``[since, until)`` (SQL expressions; ``None``: unbounded). ``only``
+    ``[since, until)`` (SQL expressions; ``None``: unbounded), bucketed by
+    UTC hour or UTC day as the table's first key says. ``only``
     keeps just these counters (and the branches that feed them)."""
     keys, counters, branches = TABLES[table]
     if only is not None:
@@ -279,7 +344,7 @@ def facts_sql(
             where.append(f"{branch.time} >= {since}")
         if until is not None:
             where.append(f"{branch.time} < {until}")
-        key_exprs = [f"{_hour(branch.time)} AS hour"] + [f"{branch.keys[k]} AS {k}" for k in keys[1:]]
+        key_exprs = [f"{_bucket(keys[0], branch.time)} AS {keys[0]}"] + [f"{branch.keys[k]} AS {k}" for k in keys[1:]]
         counter_exprs = [f"{branch.counters.get(c, '0')} AS {c}" for c in counters]
         group = ", ".join(str(i + 1) for i in range(len(keys)))
         parts.append(
@@ -311,9 +376,24 @@ def _run_roll_up_sql() -> str:
         f"WHERE id = %(run_id)s AND rolled_up_at IS NULL AND status IN ({TERMINAL}) RETURNING id"
     )
     ctes = [f"marked AS ({marked})"]
-    for i, table in enumerate(TABLES):
-        select = facts_sql(table, runs="r.id IN (SELECT id FROM marked)")
-        ctes.append(f"t{i} AS ({_upsert_sql(table, select)})")
+    for i, (table, day_table) in enumerate(DAY_TABLES.items()):
+        keys, counters, _ = TABLES[table]
+        ctes.append(f"f{i} AS MATERIALIZED ({facts_sql(table, runs='r.id IN (SELECT id FROM marked)')})")
+        ctes.append(f"h{i} AS ({_upsert_sql(table, f'SELECT * FROM f{i} ORDER BY {", ".join(keys)}')})")
+        # The day rows get the sums of the same hour facts: a day row is
+        # the sum of its hour rows by construction (and a block the sum of
+        # its days).
+        rest = ", ".join(keys[1:])
+        sums = ", ".join(f"SUM({c})" + ("" if c == "cost_usd" else "::bigint") for c in counters)
+        if day_table == USER_DAY_TABLE:
+            spans = f"unnest(ARRAY{list(USER_SPANS)}::smallint[]) AS span"
+            day_select = (
+                f"SELECT {_block(_day('hour'), 'span')} AS day, span, {rest}, {sums} FROM f{i} CROSS JOIN {spans}"
+                f" GROUP BY 1, 2, {rest} ORDER BY 2, 1, {rest}"
+            )
+        else:
+            day_select = f"SELECT {_day('hour')} AS day, {rest}, {sums} FROM f{i} GROUP BY 1, {rest} ORDER BY 1, {rest}"
+        ctes.append(f"d{i} AS ({_upsert_sql(day_table, day_select)})")
     return f"WITH {', '.join(ctes)} SELECT COUNT(*) FROM marked"
 
 
@@ -324,9 +404,9 @@ def run_roll_up(*, run_id) -> bool:
     """Add the figures of the terminal run ``run_id`` to the rollups, once.
 
     One statement (one round trip): marks the run ``rolled_up_at`` where it
-    is terminal and not marked yet, and adds its figures to the three
-    rollup tables only through that mark — so a repeated terminal path adds
-    nothing. Must be called inside the terminal transaction, after the
+    is terminal and not marked yet, and adds its figures to the six
+    rollup tables (hourly and per UTC day) only through that mark — so a
+    repeated terminal path adds nothing. Must be called inside the terminal transaction, after the
     run's status and rows were written (with the run row locked): the
     figures then commit or roll back with the run's end. Returns whether
     the run was rolled up now (R-DASH-1).
@@ -382,16 +462,24 @@ def rollups_catch_up(*, limit: int = 200) -> int:
     return done
 
 
-_FEEDBACK_DELTA = _upsert_sql(
-    HOUR_TABLE,
-    "SELECT "
-    + ", ".join(
-        [f"{_hour('%(created_at)s')}", _MODEL, "r.agent_id", "''"]
-        + ["%(likes)s" if c == "likes" else "%(dislikes)s" if c == "dislikes" else "0" for c in HOUR_COUNTERS]
-    )
-    + f" FROM {_RUN_MESSAGES} WHERE m.id = %(message_id)s AND m.message_type = 'text'"
-    " AND r.rolled_up_at IS NOT NULL",
-)
+def _feedback_delta_sql() -> str:
+    # The same delta on the hour row and on the day row, in one statement.
+    ctes = []
+    for i, (table, grain) in enumerate(((HOUR_TABLE, "hour"), (DAY_TABLE, "day"))):
+        select = (
+            "SELECT "
+            + ", ".join(
+                [_bucket(grain, "%(created_at)s::timestamptz"), _MODEL, "r.agent_id", "''"]
+                + ["%(likes)s" if c == "likes" else "%(dislikes)s" if c == "dislikes" else "0" for c in HOUR_COUNTERS]
+            )
+            + f" FROM {_RUN_MESSAGES} WHERE m.id = %(message_id)s AND m.message_type = 'text'"
+            " AND r.rolled_up_at IS NOT NULL"
+        )
+        ctes.append(f"f{i} AS ({_upsert_sql(table, select)} RETURNING 1)")
+    return f"WITH {', '.join(ctes)} SELECT (SELECT COUNT(*) FROM f0) + (SELECT COUNT(*) FROM f1)"
+
+
+_FEEDBACK_DELTA = _feedback_delta_sql()
 
 
 def feedback_changed(
@@ -434,7 +522,9 @@ def rebuild_day(day: dt.date) -> None:
     concurrent terminal upserts (SHARE ROW EXCLUSIVE) for as long as its
     recomputation takes — a fraction of a second, well inside a worker's
     lock timeout — so a run ending meanwhile waits and is then added once.
-    Call it outside a transaction."""
+    Then, in one more transaction, the day's day rows and the per-user
+    blocks holding it (:func:`rebuild_day_rows`). Call it outside a
+    transaction."""
     from django.db import transaction
 
     start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
@@ -442,13 +532,15 @@ def rebuild_day(day: dt.date) -> None:
         since = start + dt.timedelta(hours=hour)
         with transaction.atomic():
             _rebuild_range(since, since + dt.timedelta(hours=1))
+    with transaction.atomic():
+        rebuild_day_rows(day)
 
 
 def _rebuild_range(since: dt.datetime, until: dt.datetime) -> None:
     params = {"since": since, "until": until}
     with connection.cursor() as cursor:
-        cursor.execute(f"LOCK TABLE {', '.join(TABLES)} IN SHARE ROW EXCLUSIVE MODE")
-        for table in TABLES:
+        cursor.execute(f"LOCK TABLE {', '.join(DAY_TABLES)} IN SHARE ROW EXCLUSIVE MODE")
+        for table in DAY_TABLES:
             cursor.execute(f"DELETE FROM {table} WHERE hour >= %(since)s AND hour < %(until)s", params)
             select = facts_sql(
                 table, runs="r.rolled_up_at IS NOT NULL", since="%(since)s::timestamptz", until="%(until)s::timestamptz"
@@ -457,14 +549,63 @@ def _rebuild_range(since: dt.datetime, until: dt.datetime) -> None:
             cursor.execute(f"INSERT INTO {table} ({', '.join((*keys, *counters))}) {select}", params)
 
 
+def rebuild_day_rows(first: dt.date, last: dt.date | None = None) -> None:
+    """Recompute the day rows of the UTC days ``first..last`` (default: the
+    one day ``first``) as the sums of their hour rows, and the per-user
+    blocks holding them as the sums of their halves, with the hour and day
+    tables locked against terminal upserts (which write both in one
+    statement): a run ending meanwhile waits, then adds its figures to
+    both. For one day it reads a day's hour rows and two rows per user and
+    span (a short lock). Call it inside a transaction."""
+    last = last or first
+    params = {
+        "first": first,
+        "last": last,
+        "since": dt.datetime.combine(first, dt.time.min, tzinfo=dt.UTC),
+        "until": dt.datetime.combine(last + dt.timedelta(days=1), dt.time.min, tzinfo=dt.UTC),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {', '.join((*DAY_TABLES, *DAY_TABLES.values()))} IN SHARE ROW EXCLUSIVE MODE")
+        for hour_table, day_table in DAY_TABLES.items():
+            keys, counters, _ = TABLES[hour_table]
+            sums = ", ".join(f"SUM({c})" for c in counters)  # numeric; the insert casts back to bigint
+            one = " AND span = 1" if day_table == USER_DAY_TABLE else ""
+            span = ("span",) if day_table == USER_DAY_TABLE else ()
+            cursor.execute(f"DELETE FROM {day_table} WHERE day >= %(first)s AND day <= %(last)s{one}", params)
+            cursor.execute(
+                f"INSERT INTO {day_table} ({', '.join(('day', *span, *keys[1:], *counters))})"
+                f" SELECT {_day('hour')}, {'1, ' if span else ''}{', '.join(keys[1:])}, {sums}"
+                f" FROM {hour_table} WHERE hour >= %(since)s AND hour < %(until)s GROUP BY 1, {', '.join(keys[1:])}",
+                params,
+            )
+        # The blocks holding the days: the sums of their halves, bottom up.
+        for span in USER_SPANS[1:]:
+            first_block, last_block = _block("%(first)s::date", str(span)), _block("%(last)s::date", str(span))
+            spans = {**params, "span": span, "half": span // 2}
+            cursor.execute(
+                f"DELETE FROM {USER_DAY_TABLE} WHERE span = %(span)s AND day >= {first_block} AND day <= {last_block}",
+                spans,
+            )
+            cursor.execute(
+                f"INSERT INTO {USER_DAY_TABLE} (day, span, user_id, {', '.join(USER_COUNTERS)})"
+                f" SELECT {_block('day', str(span))}, %(span)s, user_id, {', '.join(f'SUM({c})' for c in USER_COUNTERS)}"
+                f" FROM {USER_DAY_TABLE} WHERE span = %(half)s AND day >= {first_block}"
+                f" AND day < {last_block} + %(span)s GROUP BY 1, user_id",
+                spans,
+            )
+
+
 def clear_outside(first: dt.date, last: dt.date) -> None:
     """Delete rollup rows outside the UTC days ``first..last`` (a full
     rebuild recomputes exactly those days)."""
     since = dt.datetime.combine(first, dt.time.min, tzinfo=dt.UTC)
     until = dt.datetime.combine(last + dt.timedelta(days=1), dt.time.min, tzinfo=dt.UTC)
     with connection.cursor() as cursor:
-        for table in TABLES:
+        for table, day_table in DAY_TABLES.items():
             cursor.execute(f"DELETE FROM {table} WHERE hour < %s OR hour >= %s", [since, until])
+            # A block partly inside is recomputed with the days inside.
+            end = " + span - 1" if day_table == USER_DAY_TABLE else ""
+            cursor.execute(f"DELETE FROM {day_table} WHERE day{end} < %s OR day > %s", [first, last])
 
 
 def fact_span() -> tuple[dt.date, dt.date] | None:
@@ -493,7 +634,8 @@ def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
     """Recompute the rollups from the audit rows (``rebuild_rollups``).
 
     Marks every terminal run not marked yet, then recomputes one UTC day
-    after another, an hour per transaction (:func:`rebuild_day`), from ``since`` (a UTC day;
+    after another, an hour per transaction and then its day rows
+    (:func:`rebuild_day`), from ``since`` (a UTC day;
     default: the first day holding a fact) to the last day holding one;
     without ``since`` the rows outside that span are deleted too.
     ``progress(day, done, total)`` is called after each day. Returns the

@@ -411,8 +411,55 @@ def rollup_figures(
 
 
 def rollup_params(window: Window) -> dict:
-    """The parameters of :func:`rollup_sql`."""
-    return {"start": window.start, "end": window.end, "tz": window.tz.key}
+    """The parameters of :func:`rollup_sql`: the window's ``start`` and
+    ``end``, its zone ``tz``, and its whole UTC days ``[days_from,
+    days_until)`` (UTC midnights; ``first_utc_day``/``end_utc_day`` the same
+    as dates). The hour rows are read only in ``[start, days_from)`` and
+    ``[days_until, end)``; a window holding no whole UTC day has
+    ``days_from = days_until = end`` (hour rows only). ``block_days`` and
+    ``block_spans`` are the whole UTC days as blocks of the per-user day
+    table (:func:`dashboard.rollups.day_blocks`)."""
+    start, end = window.start.astimezone(dt.UTC), window.end.astimezone(dt.UTC)
+    days_from = dt.datetime.combine(start.date(), dt.time.min, tzinfo=dt.UTC)
+    if days_from < start:
+        days_from += dt.timedelta(days=1)
+    days_until = dt.datetime.combine(end.date(), dt.time.min, tzinfo=dt.UTC)
+    if days_from >= days_until:
+        days_from = days_until = end
+    blocks = rollups.day_blocks(days_from.date(), days_until.date())
+    return {
+        "start": window.start,
+        "end": window.end,
+        "tz": window.tz.key,
+        "days_from": days_from,
+        "days_until": days_until,
+        "first_utc_day": days_from.date(),
+        "end_utc_day": days_until.date(),
+        "block_days": [day for day, _ in blocks],
+        "block_spans": [span for _, span in blocks],
+    }
+
+
+# IANA names of UTC itself (offset 0 forever): no need to look at each hour.
+_ZONES_AT_UTC = frozenset(
+    ["UTC", "Etc/UTC", "Etc/UCT", "UCT", "Etc/Universal", "Universal", "Etc/Zulu", "Zulu", "Etc/GMT", "GMT"]
+    + ["Etc/GMT0", "Etc/GMT+0", "Etc/GMT-0", "GMT0", "GMT+0", "GMT-0", "Etc/Greenwich", "Greenwich"]
+)
+
+
+def _utc_days_are_local_days(window: Window) -> bool:
+    """Whether every UTC day of the window is one calendar day of its zone
+    (the zone's offset is 0 throughout: UTC, or London in winter), so the
+    day rows can be grouped by local day."""
+    if window.tz.key in _ZONES_AT_UTC:
+        return True
+    start, end = window.start.astimezone(dt.UTC), window.end.astimezone(dt.UTC)
+    hour = start
+    while hour < end:  # at most 24 x 366 hours, and only in a zone at +00:00
+        if hour.astimezone(window.tz).utcoffset():
+            return False
+        hour += dt.timedelta(hours=1)
+    return True
 
 
 def rollup_sql(
@@ -427,7 +474,15 @@ def rollup_sql(
     join: str = "",
     where: str = "",
 ) -> str:
-    """The SQL of :func:`rollup_figures` (parameters: :func:`rollup_params`)."""
+    """The SQL of :func:`rollup_figures` (parameters: :func:`rollup_params`).
+
+    The rows read are the hour rows of ``table`` at the window's edges, the
+    day rows (:data:`dashboard.rollups.DAY_TABLES`) of its whole UTC days,
+    each standing as one row at its UTC midnight ``hour``, and the live
+    figures. A query that groups by an expression of ``hour`` (a local day)
+    reads the day rows only where a UTC day is a local day
+    (:func:`_utc_days_are_local_days`); otherwise it reads hour rows only.
+    Either way every fact is counted once and the answer is the same."""
     keys, counters, _ = rollups.TABLES[table]
     group = group or {}
     # Only the counters this query reads travel through the union, and only
@@ -442,9 +497,32 @@ def rollup_sql(
     selected = [f"{expr} AS {name}" for name, expr in group.items()]
     selected += [f"SUM({c})" + ("" if c == "cost_usd" else "::bigint") + f" AS {c}" for c in sums]
     selected += [f"{expr} AS {name}" for name, expr in (extra or {}).items()]
+    per_hour = any(re.search(r"\bhour\b", expr) for expr in group.values())
+    if per_hour and not _utc_days_are_local_days(window):
+        stored = f"SELECT {columns} FROM {table} WHERE hour >= %(start)s AND hour < %(end)s{condition}"
+    else:
+        day_table = rollups.DAY_TABLES[table]
+        day_columns = ", ".join(("(d.day::timestamp AT TIME ZONE 'UTC') AS hour", *keys[1:], *needed))
+        days = f"{day_table} d WHERE d.day >= %(first_utc_day)s AND d.day < %(end_utc_day)s"
+        if day_table == rollups.USER_DAY_TABLE:
+            if per_hour:
+                days += " AND d.span = 1"
+            else:
+                # A few aligned blocks per user instead of one row per user
+                # and day; each block one range of the key's index: LATERAL
+                # with OFFSET 0 (never flattened into a join, which would
+                # be planned as a scan of the whole table).
+                days = (
+                    "unnest(%(block_days)s::date[], %(block_spans)s::smallint[]) b(day, span) CROSS JOIN LATERAL"
+                    f" (SELECT * FROM {day_table} d WHERE d.span = b.span AND d.day = b.day OFFSET 0) d WHERE TRUE"
+                )
+        stored = (
+            f"SELECT {columns} FROM {table} WHERE hour >= %(start)s AND hour < %(days_from)s{condition}"
+            f" UNION ALL SELECT {day_columns} FROM {days}{condition}"
+            f" UNION ALL SELECT {columns} FROM {table} WHERE hour >= %(days_until)s AND hour < %(end)s{condition}"
+        )
     sql = (
-        f"WITH rows AS (SELECT {columns} FROM {table} WHERE hour >= %(start)s AND hour < %(end)s{condition}"
-        f" UNION ALL SELECT {columns} FROM ({live}) live WHERE TRUE{condition})"
+        f"WITH rows AS ({stored} UNION ALL SELECT {columns} FROM ({live}) live WHERE TRUE{condition})"
         f" SELECT {', '.join(selected)} FROM rows {join}"
     )
     if group:
@@ -643,14 +721,7 @@ def timeseries(window: Window) -> list[dict]:
             where=NOT_TOOLS,
         )
     }
-    day = TruncDate("created_at", tzinfo=window.tz)
-    conversations = dict(
-        Conversation.objects.filter(_in(window, "created_at"))
-        .values(day=day)
-        .annotate(n=Count("id"))
-        .order_by()
-        .values_list("day", "n")
-    )
+    conversations = _conversations_by_day(window)
     series = []
     for day in window.days():
         row = found.get(day, {})
@@ -665,6 +736,26 @@ def timeseries(window: Window) -> list[dict]:
             }
         )
     return series
+
+
+_CONVERSATIONS_BY_HOUR = (
+    f"SELECT {rollups.hour_bucket('created_at')} AS hour, COUNT(*) FROM conversations_conversation"
+    " WHERE created_at >= %(start)s AND created_at < %(end)s GROUP BY 1"
+)
+
+
+def _conversations_by_day(window: Window) -> dict[dt.date, int]:
+    """``{day: conversations created}`` of a window :func:`uses_rollups`
+    accepts. Counted per UTC hour (a bare bucket of the index's column)
+    and the hours summed per local day here: each whole UTC hour lies in
+    one local day, and no row pays a time zone conversion in SQL."""
+    by_day: dict[dt.date, int] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(_CONVERSATIONS_BY_HOUR, rollup_params(window))
+        for hour, count in cursor.fetchall():
+            day = hour.astimezone(window.tz).date()
+            by_day[day] = by_day.get(day, 0) + count
+    return by_day
 
 
 def feedback_summary(window: Window) -> dict:

@@ -412,3 +412,156 @@ def test_the_sql_bucket_matches_the_python_bucket_R_DASH_1():
         expr = rollups._latency_branches()[0].keys["bucket"].replace("m.duration_ms", "d")
         cursor.execute(f"SELECT d, {expr} FROM unnest(%s::bigint[]) AS d", [durations])
         assert dict(cursor.fetchall()) == {d: rollups.bucket_of(d) for d in durations}
+
+
+# --------------------------------------------------------------------------
+# Day rows and per-user blocks: the same answers as the hour rows and the rows
+# --------------------------------------------------------------------------
+
+
+def _hour_rows_only(window) -> dict:
+    """The rollup figures read from the hour rows only, as before the day
+    rows existed (every window treated as holding no whole UTC day)."""
+    real = selectors.rollup_params
+
+    def no_whole_days(w):
+        params = real(w)
+        end = params["end"].astimezone(dt.UTC)
+        return {
+            **params,
+            "days_from": end,
+            "days_until": end,
+            "first_utc_day": end.date(),
+            "end_utc_day": end.date(),
+            "block_days": [],
+            "block_spans": [],
+        }
+
+    selectors.rollup_params = no_whole_days
+    try:
+        return figures(window)
+    finally:
+        selectors.rollup_params = real
+
+
+def _day_rows_disagreeing_with_their_hours() -> list:
+    """Day rows that are not the sum of their UTC day's hour rows, and
+    per-user blocks that are not the sum of their days (both empty when
+    the invariant of dashboard.rollups holds)."""
+    wrong = []
+    with connection.cursor() as cursor:
+        for hour_table, day_table in rollups.DAY_TABLES.items():
+            keys, counters, _ = rollups.TABLES[hour_table]
+            rest = ", ".join(keys[1:])
+            sums = ", ".join(f"SUM({c}) AS {c}" for c in counters)
+            one = " WHERE span = 1" if day_table == rollups.USER_DAY_TABLE else ""
+            cursor.execute(
+                f"SELECT * FROM ((SELECT (hour AT TIME ZONE 'UTC')::date AS day, {rest}, {sums} FROM {hour_table}"
+                f" GROUP BY 1, {rest}) EXCEPT (SELECT day, {rest}, {', '.join(counters)} FROM {day_table}{one})) a"
+                f" UNION ALL SELECT * FROM ((SELECT day, {rest}, {', '.join(counters)} FROM {day_table}{one})"
+                f" EXCEPT (SELECT (hour AT TIME ZONE 'UTC')::date AS day, {rest}, {sums} FROM {hour_table}"
+                f" GROUP BY 1, {rest})) b"
+            )
+            wrong += cursor.fetchall()
+        counters = ", ".join(f"b.{c}" for c in rollups.USER_COUNTERS)
+        sums = ", ".join(f"SUM(d.{c})" + ("" if c == "cost_usd" else "::bigint") for c in rollups.USER_COUNTERS)
+        for span in rollups.USER_SPANS[1:]:
+            cursor.execute(
+                f"SELECT b.day, b.user_id FROM {rollups.USER_DAY_TABLE} b CROSS JOIN LATERAL (SELECT ROW({sums}) AS v"
+                f" FROM {rollups.USER_DAY_TABLE} d WHERE d.span = 1 AND d.user_id = b.user_id"
+                " AND d.day >= b.day AND d.day < b.day + %(span)s) s"
+                f" WHERE b.span = %(span)s AND ROW({counters}) IS DISTINCT FROM s.v",
+                {"span": span},
+            )
+            wrong += cursor.fetchall()
+            # Every day row is inside a block of each span.
+            cursor.execute(
+                f"SELECT d.day, d.user_id FROM {rollups.USER_DAY_TABLE} d WHERE d.span = 1 AND NOT EXISTS"
+                f" (SELECT 1 FROM {rollups.USER_DAY_TABLE} b WHERE b.span = %(span)s AND b.user_id = d.user_id"
+                " AND b.day <= d.day AND d.day < b.day + %(span)s)",
+                {"span": span},
+            )
+            wrong += cursor.fetchall()
+    return wrong
+
+
+def test_day_rows_and_blocks_answer_as_the_hour_rows_and_the_rows_in_every_window_and_zone_R_DASH_1_R_COST_2(
+    user, other_user
+):
+    """Windows of 1 to 6 days around a random history, in zones ahead of,
+    at and behind UTC (London is UTC+0 in the history's November but not
+    in summer; Kathmandu's +05:45 is counted from the rows): the figures
+    read through the day rows and per-user blocks equal those read from
+    the hour rows only (the reading before the day rows) and those
+    computed from the audit rows. The day rows are the sums of their hour
+    rows, incrementally and after a rebuild."""
+    rng = random.Random(23)
+    threads = [
+        Conversation.objects.create(user=owner, agent_id="assistant", model=model)
+        for owner in (user, other_user)
+        for model in ("replay:tool_then_answer", "replay:plain_answer")
+    ]
+    world = World(rng, threads)
+    for i in range(30):
+        world.step(i)
+    state = rollup_state()
+    assert state[rollups.DAY_TABLE] and state[rollups.LATENCY_DAY_TABLE]
+    assert {row[1] for row in state[rollups.USER_DAY_TABLE]} == set(rollups.USER_SPANS)
+    assert _day_rows_disagreeing_with_their_hours() == []
+
+    first = T0.date() - dt.timedelta(days=1)
+    cases = [
+        selectors.dashboard_window(first_day=first + dt.timedelta(days=a), last_day=first + dt.timedelta(days=b), tz=tz)
+        for tz in ("UTC", "Europe/London", "Asia/Shanghai", "America/New_York", "Pacific/Kiritimati", "Asia/Kathmandu")
+        for a, b in ((0, 5), (1, 1), (1, 3), (2, 2), (0, 2), (2, 5))
+    ]
+    assert any(sum(selectors.rollup_params(w)["block_spans"]) >= 2 for w in cases if selectors.uses_rollups(w))
+    for window in cases:
+        answer = figures(window)
+        assert answer == _hour_rows_only(window), window
+        assert answer == figures_from_rows(window), window
+
+    rollups.rollups_rebuild()
+    assert rollup_state() == state
+    assert _day_rows_disagreeing_with_their_hours() == []
+
+
+def test_a_window_reads_day_rows_for_its_whole_utc_days_and_hour_rows_at_its_edges_R_DASH_1():
+    utc = selectors.rollup_params(
+        selectors.dashboard_window(first_day=dt.date(2026, 11, 1), last_day=dt.date(2026, 11, 30), tz="UTC")
+    )
+    assert utc["days_from"] == utc["start"] and utc["days_until"] == utc["end"]
+    assert sum(utc["block_spans"]) == 30 and len(utc["block_spans"]) <= 2 * len(rollups.USER_SPANS)
+    shanghai = selectors.rollup_params(
+        selectors.dashboard_window(first_day=dt.date(2026, 11, 1), last_day=dt.date(2026, 11, 30), tz="Asia/Shanghai")
+    )
+    # 2026-11-01 00:00 +08:00 is 10-31 16:00 UTC: 8 edge hours, 29 whole
+    # UTC days, then 16 edge hours.
+    assert shanghai["days_from"] == dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    assert shanghai["days_until"] == dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
+    assert sum(shanghai["block_spans"]) == 29
+    one_day = selectors.rollup_params(
+        selectors.dashboard_window(first_day=dt.date(2026, 11, 1), last_day=dt.date(2026, 11, 1), tz="Asia/Shanghai")
+    )
+    assert one_day["days_from"] == one_day["days_until"] == one_day["end"] and one_day["block_spans"] == []
+
+
+def test_day_blocks_are_aligned_and_cover_the_days_exactly_R_COST_2():
+    rng = random.Random(3)
+    for _ in range(300):
+        first = dt.date(2026, 1, 1) + dt.timedelta(days=rng.randrange(-800, 800))
+        end = first + dt.timedelta(days=rng.randrange(0, 367))
+        blocks = rollups.day_blocks(first, end)
+        day = first
+        for start, span in blocks:
+            assert start == day and span in rollups.USER_SPANS
+            assert (start - rollups.BLOCK_EPOCH).days % span == 0
+            day += dt.timedelta(days=span)
+        assert day == end
+        for span in rollups.USER_SPANS[:-1]:
+            assert sum(1 for _, s in blocks if s == span) <= 2
+        with connection.cursor() as cursor:
+            for start, span in blocks:
+                last = f"DATE '{start + dt.timedelta(days=span - 1)}'"
+                cursor.execute(f"SELECT {rollups._block(last, str(span))}")
+                assert cursor.fetchone()[0] == start
