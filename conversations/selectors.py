@@ -15,7 +15,7 @@ from yuxi_project.cursors import page_cursor, parse_cursor
 from yuxi_project.errors import InvalidInput, NotFound
 
 from .models import Conversation, Message, history_carrier_q, history_ordinary_q
-from .sql import MESSAGE_TABLE, message_columns, predicate_sql
+from .sql import MESSAGE_TABLE, message_columns, message_rows, predicate_sql
 
 
 def threads_of(user):
@@ -164,7 +164,7 @@ def thread_history(*, thread: Conversation, limit: int = 50, before: str | None 
         raise InvalidInput(f"limit must be between 1 and {HISTORY_PAGE_MAX}", extra={"reason": "bad_limit"})
     cursor = parse_cursor(before, _HISTORY_KEY) if before is not None else None
     sql, params = history_sql(thread.id, limit=limit + 1, cursor=cursor)
-    newest_first = list(Message.objects.raw(sql, params))
+    newest_first = message_rows(sql, params, extra=("position", "run_created", "turn"))
     has_more = len(newest_first) > limit
     page = newest_first[:limit][::-1]
     for row in page:
