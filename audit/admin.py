@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from conversations.models import Message
 from costs.selectors import run_cost, usd_text
+from yuxi_project.admin_rows import ActionCheckboxMixin
 from yuxi_project.errors import InvalidInput
 from yuxi_project.paginator import EstimatingPaginator
 from yuxi_project.storable import visible, visible_fields
@@ -216,7 +217,7 @@ def duration_text(start: dt.datetime | None, end: dt.datetime | None) -> str:
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(admin.ModelAdmin):
+class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
     """Runs, newest first; the run page shows the audit timeline."""
 
     change_form_template = "admin/audit/agentrun/change_form.html"

@@ -108,3 +108,21 @@ def test_run_page_rows_are_the_row_template_R_ADM_1(thread):
     rows = context["timeline_rows"]
     assert len(rows) == 3
     assert context["timeline_rows_html"] == reference_html(rows, show_run=False)
+
+
+class _Row:
+    def __init__(self, pk, text):
+        self.pk, self.text = pk, text
+
+    def __str__(self):
+        return self.text
+
+
+@pytest.mark.parametrize("pk", [7, uuid.UUID(int=5), 'a"<b>&'])
+def test_action_checkbox_is_the_widgets_R_ADM_2(pk):
+    from django.contrib import admin
+
+    from yuxi_project.admin_rows import ActionCheckboxMixin
+
+    row = _Row(pk, "run <b>\"x\"</b> & 'y' é")
+    assert ActionCheckboxMixin().action_checkbox(row) == admin.ModelAdmin.action_checkbox(None, row)
