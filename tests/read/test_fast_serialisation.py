@@ -118,6 +118,9 @@ def test_memory_json_is_the_schema_dump_R_READ_2(client, user, varied, include_t
     assert answer.status_code == 200
     messages = thread_memory(thread_id=thread.id, include_tools=include_tools)
     assert any(m["type"] == "tool" for m in messages) is include_tools
+    # The stored escapes are decoded (R-RUN-11).
+    assert f"odd {ODD}" in {m["content"] for m in messages if m["type"] == "human"}
+    assert any(m["content"] == ODD for m in messages) is include_tools
     assert answer.content == _schema_bytes(MemoryOut, thread_id=thread.id, messages=messages)
 
 
