@@ -20,10 +20,12 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 from pydantic import ValidationError
 
 from conversations.models import Message
 from costs.selectors import run_cost, usd_text
+from yuxi_project.admin_rows import ActionCheckboxMixin
 from yuxi_project.errors import InvalidInput
 from yuxi_project.paginator import EstimatingPaginator
 from yuxi_project.storable import visible, visible_fields
@@ -36,6 +38,7 @@ from .agents.tools import ASSISTANT_TOOLS
 from .models import AgentRun
 from .schemas import RunFilterQuery
 from .templatetags.yx_admin import time_html
+from .timeline_html import rows_html
 
 # Minimum width of a waterfall bar, in percent of the run's span, so that
 # a 1 ms call stays visible next to a 30 s one.
@@ -214,7 +217,7 @@ def duration_text(start: dt.datetime | None, end: dt.datetime | None) -> str:
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(admin.ModelAdmin):
+class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
     """Runs, newest first; the run page shows the audit timeline."""
 
     change_form_template = "admin/audit/agentrun/change_form.html"
@@ -620,6 +623,8 @@ def timeline_page_context(
     return {
         **(extra or {}),
         "timeline_rows": rows,
+        # Values escaped by rows_html, as the template would have.
+        "timeline_rows_html": mark_safe("".join(rows_html(rows, show_run=show_run))),  # noqa: S308
         "timeline_truncated": page.truncated,
         "timeline_older_url": f"{base_url}?before={page.next_before}" if page.next_before else None,
         "timeline_newest_url": base_url if before else None,

@@ -11,7 +11,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce
 
 from conversations.models import Message
-from conversations.sql import MESSAGE_TABLE, message_columns, predicate_sql
+from conversations.sql import MESSAGE_TABLE, message_columns, message_rows, predicate_sql
 from costs.selectors import usd_text
 from governance.payloads import payload_note
 from yuxi_project.cursors import page_cursor, parse_cursor
@@ -112,7 +112,7 @@ def _timeline_page(scope: str, value, *, limit: int, before: str | None) -> Time
         raise InvalidInput(f"limit must be between 1 and {TIMELINE_MAX_ROWS}", extra={"reason": "bad_limit"})
     cursor = parse_cursor(before, _TIMELINE_KEY) if before is not None else None
     sql, params = timeline_sql(scope, limit=limit + 1, cursor=cursor)
-    newest_first = list(Message.objects.raw(sql, [value if p is _SCOPE else p for p in params]))
+    newest_first = message_rows(sql, [value if p is _SCOPE else p for p in params], extra=("run_created", "run_model"))
     truncated = len(newest_first) > limit
     items = newest_first[:limit][::-1]
     for row in items:
@@ -189,6 +189,10 @@ _TIMELINE_HIDDEN_METADATA = {"raw_output"}
 def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
     """A display dict of one timeline row, for the API and the admin.
 
+    The keys are those of ``TimelineItemOut``, in its order, and the values
+    what that schema dumps: the API encodes this dict as it is
+    (:func:`yuxi_project.responses.json_response`).
+
     ``kind`` is ``model`` or ``tool``; times are datetimes; ``duration_ms``
     in ms; ``usage`` in tokens as the provider reported it; ``cost_usd`` a
     decimal string of USD or ``None`` (R-COST-1). ``raw_output``
@@ -223,11 +227,11 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
         "parent_operation_id": row.parent_operation_id,
         "is_final_answer": row.is_final_answer,
         "metadata": {k: v for k, v in (row.metadata or {}).items() if k not in _TIMELINE_HIDDEN_METADATA},
-        "payload_note": payload_note(row.metadata),
     }
     if include_raw_output:
         item["raw_output"] = (row.metadata or {}).get("raw_output") if is_tool else None
     item["workspace_path"] = tool_row_workspace_path(row) if is_tool else None
+    item["payload_note"] = payload_note(row.metadata)
     return item
 
 

@@ -24,6 +24,7 @@ from audit.admin import cost_of, cost_text, status_badge, timeline_page_context
 from audit.models import AgentRun
 from audit.templatetags.yx_admin import time_html
 from governance.payloads import payload_note
+from yuxi_project.admin_rows import ActionCheckboxMixin
 from yuxi_project.paginator import EstimatingPaginator
 from yuxi_project.storable import visible, visible_fields
 
@@ -40,7 +41,7 @@ def _uuid_or_none(term: str) -> uuid.UUID | None:
 
 
 @admin.register(Conversation)
-class ConversationAdmin(admin.ModelAdmin):
+class ConversationAdmin(ActionCheckboxMixin, admin.ModelAdmin):
     """Threads; the page shows the ordinary history and links to the
     thread's audit timeline."""
 
@@ -187,7 +188,7 @@ class AuditRowFilter(admin.SimpleListFilter):
 
 
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
+class MessageAdmin(ActionCheckboxMixin, admin.ModelAdmin):
     """All messages. Audit rows are read-only; nothing is added here."""
 
     # What fits at 1280 px beside the filters; the row's page has the rest.

@@ -7,6 +7,8 @@ import uuid
 from ninja import Field, Query, Router, Schema
 from ninja.pagination import LimitOffsetPagination, paginate
 
+from yuxi_project.responses import json_response
+
 from . import selectors, services
 from .schemas import (
     ErrorOut,
@@ -19,6 +21,7 @@ from .schemas import (
     MessageFeedbackOut,
     ThreadIn,
     ThreadOut,
+    memory_message_dict,
 )
 
 router = Router(tags=["threads"])
@@ -65,8 +68,14 @@ def thread_history(request, thread_id: uuid.UUID, query: Query[HistoryQuery]):
     executions. Newest page first; ``next_before`` pages back."""
     thread = selectors.thread_of(request.auth, thread_id)
     page = selectors.thread_history(thread=thread, limit=query.limit, before=query.before)
-    return HistoryPageOut(
-        items=[HistoryItemOut.from_entry(e) for e in page.items], has_more=page.has_more, next_before=page.next_before
+    # The dict HistoryPageOut dumps, built directly: validating a page of
+    # items again cost more than reading it (issue 11).
+    return json_response(
+        {
+            "items": [HistoryItemOut.dict_from_entry(e) for e in page.items],
+            "has_more": page.has_more,
+            "next_before": page.next_before,
+        }
     )
 
 
@@ -75,10 +84,9 @@ def thread_memory(request, thread_id: uuid.UUID, query: Query[MemoryQuery]):
     """The history as LangChain-style messages (R-READ-2); tool carriers and
     tool messages only with ``include_tools=true``."""
     thread = selectors.thread_of(request.auth, thread_id)
-    return MemoryOut(
-        thread_id=thread.id,
-        messages=selectors.thread_memory(thread_id=thread.id, include_tools=query.include_tools),
-    )
+    messages = selectors.thread_memory(thread_id=thread.id, include_tools=query.include_tools)
+    # The dict MemoryOut dumps, built directly (issue 11).
+    return json_response({"thread_id": thread.id, "messages": [memory_message_dict(m) for m in messages]})
 
 
 @router.post("/messages/{message_id}/feedback", response={200: MessageFeedbackOut, 201: MessageFeedbackOut, **ERRORS})

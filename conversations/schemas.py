@@ -49,6 +49,18 @@ class ToolCallOut(Schema):
     args: Any = None
 
 
+def tool_call_dict(call: Any) -> dict[str, Any]:
+    """What :class:`ToolCallOut` dumps for one declared call, built directly
+    for a well-formed call (a dict with ``id`` and ``name``, each a string
+    or null); anything else goes through the schema, which refuses what it
+    refused before."""
+    if type(call) is dict and "id" in call and "name" in call:
+        call_id, name = call["id"], call["name"]
+        if (call_id is None or type(call_id) is str) and (name is None or type(name) is str):
+            return {"id": call_id, "name": name, "args": call.get("args")}
+    return ToolCallOut.model_validate(call).model_dump()
+
+
 class ToolExecutionOut(Schema):
     """One tool execution as the chat shows it: the projected content, never
     the raw output envelope."""
@@ -77,6 +89,21 @@ class ToolExecutionOut(Schema):
             size_chars=view.size_chars,
             workspace_path=view.workspace_path,
         )
+
+    @staticmethod
+    def dict_from_row(row) -> dict[str, Any]:
+        """What :meth:`from_row` dumps, built without validating (issue 11)."""
+        from .selectors import tool_result_view
+
+        view = tool_result_view(row)
+        return {
+            "id": row.operation_id,
+            "name": row.tool_name,
+            "status": row.execution_status,
+            "content": view.content,
+            "size_chars": view.size_chars,
+            "workspace_path": view.workspace_path,
+        }
 
 
 class HistoryItemOut(Schema):
@@ -109,6 +136,26 @@ class HistoryItemOut(Schema):
             payload_note=payload_note(row.metadata),
         )
 
+    @staticmethod
+    def dict_from_entry(entry) -> dict[str, Any]:
+        """What :meth:`from_entry` dumps (same keys, order and values),
+        built without validating: the history endpoint encodes it as it is
+        (issue 11; equality tested in ``tests/read/test_fast_serialisation.py``)."""
+        row = entry.message
+        return {
+            "id": row.id,
+            "run_id": row.run_id,
+            "turn_id": row.turn,
+            "role": row.role,
+            "kind": entry.kind,
+            "content": row.content,
+            "tool_calls": [tool_call_dict(call) for call in row.tool_calls] if row.tool_calls else None,
+            "tool_executions": [ToolExecutionOut.dict_from_row(t) for t in entry.tool_executions],
+            "metadata": entry.public_metadata(),
+            "created_at": row.created_at,
+            "payload_note": payload_note(row.metadata),
+        }
+
 
 class HistoryPageOut(Schema):
     items: list[HistoryItemOut] = Field(..., description="The newest items of the page, oldest first.")
@@ -133,6 +180,22 @@ class MemoryMessageOut(Schema):
     tool_call_id: str | None = None
     name: str | None = None
     status: Literal["success", "error"] | None = None
+
+
+def memory_message_dict(message: dict[str, Any]) -> dict[str, Any]:
+    """What :class:`MemoryMessageOut` dumps for one message of
+    :func:`conversations.selectors.thread_memory`, built without validating
+    (issue 11): every field, absent ones null."""
+    tool_calls = message.get("tool_calls")
+    return {
+        "type": message["type"],
+        "id": message["id"],
+        "content": message["content"],
+        "tool_calls": None if tool_calls is None else [tool_call_dict(call) for call in tool_calls],
+        "tool_call_id": message.get("tool_call_id"),
+        "name": message.get("name"),
+        "status": message.get("status"),
+    }
 
 
 class MemoryOut(Schema):

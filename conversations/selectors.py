@@ -13,9 +13,10 @@ from django.db.models.functions import Length, Substr
 
 from yuxi_project.cursors import page_cursor, parse_cursor
 from yuxi_project.errors import InvalidInput, NotFound
+from yuxi_project.storable import _StorableText, decode_text
 
 from .models import Conversation, Message, history_carrier_q, history_ordinary_q
-from .sql import MESSAGE_TABLE, message_columns, predicate_sql
+from .sql import MESSAGE_TABLE, message_columns, message_rows, predicate_sql
 
 
 def threads_of(user):
@@ -164,7 +165,7 @@ def thread_history(*, thread: Conversation, limit: int = 50, before: str | None 
         raise InvalidInput(f"limit must be between 1 and {HISTORY_PAGE_MAX}", extra={"reason": "bad_limit"})
     cursor = parse_cursor(before, _HISTORY_KEY) if before is not None else None
     sql, params = history_sql(thread.id, limit=limit + 1, cursor=cursor)
-    newest_first = list(Message.objects.raw(sql, params))
+    newest_first = message_rows(sql, params, extra=("position", "run_created", "turn"))
     has_more = len(newest_first) > limit
     page = newest_first[:limit][::-1]
     for row in page:
@@ -282,22 +283,6 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_r
     return messages
 
 
-_MEMORY_COLUMNS = (
-    "id",
-    "role",
-    "message_type",
-    "content",
-    "content_chars",
-    "tool_calls",
-    "operation_id",
-    "execution_status",
-    "tool_name",
-    "run_id",
-    "turn",
-    "is_tool",
-)
-
-
 def memory_sql(thread_id: uuid.UUID, *, runs_before: Any = None) -> tuple[str, list]:
     """The statement behind :func:`thread_memory`: the rows history shows,
     plus the finished tool rows of terminal runs (their content cut to the
@@ -352,22 +337,42 @@ def _memory_rows(thread_id: uuid.UUID, *, runs_before: Any) -> list[SimpleNamesp
     whose construction would cost more than the whole statement on a long
     thread."""
     sql, params = memory_sql(thread_id, runs_before=runs_before)
-    decoders = {
-        name: Message._meta.get_field(name).from_db_value
-        for name in ("content", "tool_calls", "operation_id", "tool_name")
-    }
+    # The text columns are StorableText/CharFields, whose from_db_value is
+    # decode_text on a string: called directly, and only on text that holds
+    # an escape (a thousand-turn thread has thousands of rows; issue 11).
+    for name in ("content", "operation_id", "tool_name"):
+        assert type(Message._meta.get_field(name)).from_db_value is _StorableText.from_db_value
+    decode_calls = Message._meta.get_field("tool_calls").from_db_value
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         fetched = cursor.fetchall()
     rows = []
-    for values in fetched:
-        row = SimpleNamespace(**dict(zip(_MEMORY_COLUMNS, values, strict=True)))
-        for name, decode in decoders.items():
-            value = getattr(row, name)
-            if value is not None:
-                setattr(row, name, decode(value, None, connection))
-        if row.is_tool:
-            row.thread_id, row.content_head = thread_id, row.content
+    new = SimpleNamespace
+    for row_id, role, message_type, content, chars, tool_calls, op, status, tool_name, run_id, turn, is_tool in fetched:
+        if content is not None and "\\u" in content:
+            content = decode_text(content)
+        if op is not None and "\\u" in op:
+            op = decode_text(op)
+        if tool_name is not None and "\\u" in tool_name:
+            tool_name = decode_text(tool_name)
+        if tool_calls is not None:
+            tool_calls = decode_calls(tool_calls, None, connection)
+        row = new(
+            id=row_id,
+            role=role,
+            message_type=message_type,
+            content=content,
+            content_chars=chars,
+            tool_calls=tool_calls,
+            operation_id=op,
+            execution_status=status,
+            tool_name=tool_name,
+            run_id=run_id,
+            turn=turn,
+            is_tool=is_tool,
+        )
+        if is_tool:
+            row.thread_id, row.content_head = thread_id, content
         rows.append(row)
     return rows
 

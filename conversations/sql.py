@@ -45,3 +45,46 @@ def predicate_sql(condition: Q, *, using: str = "default") -> tuple[str, list]:
     compiler = query.get_compiler(using=using)
     sql, params = compiler.compile(query.where)
     return sql, list(params)
+
+
+def message_rows(sql: str, params: list, *, extra: tuple[str, ...] = ()) -> list[Message]:
+    """The rows of ``sql`` as :class:`Message` instances, for the paged
+    readers (timelines, history; R-READ-1, R-READ-3). ``sql`` selects
+    :func:`message_columns` (every model column, in field order) and then
+    the ``extra`` columns, which become attributes of the same names.
+
+    The values are converted as the ORM converts them (the stored escapes
+    decoded, R-RUN-11; JSON parsed), and the instances are loaded rows
+    (``_state.adding`` false), but built without ``Model.__init__``: its
+    per-field work cost more than the statement itself on a 500-row page.
+    No ``pre_init``/``post_init`` receiver exists for ``Message``; one that
+    is added must be called here too."""
+    from django.db import connection
+    from django.db.models.base import ModelState
+
+    fields = Message._meta.concrete_fields
+    names = [f.attname for f in fields] + list(extra)
+    converters = []
+    for i, f in enumerate(fields):
+        column = f.get_col(MESSAGE_TABLE)
+        functions = connection.ops.get_db_converters(column) + f.get_db_converters(connection)
+        if functions:
+            converters.append((i, column, functions))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        fetched = cursor.fetchall()
+    new = Message.__new__
+    rows = []
+    for values in fetched:
+        values = list(values)
+        for i, column, functions in converters:
+            value = values[i]
+            for convert in functions:
+                value = convert(value, column, connection)
+            values[i] = value
+        row = new(Message)
+        state = row._state = ModelState()
+        state.adding, state.db = False, connection.alias
+        row.__dict__.update(zip(names, values, strict=True))
+        rows.append(row)
+    return rows
