@@ -565,3 +565,33 @@ def test_day_blocks_are_aligned_and_cover_the_days_exactly_R_COST_2():
                 last = f"DATE '{start + dt.timedelta(days=span - 1)}'"
                 cursor.execute(f"SELECT {rollups._block(last, str(span))}")
                 assert cursor.fetchone()[0] == start
+
+
+def _estimated_unmarked_runs() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) SELECT id FROM audit_agentrun WHERE rolled_up_at IS NULL")
+        plan = cursor.fetchone()[0]
+    return (plan if isinstance(plan, list) else __import__("json").loads(plan))[0]["Plan"]["Plan Rows"]
+
+
+def test_a_rebuild_that_marks_many_runs_refreshes_the_planners_statistics_R_DASH_1(thread):
+    """The dashboard counts the runs not rolled up yet through their partial
+    index; with the statistics of before a rebuild marked them, PostgreSQL
+    took them for most of the table and scanned it (seconds per dashboard
+    query at 1M audit rows, until autovacuum analysed the table)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO audit_agentrun (id, request_id, request_fingerprint, turn_id, agent_id, model, input,
+                   status, fencing_token, error_type, error_message, trace_id, created_at, started_at,
+                   finished_at, updated_at, thread_id, user_id)
+               SELECT md5('unmarked' || n)::uuid, 'unmarked-' || n, '', md5('turn-unmarked' || n)::uuid,
+                   'assistant', 'replay:plain_answer', '{}', 'completed', 1, '', '', '',
+                   now(), now(), now(), now(), %s, %s
+               FROM generate_series(1, 2000) n""",
+            [str(thread.pk), thread.user_id],
+        )
+        cursor.execute("ANALYZE audit_agentrun")
+    assert _estimated_unmarked_runs() > 1000
+    rollups.rollups_rebuild()
+    assert not AgentRun.objects.filter(rolled_up_at__isnull=True).exists()
+    assert _estimated_unmarked_runs() < 50
