@@ -344,7 +344,37 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        return queryset.filter(search.search_condition(term)), False
+        size = self._walk_size(request)
+        walk = search.PageWalk(runs=queryset, size=size) if size is not None else None
+        return queryset.filter(search.search_condition(term, walk=walk)), False
+
+    def _walk_size(self, request) -> int | None:
+        """How many runs the list's search must find for the page asked for,
+        plus one (more pages follow), when the list is in its own order
+        (newest first); None when the user sorted by a column or asked for
+        all rows, and for an action (its "select all" means every match).
+        Words many rows hold are then looked for in the newest runs,
+        stopping when the page is full (R-ADM-2, :class:`search.PageWalk`):
+        the count then says "at least"."""
+        from django.contrib.admin.views.main import ALL_VAR, ORDER_VAR, PAGE_VAR, SEARCH_VAR
+
+        if (
+            request.method != "GET"  # an action ("select all") takes every match, not a page
+            or not request.GET.get(SEARCH_VAR, "").strip()
+            or ORDER_VAR in request.GET
+            or ALL_VAR in request.GET
+        ):
+            return None
+        try:
+            page = max(1, int(request.GET.get(PAGE_VAR, 1)))
+        except ValueError:
+            page = 1
+        return page * self.list_per_page + 1
+
+    def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
+        paginator = super().get_paginator(request, queryset, per_page, orphans, allow_empty_first_page)
+        paginator.lower_bound_at = self._walk_size(request)
+        return paginator
 
     @admin.action(description="Export the audit of the selected runs as JSON lines")
     def export_jsonl(self, request, queryset):

@@ -25,6 +25,19 @@ ESTIMATE_ABOVE = 10_000
 
 class EstimatingPaginator(Paginator):
     BOUNDED_COUNT = 10_000
+    # A search that stops once it found this many rows (the run list's word
+    # search, R-ADM-2) sets it: a count that reaches it means "at least".
+    lower_bound_at: int | None = None
+
+    @property
+    def count_is_lower_bound(self) -> bool:
+        """Whether :attr:`count` is only a lower bound: the search stopped
+        when it had found :attr:`lower_bound_at` rows, or the bounded count
+        stopped at :attr:`BOUNDED_COUNT`."""
+        if self.lower_bound_at is not None and self.count == self.lower_bound_at:
+            return True
+        query = getattr(self.object_list, "query", None)
+        return query is not None and bool(query.where) and self.count >= self.BOUNDED_COUNT
 
     @cached_property
     def count(self) -> int:

@@ -6,6 +6,7 @@ audit write; paging is keyset; bad input is a 422 that changes nothing."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import uuid
 from dataclasses import dataclass
@@ -517,3 +518,49 @@ def test_a_common_word_walks_the_newest_runs_a_rare_one_is_gathered_R_ADM_2(weat
     assert rare.get("probe", 0) == 0 and rare["search_gathered"] == 1, rare
     old = _walk_plan(filters_from({"q": "hail"}), limit=50)
     assert old["probe"] == SEARCH_WALK_RUNS and old["search_gathered"] == 1, old
+
+
+def test_the_admin_run_list_walks_a_common_word_and_says_at_least_R_ADM_2(client, staff_user, weather_log):
+    """The admin run list in its own order finds a word many rows hold the
+    way the API does — the newest runs probed until the page is full — so
+    its pages are the plain search's pages and its count says "at least";
+    sorted by a column, or for a rare word, it gathers every match and
+    counts them exactly."""
+    from django.test.utils import CaptureQueriesContext
+
+    from audit.search import filters_from
+
+    client.force_login(staff_user)
+    url = reverse("admin:audit_agentrun_changelist")
+    expected, _ = _reference_page(filters_from({"q": "drizzle"}), limit=100, before=None)
+
+    def page(**params):
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(url, params)
+        assert response.status_code == 200
+        html = response.content.decode()
+        shown = re.findall(r'<th class="field-short_id"><a href="/admin/audit/agentrun/([0-9a-f-]{36})/change/', html)
+        walked = any("search_walked" in q["sql"] for q in queries.captured_queries)
+        return [uuid.UUID(pk) for pk in shown], html, walked
+
+    first, html, walked = page(q="drizzle")
+    assert walked and first == expected[:50]
+    assert "51+ results" in html and "51+ agent runs" in html and "Select all matching agent runs" in html
+    second, html, _ = page(q="drizzle", p=2)
+    assert second == expected[50:100] and "101+ agent runs" in html
+
+    # Sorted by a column: every match gathered, counted exactly.
+    _, html, walked = page(q="sleet", o="-2")
+    assert not walked and "5 results" in html and "+ results" not in html
+    rare, html, _ = page(q="sleet")
+    assert len(rare) == 5 and "5 results" in html and "+ results" not in html
+
+    # "Select all" then an action takes every match of the search, not the
+    # page the walk found.
+    exported = client.post(
+        f"{url}?q=drizzle",
+        {"action": "export_jsonl", "select_across": "1", "_selected_action": [str(first[0])]},
+    )
+    assert exported.status_code == 200
+    runs = {json.loads(line)["run_id"] for line in b"".join(exported.streaming_content).decode().splitlines() if line}
+    assert len(runs) == sum(1 for n in range(len(weather_log)) if n % 3 != 1)
