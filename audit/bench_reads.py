@@ -448,6 +448,11 @@ def endpoints(ds: Dataset) -> list[Endpoint]:
         Endpoint("dashboard costs", f"/api/dashboard/costs?{window}"),
         Endpoint("admin run list", "/admin/audit/agentrun/", admin=True),
         Endpoint("admin run list, status=failed", "/admin/audit/agentrun/?status=failed", admin=True),
+        Endpoint("admin run search, q=Paris (1 row in 50)", "/admin/audit/agentrun/?q=Paris", admin=True),
+        Endpoint(
+            f"admin run search, q={COMMON_WORD} (1 row in 5)", f"/admin/audit/agentrun/?q={COMMON_WORD}", admin=True
+        ),
+        Endpoint(f"admin run search, q={RARE_WORD} (rare word)", f"/admin/audit/agentrun/?q={RARE_WORD}", admin=True),
         Endpoint(f"admin run page, {big}", f"/admin/audit/agentrun/{ds.big_run_id}/change/", admin=True),
         Endpoint("admin run page live refresh", f"/admin/audit/agentrun/{ds.big_run_id}/timeline/", admin=True),
         Endpoint("admin thread list", "/admin/conversations/conversation/", admin=True),
