@@ -543,10 +543,12 @@ RUNS = " + ".join(RUN_STATUS_COLUMNS)
 
 # Active users: one probe of each user's (user, hour) index range, plus the
 # users of the runs not rolled up yet; O(users), not O(users × hours).
+# OFFSET 0 keeps the EXISTS a probe per user: as a semi-join PostgreSQL may
+# read every user hour of the window first (15x slower at 1M audit rows).
 _ACTIVE_USERS = (
     "SELECT COUNT(*) FROM (SELECT u.id FROM auth_user u WHERE EXISTS (SELECT 1 FROM "
     f"{rollups.USER_TABLE} h WHERE h.user_id = u.id AND h.hour >= %(start)s AND h.hour < %(end)s"
-    " AND h.user_messages > 0) UNION SELECT user_id FROM ("
+    " AND h.user_messages > 0 OFFSET 0) UNION SELECT user_id FROM ("
     + rollups.facts_sql(
         rollups.USER_TABLE,
         runs="r.rolled_up_at IS NULL",
