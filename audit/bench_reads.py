@@ -494,7 +494,10 @@ def measure(
     from django.test.utils import CaptureQueriesContext
 
     from conversations.models import ApiToken
+    from yuxi_project.runtime import tune_gc
 
+    # As the web server does once its application is loaded.
+    tune_gc()
     users = get_user_model().objects
     staff = users.get(username=ds.staff_username)
     owner = users.get(username=ds.long_thread_owner)

@@ -14,3 +14,8 @@ application = get_asgi_application()
 from yuxi_project.schema_guard import ensure_schema_matches  # noqa: E402
 
 ensure_schema_matches()
+
+from yuxi_project.runtime import tune_gc  # noqa: E402
+
+# The loaded application is long-lived: out of the collector's way.
+tune_gc()
