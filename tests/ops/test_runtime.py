@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from urllib.parse import quote
 
 import pytest
 from django.db import connection
@@ -21,9 +22,10 @@ PROBE = "import gc, yuxi_project.{entry}; print(gc.get_threshold(), gc.get_freez
 @pytest.mark.parametrize("entry", ["asgi", "wsgi"])
 def test_the_web_entry_points_tune_the_collector_once_the_application_is_loaded(entry):
     settings = connection.settings_dict
+    login = settings["USER"] + (f":{quote(settings['PASSWORD'], safe='')}" if settings.get("PASSWORD") else "")
     env = {
         **os.environ,
-        "DATABASE_URL": f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}",
+        "DATABASE_URL": f"postgres://{login}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}",
         "DJANGO_SETTINGS_MODULE": "yuxi_project.settings",
     }
     done = subprocess.run(
