@@ -212,9 +212,11 @@ def _with_tool_executions(thread_id: uuid.UUID, rows: list[Message]) -> list[His
     for row in rows:
         if row.role == Message.Role.USER:
             kind = "user"
-        elif row.message_type == Message.Type.TEXT:
+        elif row.is_final_answer:
             kind = "answer"
         else:
+            # Also the bound message of an interrupted run that asks for
+            # approval: it declares tool calls and answers nothing yet.
             kind = "tool_carrier"
         executions = [
             tool_row

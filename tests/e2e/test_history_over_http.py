@@ -68,6 +68,7 @@ def test_interrupt_then_approved_resume_shows_the_tool_under_its_call_R_READ_1(s
         assert wait_for_status(client, run_id, TERMINAL)["status"] == "interrupted"
         before = client.get(f"/api/threads/{thread_id}/history").json()["items"]
         assert before[-1]["tool_calls"][0]["name"] == "send_email" and before[-1]["tool_executions"] == []
+        assert before[-1]["kind"] == "tool_carrier"  # it asks for a tool, it answers nothing yet
 
         resumed = client.post(
             f"/api/runs/{run_id}/resume",

@@ -115,9 +115,10 @@ def test_interrupted_then_resumed_turn_R_READ_1_R_READ_2(thread):
     first.model("lc_run--m1", tool_calls=email)
     interrupted = first.finish("interrupted", interrupts=[{"action_requests": [{"name": "send_email"}]}])
     assert interrupted.status == "interrupted"
-    # Interrupted: the pending call shows with no execution.
+    # Interrupted: the pending call shows with no execution, as a tool
+    # carrier — the message asks for a tool, it answers nothing (R-READ-1).
     body = history(thread)
-    assert [(i["kind"], i["tool_executions"]) for i in body["items"]] == [("user", []), ("answer", [])]
+    assert [(i["kind"], i["tool_executions"]) for i in body["items"]] == [("user", []), ("tool_carrier", [])]
     assert body["items"][1]["tool_calls"][0]["id"] == "call_mail"
     assert memory(thread, include_tools=True)[1:] == []  # no tool call without its result
 
@@ -130,7 +131,7 @@ def test_interrupted_then_resumed_turn_R_READ_1_R_READ_2(thread):
     resume.finish()
     assert shape(history(thread)) == [
         ("user", "mail bob", []),
-        ("answer", "", [("call_mail", "completed")]),
+        ("tool_carrier", "", [("call_mail", "completed")]),
         ("answer", "Mail sent.", []),
     ]
     with_tools = memory(thread, include_tools=True)
