@@ -96,7 +96,11 @@ class _Fixture:
     def __init__(self, runs: int):
         self.user = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:12]}")
         self.threads: list[Conversation] = []
-        self.leases: list[Lease] = [self.add_run("replay:plain_answer") for _ in range(runs)]
+        try:
+            self.leases: list[Lease] = [self.add_run("replay:plain_answer") for _ in range(runs)]
+        except BaseException:
+            self.delete()  # nothing of a failed start stays behind
+            raise
 
     def add_run(self, model: str) -> Lease:
         thread = Conversation.objects.create(user=self.user, agent_id="assistant", model=model)

@@ -16,9 +16,11 @@ fenced (R-RUN-3), a second message of a running run starts nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -35,9 +37,29 @@ log = logging.getLogger(__name__)
 Status = AgentRun.Status
 
 
+# Set by :func:`dispatch_held`: this process hands no run over.
+_held = threading.Event()
+
+
+@contextlib.contextmanager
+def dispatch_held() -> Iterator[None]:
+    """Within the block this process hands no run to a worker: submitted
+    runs stay ``pending`` in PostgreSQL for whoever submitted them to start
+    itself. For the benchmarks, which start their own runs in process: a
+    worker of a running deployment (or the embedded worker thread) must not
+    take them first. A run left pending is handed over by the dispatcher
+    later, as any run whose message was lost (R-RUN-9)."""
+    _held.set()
+    try:
+        yield
+    finally:
+        _held.clear()
+
+
 def enqueue_run(run_id: uuid.UUID) -> bool:
     """Hand the run to a worker. With a broker: the Celery task. Embedded:
-    the same task body in a background thread of this process.
+    the same task body in a background thread of this process. Inside
+    :func:`dispatch_held`: nothing (returns False).
 
     Never raises: when the broker is unreachable the run stays ``pending``
     in PostgreSQL and the dispatcher hands it over once the broker is back
@@ -45,6 +67,9 @@ def enqueue_run(run_id: uuid.UUID) -> bool:
     whether the broker took the message."""
     from .tasks import execute_run
 
+    if _held.is_set():
+        log.debug("run %s not handed over: dispatch is held in this process", run_id)
+        return False
     if getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False):
         thread = threading.Thread(target=execute_run.apply, args=((str(run_id),),), name=f"run-{run_id}", daemon=True)
         thread.start()

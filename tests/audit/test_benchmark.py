@@ -41,3 +41,28 @@ def test_bench_run_overhead_prints_the_three_variants_the_ratio_and_memory_and_c
     assert "worker memory (RSS)" in text and "MiB" in text
     assert "3 runs:" in text  # one timed product run, then two for memory only
     assert not AgentRun.objects.exists() and not Message.objects.exists()
+
+
+def test_benchmarks_start_their_own_runs_even_beside_a_worker(settings, user):
+    """A running worker — here the embedded one, which starts a run in a
+    thread the moment its submission commits — must not take a benchmark's
+    runs first (found by a newcomer: RunNotStartable, and the benchmark's
+    runs left running). Inside ``dispatch_held`` nothing is handed over;
+    the run stays pending for whoever submitted it."""
+    import threading
+
+    from audit.dispatch import dispatch_held, enqueue_run
+    from conversations.models import Conversation
+    from tests.conftest import make_run
+
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    with dispatch_held():
+        run = make_run(thread)
+        assert enqueue_run(run.id) is False
+        assert not [t for t in threading.enumerate() if t.name == f"run-{run.id}"]
+        run.refresh_from_db()
+        assert run.status == "pending"
+    # The command holds dispatch itself.
+    call_command("bench_audit_writes", writes=3, warmup=1, threads="1", rounds=1, stdout=io.StringIO())
+    assert list(AgentRun.objects.values_list("status", flat=True)) == ["pending"]

@@ -8,6 +8,7 @@ import statistics
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.benchmark import bench_audit_writes
+from audit.dispatch import dispatch_held
 
 
 class Command(BaseCommand):
@@ -33,7 +34,9 @@ class Command(BaseCommand):
             raise CommandError(
                 "--writes must be at least 2, --warmup at least 0, thread counts and --rounds at least 1"
             )
-        result = bench_audit_writes(writes=writes, warmup=warmup, thread_counts=counts, rounds=rounds)
+        # The benchmark starts its own runs: no worker may take them first.
+        with dispatch_held():
+            result = bench_audit_writes(writes=writes, warmup=warmup, thread_counts=counts, rounds=rounds)
         out = self.stdout.write
         per_round = result.round_median_ms
         out(f"lease-checked audit write, {rounds} interleaved round(s) of {writes} writes per path (ms):")

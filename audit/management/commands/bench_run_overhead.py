@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from audit.dispatch import dispatch_held
 from audit.run_benchmark import VARIANTS, bench_run_overhead
 
 
@@ -34,9 +35,11 @@ class Command(BaseCommand):
             raise CommandError(
                 "--runs, --rounds and --rss-every must be at least 1, --warmup and --memory-runs at least 0"
             )
-        result = bench_run_overhead(
-            runs=runs, rounds=rounds, warmup=warmup, rss_every=rss_every, memory_runs=memory_runs
-        )
+        # The benchmark starts its own runs: no worker may take them first.
+        with dispatch_held():
+            result = bench_run_overhead(
+                runs=runs, rounds=rounds, warmup=warmup, rss_every=rss_every, memory_runs=memory_runs
+            )
         out = self.stdout.write
         med = result.median
         out(f"one run (2 model calls + 1 tool, replay at 0 ms), {rounds} round(s) of {runs} runs per variant (ms):")
