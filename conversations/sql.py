@@ -51,14 +51,26 @@ def message_rows(sql: str, params: list, *, extra: tuple[str, ...] = ()) -> list
     """The rows of ``sql`` as :class:`Message` instances, for the paged
     readers (timelines, history; R-READ-1, R-READ-3). ``sql`` selects
     :func:`message_columns` (every model column, in field order) and then
-    the ``extra`` columns, which become attributes of the same names.
+    the ``extra`` columns, which become attributes of the same names; see
+    :func:`messages_from_values`."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return messages_from_values(cursor.fetchall(), extra=extra)
+
+
+def messages_from_values(fetched: list, *, extra: tuple[str, ...] = ()) -> list[Message]:
+    """Rows of values — every concrete column of :class:`Message` in field
+    order, then the ``extra`` columns — as loaded :class:`Message`
+    instances (``_state.adding`` false; ``extra`` become attributes). Shared
+    by the paged readers and the fenced audit writes' ``RETURNING``.
 
     The values are converted as the ORM converts them (the stored escapes
-    decoded, R-RUN-11; JSON parsed), and the instances are loaded rows
-    (``_state.adding`` false), but built without ``Model.__init__``: its
-    per-field work cost more than the statement itself on a 500-row page.
-    No ``pre_init``/``post_init`` receiver exists for ``Message``; one that
-    is added must be called here too."""
+    decoded, R-RUN-11; JSON parsed), but the instances are built without
+    ``Model.__init__``: its per-field work cost more than the statement
+    itself on a 500-row page. No ``pre_init``/``post_init`` receiver exists
+    for ``Message``; one that is added must be called here too."""
     from django.db import connection
     from django.db.models.base import ModelState
 
@@ -70,9 +82,6 @@ def message_rows(sql: str, params: list, *, extra: tuple[str, ...] = ()) -> list
         functions = connection.ops.get_db_converters(column) + f.get_db_converters(connection)
         if functions:
             converters.append((i, column, functions))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        fetched = cursor.fetchall()
     new = Message.__new__
     rows = []
     for values in fetched:

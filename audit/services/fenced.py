@@ -23,7 +23,8 @@ Rows are built as unsaved :class:`~conversations.models.Message` objects
 and every concrete field is written, so a column added to the model is
 written here without change. Values go through each field's own
 preparation (the escaped form of :mod:`yuxi_project.storable`, JSON), and
-rows come back through its converters, exactly as the ORM would.
+rows come back through its converters, exactly as the ORM would
+(:func:`conversations.sql.messages_from_values`, shared with the readers).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from conversations.models import Message
+from conversations.sql import messages_from_values
 from yuxi_project.db import execute_prepared
 
 from ..lease import Lease, leased_run_sql
@@ -75,7 +77,6 @@ class _Table:
     casts: list[str]  # their SQL types, for ``CAST(%s AS …)``
     returned: list  # every concrete field, the key first
     returning: str  # "m.<column>, …" of ``returned``
-    converters: list[list]  # per returned field, its converters from the database
 
 
 @functools.cache
@@ -93,18 +94,7 @@ def _table() -> _Table:
         casts=[f.db_type(db).split("(", 1)[0] for f in fields],
         returned=returned,
         returning=", ".join(f"m.{db.ops.quote_name(f.column)}" for f in returned),
-        converters=[f.get_db_converters(db) for f in returned],
     )
-
-
-def _message_from_row(values: tuple) -> Message:
-    table, db = _table(), connections[DEFAULT_DB_ALIAS]
-    converted = []
-    for converters, value in zip(table.converters, values, strict=True):
-        for converter in converters:
-            value = converter(value, None, db)
-        converted.append(value)
-    return Message.from_db(DEFAULT_DB_ALIAS, [f.attname for f in table.returned], converted)
 
 
 def write_operation_row(
@@ -184,7 +174,7 @@ def write_operation_row(
     # write, never on the values — so a write costs one round trip and
     # little CPU on either side.
     found = execute_prepared(sql, params)
-    return None if found is None else _message_from_row(found)
+    return None if found is None else messages_from_values([found])[0]
 
 
 def json_param(value: Any) -> Any:
