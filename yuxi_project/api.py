@@ -15,6 +15,7 @@ from costs.budgets import BudgetExceeded
 from .auth import api_auth
 from .errors import ApplicationError
 from .parser import CheckedJSONParser
+from .responses import RENDERER
 
 api = NinjaAPI(
     title="Agent run audit API",
@@ -23,6 +24,7 @@ api = NinjaAPI(
     docs_url="/docs",
     urls_namespace="api",
     parser=CheckedJSONParser(),
+    renderer=RENDERER,
 )
 
 

@@ -20,6 +20,7 @@ from conversations.schemas import HistoryItemOut, HistoryPageOut, MemoryOut
 from conversations.selectors import thread_history, thread_memory
 from conversations.sql import MESSAGE_TABLE, message_columns, message_rows
 from tests.conftest import bearer
+from yuxi_project.responses import RENDERER
 from yuxi_project.config import get_config
 
 from .builders import RunDriver, tool_turn
@@ -30,8 +31,13 @@ ODD = 'nul \x00 lone \ud83d <b>&"quoted"</b> \\u0000 é'
 
 
 def _schema_bytes(schema, **fields) -> bytes:
-    """What ninja answers for ``schema(**fields)``: its dump, encoded."""
-    return json.dumps(schema(**fields).model_dump(), cls=NinjaJSONEncoder).encode()
+    """What ninja answers for ``schema(**fields)``: its dump, encoded by the
+    API's renderer; that is the same JSON value as ninja's own encoder
+    gives (checked here on every answer)."""
+    dumped = schema(**fields).model_dump()
+    encoded = RENDERER.render(None, dumped, response_status=200)
+    assert json.loads(encoded) == json.loads(json.dumps(dumped, cls=NinjaJSONEncoder))
+    return encoded
 
 
 @pytest.fixture
