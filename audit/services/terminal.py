@@ -184,9 +184,9 @@ def _update_rows(changes: list[tuple[Message, set[str]]]) -> list[Message]:
         f"FROM (VALUES {', '.join([one] * len(changes))}) AS v(id, {names}) "
         f"WHERE m.id = v.id RETURNING {returning}"
     )
-    with db.cursor() as cursor:
-        cursor.execute(sql, params)
-        stored = messages_from_values(cursor.fetchall())
+    # Prepared: the text depends only on the changed fields and the number
+    # of rows, which repeat from run to run.
+    stored = messages_from_values(execute_prepared_all(sql, params))
     if len(stored) != len(changes):
         raise DatabaseError("a changed audit row of the run no longer exists")
     return stored
@@ -669,9 +669,8 @@ def _enqueue_next_in_thread(thread_id: uuid.UUID) -> None:
     # Every pending run is offered, oldest first: the acquisition check
     # decides which one may start (a resume run keeps its turn's place), the
     # others are skipped and offered again when the next run ends.
-    for run_id in (
-        AgentRun.objects.filter(thread_id=thread_id, status=Status.PENDING)
-        .order_by("created_at")
-        .values_list("id", flat=True)
+    table = connection.ops.quote_name(AgentRun._meta.db_table)
+    for (run_id,) in execute_prepared_all(
+        f"SELECT id FROM {table} WHERE thread_id = %s AND status = %s ORDER BY created_at", [thread_id, Status.PENDING]
     ):
         enqueue_run(run_id)
