@@ -27,6 +27,8 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
+from yuxi_project.db import execute_prepared
+
 from .errors import LeaseError, LeaseExpired, LeaseLost, RunIdentityMismatch, RunTerminal
 from .models import AgentRun
 
@@ -75,13 +77,14 @@ def lease_refusal(lease: Lease, facts: tuple | None, *, now: datetime) -> LeaseE
     return None
 
 
-def lock_run(lease: Lease, *, now: datetime | None = None) -> AgentRun:
+def lock_run(lease: Lease, *, now: datetime | None = None, only: tuple[str, ...] | None = None) -> AgentRun:
     """Lock the run row and prove the caller still owns it.
 
     Must be called inside ``transaction.atomic()``: the lock is
     ``SELECT … FOR NO KEY UPDATE`` on the ``AgentRun`` row (only that row,
     so concurrent inserts of its messages are not blocked) and is held until
-    the caller's transaction ends. Checks, in order: the run exists and its
+    the caller's transaction ends. ``only``: the fields to read (the lease
+    checks' are added; the others load on access), else every field. Checks, in order: the run exists and its
     request id and thread id equal the lease's; the owner and fencing token
     are the lease's; the run is not terminal; the lease has not expired.
 
@@ -95,12 +98,46 @@ def lock_run(lease: Lease, *, now: datetime | None = None) -> AgentRun:
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("lock_run must be called inside transaction.atomic()")
-    run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=lease.run_id).first()
+    if only is None:
+        run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=lease.run_id).first()
+    else:
+        run = _lock_only(lease.run_id, tuple(dict.fromkeys((*_LEASE_COLUMNS, *only))))
     facts = None if run is None else tuple(getattr(run, name) for name in _LEASE_COLUMNS)
     refusal = lease_refusal(lease, facts, now=now or timezone.now())
     if refusal is not None:
         raise refusal
     return run
+
+
+def _lock_only(run_id: uuid.UUID, names: tuple[str, ...]) -> AgentRun | None:
+    """The run row locked as :func:`lock_run` locks it, with the fields
+    ``names`` loaded (a prepared statement per set of names)."""
+    sql, fields, converters = _lock_only_sql(names)
+    found = execute_prepared(sql, [run_id])
+    if found is None:
+        return None
+    values = list(found)
+    for i, column, functions in converters:
+        for convert in functions:
+            values[i] = convert(values[i], column, connection)
+    return AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
+
+
+@functools.cache
+def _lock_only_sql(names: tuple[str, ...]) -> tuple[str, list, list]:
+    fields = [f for f in AgentRun._meta.concrete_fields if f.primary_key or f.name in names or f.attname in names]
+    converters = []
+    for i, f in enumerate(fields):
+        column = f.get_col(AgentRun._meta.db_table)
+        functions = connection.ops.get_db_converters(column) + f.get_db_converters(connection)
+        if functions:
+            converters.append((i, column, functions))
+    qn = connection.ops.quote_name
+    sql = (
+        f"SELECT {', '.join(qn(f.column) for f in fields)} FROM {qn(AgentRun._meta.db_table)} "
+        "WHERE id = %s FOR NO KEY UPDATE"
+    )
+    return sql, fields, converters
 
 
 def leased_run_sql(lease: Lease, *, now: datetime) -> tuple[str, list]:

@@ -417,27 +417,49 @@ def run_roll_up(*, run_id) -> bool:
     the run stays unmarked (the dashboard counts it from its rows) and
     :func:`rollups_catch_up` adds it later; returns False then.
     """
-    from django.db import OperationalError, transaction
+    from django.db import Error, OperationalError, transaction
 
     from yuxi_project.config import get_config
 
+    if not connection.in_atomic_block:
+        with transaction.atomic():
+            return run_roll_up(run_id=run_id)
     wait_ms = get_config().ROLLUP_LOCK_WAIT_MS
     with connection.cursor() as cursor:
-        # The previous limit read and the new one set in one round trip.
-        cursor.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)", [f"{wait_ms}ms"])
+        # One round trip: the savepoint, then the limit set inside it (so
+        # undoing to the savepoint restores it too) and the previous one
+        # read.
+        cursor.execute(
+            f"SAVEPOINT {_SAVEPOINT}; SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+            [f"{wait_ms}ms"],
+        )
+        cursor.nextset()
         previous = cursor.fetchone()[0]
         try:
-            with transaction.atomic():
-                # Prepared: planning this statement took three times its
-                # execution, on every run's end.
-                rolled_up = bool(execute_prepared(_RUN_ROLL_UP, {"run_id": run_id})[0])
-        except OperationalError as exc:
+            # Prepared: planning this statement took three times its
+            # execution, on every run's end.
+            rolled_up = bool(execute_prepared(_RUN_ROLL_UP, {"run_id": run_id})[0])
+        except Exception as exc:
+            try:
+                cursor.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}")
+                undone = True
+            except Error:
+                # As an atomic block whose savepoint cannot be undone.
+                connection.needs_rollback, undone = True, False
+            if not undone or not isinstance(exc, OperationalError):
+                raise
             if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
                 raise
             log.warning("run %s: a rollup row is held by another transaction; rolled up later", run_id)
-            rolled_up = False
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+            return False
+        # The savepoint kept and the previous limit back, in one round trip.
+        cursor.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}; SELECT set_config('lock_timeout', %s, true)", [previous])
     return rolled_up
+
+
+# The savepoint of :func:`run_roll_up` (never nested: it calls nothing that
+# takes one).
+_SAVEPOINT = "run_roll_up"
 
 
 def rollups_catch_up(*, limit: int = 200) -> int:

@@ -121,7 +121,7 @@ def compute_seal(run_id, rows: list[dict[str, Any]]) -> Seal:
     return chain(run_id, ((facts["id"], row_digest(facts)) for facts in rows))
 
 
-def seal_run(run, *, save: bool = False) -> Seal:
+def seal_run(run, *, save: bool = False, rows: list[dict[str, Any]] | None = None) -> Seal:
     """Seal a terminal run: hash its audit rows and set ``seal_head``,
     ``seal_row_count``, ``seal_rows`` and ``sealed_at`` on ``run``.
 
@@ -130,11 +130,15 @@ def seal_run(run, *, save: bool = False) -> Seal:
     seal is written by that same save (one UPDATE of the run, whose status
     and seal change together). A purge or erasure passes ``save=True``
     under the audited bypass, and the seal fields alone are updated. One
-    SELECT of the run's audit rows. Implements R-GOV-3.
+    SELECT of the run's audit rows, unless ``rows`` gives their facts (each
+    with :data:`FACT_FIELDS` as :func:`audit_row_facts` reads them, in any
+    order: the terminal transaction has just read and written them).
+    Implements R-GOV-3.
     """
     from audit.models import AgentRun
 
-    seal = compute_seal(run.pk, audit_row_facts([run.pk])[run.pk])
+    rows = audit_row_facts([run.pk])[run.pk] if rows is None else sorted(rows, key=_timeline_key)
+    seal = compute_seal(run.pk, rows)
     run.seal_head, run.seal_row_count, run.seal_rows = seal.head, seal.row_count, seal.rows
     run.sealed_at = timezone.now()
     if save:

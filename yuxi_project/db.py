@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django.db import connection
@@ -28,16 +28,25 @@ def execute_prepared(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tup
     Placeholders are psycopg's (``%s`` or ``%(name)s``). Without prepared
     statements (``DB_PREPARED_STATEMENTS=false``, or not PostgreSQL) the
     statement is only sent with server-side binding."""
+    return _prepared(sql, params, lambda cursor: cursor.fetchone())
+
+
+def execute_prepared_all(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[tuple]:
+    """:func:`execute_prepared`, returning every row."""
+    return _prepared(sql, params, lambda cursor: cursor.fetchall())
+
+
+def _prepared(sql: str, params: Sequence[Any] | Mapping[str, Any], fetch: Callable[[Any], Any]) -> Any:
     import psycopg
 
     connection.ensure_connection()
     if connection.vendor != "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchone()
+            return fetch(cursor)
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params, prepare=True)
-        return cursor.fetchone()
+        return fetch(cursor)
 
 
 def worker_session_options(config) -> str:

@@ -3,6 +3,7 @@ running rows, bind the output (R-MA-6..9, R-TA-3)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Iterable
@@ -10,14 +11,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from conversations.models import Message
+from conversations.sql import MESSAGE_TABLE, message_columns, message_rows, messages_from_values
 from costs.pricing import price_row
 from dashboard.rollups import run_roll_up
-from governance.seal import seal_run
+from governance.seal import FACT_FIELDS, seal_run
 from ops import metrics
+from yuxi_project.db import execute_prepared, execute_prepared_all
 from yuxi_project.errors import InvalidInput
 
 from ..lease import Lease, lock_run
@@ -54,13 +57,34 @@ class StateMessage:
 
 class RunRows:
     """A run's audit rows, read once by the terminal transaction and changed
-    in memory; :meth:`save` writes each changed row once, with only the
-    fields that changed. Must be used inside the transaction that locked the
-    run row."""
+    in memory; :meth:`save` writes every changed row in one statement, each
+    with only the fields that changed, and takes the stored values back
+    (``RETURNING``), so :meth:`facts` are what a reader of the table sees.
+    Must be used inside the transaction that locked the run row."""
 
-    def __init__(self, run: AgentRun):
-        self.all: list[Message] = list(Message.objects.audit().filter(run=run).order_by("id"))
+    def __init__(self, run: AgentRun, *, state_ops: Iterable[str] = ()):
+        """Read the run's audit rows and, in the same statement, which of
+        ``state_ops`` (ids of the final State's AIMessages) are already
+        model calls of another run of the thread: :attr:`elsewhere`."""
+        db = connection
+        op_field = Message._meta.get_field("operation_id")
+        # Read with the readers' loader: no Model.__init__ per row. One
+        # outer row even without audit rows, for the elsewhere array.
+        fetched = execute_prepared_all(
+            _RUN_ROWS_SQL(),
+            [
+                run.thread_id,
+                Message.Role.ASSISTANT,
+                [op_field.get_db_prep_value(op, db) for op in state_ops],
+                run.pk,
+                run.pk,
+            ],
+        )
+        elsewhere = fetched[0][-1] if fetched else None
+        self.elsewhere: set[str] = {op_field.from_db_value(op, None, db) for op in elsewhere or ()}
+        self.all: list[Message] = messages_from_values([values[:-1] for values in fetched if values[0] is not None])
         self._changed: dict[int, tuple[Message, set[str]]] = {}
+        self._inserted: list[Message] = []
 
     def of(self, role: str, operation_ids=None, *, status: str | None = None) -> list[Message]:
         ids = None if operation_ids is None else set(operation_ids)
@@ -78,14 +102,94 @@ class RunRows:
     def add(self, row: Message) -> None:
         """A row just inserted."""
         self.all.append(row)
+        self._inserted.append(row)
 
     def changed(self, row: Message, *fields: str) -> None:
         self._changed.setdefault(id(row), (row, set()))[1].update(fields)
 
     def save(self) -> None:
-        for row, fields in self._changed.values():
-            row.save(update_fields=[*sorted(fields), "updated_at"])
+        """Write the changed rows and load back, as stored, every row
+        written in this transaction (the ``RETURNING`` of the update; a
+        row inserted and not changed since is read)."""
+        stored = {row.pk: row for row in _update_rows(list(self._changed.values()))} if self._changed else {}
+        inserted = [row.pk for row in self._inserted if row.pk not in stored]
+        if inserted:
+            stored.update(
+                (row.pk, row)
+                for row in message_rows(
+                    f"SELECT {message_columns()} FROM {MESSAGE_TABLE} WHERE id = ANY(%s)", [inserted]
+                )
+            )
+        for row in self.all:
+            if row.pk in stored:
+                # The same instances stay (``run.output_message`` is one).
+                row.__dict__.update((k, v) for k, v in stored[row.pk].__dict__.items() if k != "_state")
         self._changed.clear()
+        self._inserted.clear()
+
+    def facts(self) -> list[dict[str, Any]]:
+        """The seal's facts of every row (R-GOV-3), as :func:`~governance.seal.audit_row_facts`
+        reads them; the usage total and the metrics read them too."""
+        return [{name: getattr(row, name) for name in FACT_FIELDS} for row in self.all]
+
+
+@functools.cache
+def _RUN_ROWS_SQL() -> str:  # noqa: N802 - a constant, built once the connection is known
+    # Message.objects.audit() of the run, and the R-MA-9 check of
+    # :func:`_own_ai_messages` (``.exclude(run=run)``: another run or none).
+    return (
+        f"SELECT {message_columns('m')}, e.ops FROM (SELECT array_agg(o.operation_id) AS ops "
+        f"FROM {MESSAGE_TABLE} o WHERE o.thread_id = %s AND o.role = %s AND o.operation_id = ANY(CAST(%s AS text[])) "
+        "AND o.run_id IS DISTINCT FROM %s) e "
+        f"LEFT JOIN {MESSAGE_TABLE} m ON m.run_id = %s AND m.operation_id IS NOT NULL ORDER BY m.id"
+    )
+
+
+@functools.cache
+def _END_RUN_SQL() -> tuple[str, list]:  # noqa: N802 - a constant, built once the connection is known
+    qn = connection.ops.quote_name
+    table = qn(AgentRun._meta.db_table)
+    fields = [AgentRun._meta.get_field(name) for name in _TERMINAL_FIELDS]
+    sets = ", ".join(f"{qn(f.column)} = %s" for f in fields)
+    sql = (
+        f"WITH ended AS (UPDATE {table} SET {sets} WHERE id = %s RETURNING id), "
+        f"handed AS (UPDATE {table} SET dispatched_at = %s WHERE id IN (SELECT id FROM {table} "
+        "WHERE thread_id = %s AND status = %s AND id <> %s FOR NO KEY UPDATE SKIP LOCKED) RETURNING id) "
+        "SELECT (SELECT COUNT(*) FROM ended), (SELECT COUNT(*) FROM handed)"
+    )
+    return sql, fields
+
+
+def _update_rows(changes: list[tuple[Message, set[str]]]) -> list[Message]:
+    """One ``UPDATE … FROM (VALUES …)`` of the rows ``[(row, changed
+    field names)]``: each row gets only its own changed fields (a field
+    another row changed keeps its stored value here) and ``updated_at``.
+    Returns the rows as stored."""
+    db = connection
+    qn = db.ops.quote_name
+    fields = [Message._meta.get_field(name) for name in sorted(set().union(*(changed for _, changed in changes)))]
+    sets = [f"{qn(f.column)} = CASE WHEN v.s{i} THEN v.c{i} ELSE m.{qn(f.column)} END" for i, f in enumerate(fields)]
+    casts = [f.db_type(db).split("(", 1)[0] for f in fields]
+    one = "(CAST(%s AS bigint), " + ", ".join(f"%s, CAST(%s AS {cast})" for cast in casts) + ")"
+    params: list[Any] = [timezone.now()]  # updated_at, as a save() sets it
+    for row, changed in changes:
+        params.append(row.pk)
+        for f in fields:
+            value = getattr(row, f.attname) if f.name in changed else None
+            params += [f.name in changed, None if value is None else f.get_db_prep_save(value, db)]
+    names = ", ".join(f"s{i}, c{i}" for i in range(len(fields)))
+    returning = ", ".join(f"m.{qn(f.column)}" for f in Message._meta.concrete_fields)
+    sql = (
+        f"UPDATE {MESSAGE_TABLE} AS m SET {', '.join(sets)}, updated_at = %s "
+        f"FROM (VALUES {', '.join([one] * len(changes))}) AS v(id, {names}) "
+        f"WHERE m.id = v.id RETURNING {returning}"
+    )
+    # Prepared: the text depends only on the changed fields and the number
+    # of rows, which repeat from run to run.
+    stored = messages_from_values(execute_prepared_all(sql, params))
+    if len(stored) != len(changes):
+        raise DatabaseError("a changed audit row of the run no longer exists")
+    return stored
 
 
 @metrics.audit_write("run_finish")
@@ -130,15 +234,15 @@ def run_finish(
     if status not in AgentRun.TERMINAL_STATUSES:
         raise InvalidInput(f"{status} is not a terminal status")
     with transaction.atomic():
-        run = lock_run(lease)
+        run = lock_run(lease, only=_RUN_FIELDS)
         now = timezone.now()
         # One read of the run's rows serves every step below; each changed
         # row is written once, at the end (R-RUN-5: a short transaction).
-        rows = RunRows(run)
-        own_ai: dict[str, StateMessage] = {}
+        prior = set(prior_message_ids)
+        own_ai = _own_ai_messages(final_state, prior) if final_state else {}
+        rows = RunRows(run, state_ops=own_ai)
+        own_ai = {op: message for op, message in own_ai.items() if op not in rows.elsewhere}
         if final_state:
-            prior = set(prior_message_ids)
-            own_ai = _own_ai_messages(run, final_state, prior)
             _reconcile_model_rows(run, own_ai, rows, now=now)
             _reconcile_tool_rows(final_state, prior, rows)
             _record_rejections(run, final_state, prior, rows, now=now)
@@ -175,7 +279,7 @@ def run_finish_fallback(*, lease: Lease, error_type: str, error_message: str) ->
     Raises what :func:`lock_run` raises.
     """
     with transaction.atomic():
-        run = lock_run(lease)
+        run = lock_run(lease, only=_RUN_FIELDS)
         _terminate(run, status=Status.FAILED, now=timezone.now(), error_type=error_type, error_message=error_message)
         return run
 
@@ -215,25 +319,18 @@ def _close_cut_calls(cut_calls: dict[str, dict[str, Any]], rows: RunRows, *, now
         rows.changed(row, *update)
 
 
-def _own_ai_messages(run: AgentRun, final_state: list[StateMessage], prior: set[str]) -> dict[str, StateMessage]:
-    """This run's root AIMessages by id; for one id only the last counts.
-
-    An id that was in the State before the run started, or that is already
-    an operation of another run of the thread, belongs to that earlier run
-    and never binds to or duplicates into this one (R-MA-9)."""
+def _own_ai_messages(final_state: list[StateMessage], prior: set[str]) -> dict[str, StateMessage]:
+    """This run's root AIMessages by id, as far as the State tells; for one
+    id only the last counts. An id that was in the State before the run
+    started belongs to an earlier run; so does one that is already an
+    operation of another run of the thread (:attr:`RunRows.elsewhere`,
+    removed by the caller): it never binds to or duplicates into this one
+    (R-MA-9)."""
     own: dict[str, StateMessage] = {}
     for message in final_state:
         if message.kind == "ai" and message.id and message.id not in prior and not message.namespace:
             own.pop(message.id, None)
             own[message.id] = message
-    if own:
-        elsewhere = set(
-            Message.objects.filter(thread_id=run.thread_id, role=Message.Role.ASSISTANT, operation_id__in=list(own))
-            .exclude(run=run)
-            .values_list("operation_id", flat=True)
-        )
-        for op_id in elsewhere:
-            own.pop(op_id, None)
     return own
 
 
@@ -474,7 +571,7 @@ def _terminate(
         if row.price_source == "" and row.usage is not None:
             rows.changed(row, *price_row(row, model=run.model))
     rows.save()
-    facts = [{name: getattr(row, name) for name in _ROW_FACTS} for row in rows.all]
+    facts = rows.facts()
     run.usage = _usage_total(facts)
     run.status = status
     run.finished_at = now
@@ -482,32 +579,73 @@ def _terminate(
     run.error_type = error_type[:100]
     run.error_message = error_message
     run.interrupts = interrupts if status == Status.INTERRUPTED else None
-    seal_run(run)  # R-GOV-3: every row is closed now; saved with the run below
-    run.save()
+    seal_run(run, rows=facts)  # R-GOV-3: every row is closed now; written with the run below
+    run.updated_at = timezone.now()
+    # The run's end, and the handover of the thread's next runs: after
+    # commit; the dispatcher's grace counts from now, in case that message
+    # is lost (R-RUN-9). SKIP LOCKED: never wait for (or deadlock with) a
+    # cancel holding a pending run; a skipped run is at worst handed over
+    # once more, harmlessly. One statement writes the run (only the fields
+    # this path changes) and finds and stamps the others.
+    sql, fields = _END_RUN_SQL()
+    ended, _ = execute_prepared(
+        sql,
+        [
+            *(
+                None if (value := getattr(run, f.attname)) is None else f.get_db_prep_save(value, connection)
+                for f in fields
+            ),
+            run.pk,
+            now,
+            run.thread_id,
+            Status.PENDING,
+            run.pk,
+        ],
+    )
+    if not ended:
+        raise DatabaseError(f"run {run.pk} no longer exists")
     # Dashboard figures of the run, added once with the run's end (R-DASH-1).
     run_roll_up(run_id=run.pk)
     metrics.run_ended(run, rows=facts)
     thread_id = run.thread_id
-    # The next runs are handed over after commit; the dispatcher's grace
-    # counts from now, in case that message is lost (R-RUN-9). SKIP LOCKED:
-    # never wait for (or deadlock with) a cancel holding a pending run; a
-    # skipped run is at worst handed over once more, harmlessly. One
-    # statement finds and stamps them.
-    table = connection.ops.quote_name(AgentRun._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} SET dispatched_at = %s WHERE id IN (SELECT id FROM {table} "
-            "WHERE thread_id = %s AND status = %s FOR NO KEY UPDATE SKIP LOCKED)",
-            [now, thread_id, Status.PENDING],
-        )
     # Always after commit, also without a pending run now: a turn submitted
     # while this transaction was open may have been refused by its worker
     # because this run still held the thread (R-RUN-2).
     transaction.on_commit(lambda: _enqueue_next_in_thread(thread_id))
 
 
-# The facts of a run's audit rows that its usage total and its metrics read.
-_ROW_FACTS = ("role", "tool_name", "execution_status", "started_at", "duration_ms", "usage", "cost_usd")
+# What the terminal transaction reads of the run (the lease checks', the
+# terminal path's and what the worker reads of the returned run); the rest
+# loads on access.
+_RUN_FIELDS = (
+    "request_id",
+    "thread_id",
+    "lease_owner",
+    "fencing_token",
+    "status",
+    "lease_expires_at",
+    "model",
+    "resumed_from_id",
+    "started_at",
+    "error_type",
+    "output_message_id",
+)
+# What :func:`_terminate` changes on the run: its UPDATE writes these.
+_TERMINAL_FIELDS = (
+    "usage",
+    "status",
+    "finished_at",
+    "lease_expires_at",
+    "error_type",
+    "error_message",
+    "interrupts",
+    "output_message",
+    "seal_head",
+    "seal_row_count",
+    "seal_rows",
+    "sealed_at",
+    "updated_at",
+)
 
 
 def _usage_total(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -531,9 +669,8 @@ def _enqueue_next_in_thread(thread_id: uuid.UUID) -> None:
     # Every pending run is offered, oldest first: the acquisition check
     # decides which one may start (a resume run keeps its turn's place), the
     # others are skipped and offered again when the next run ends.
-    for run_id in (
-        AgentRun.objects.filter(thread_id=thread_id, status=Status.PENDING)
-        .order_by("created_at")
-        .values_list("id", flat=True)
+    table = connection.ops.quote_name(AgentRun._meta.db_table)
+    for (run_id,) in execute_prepared_all(
+        f"SELECT id FROM {table} WHERE thread_id = %s AND status = %s ORDER BY created_at", [thread_id, Status.PENDING]
     ):
         enqueue_run(run_id)
