@@ -252,11 +252,13 @@ class RunExecutor:
                 self.prior_message_ids = {
                     m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)
                 }
-                if not self.prior_message_ids and not self.run.resumed_from_id:
+                first_run = not getattr(self.run, "thread_has_earlier_run", True)
+                if not self.prior_message_ids and not self.run.resumed_from_id and not first_run:
                     # The checkpointer lost the thread (pruned, migrated):
                     # rebuild the history from the audit tables, by the same
                     # rules as the memory API (R-READ-2). Its ids are prior
-                    # messages, never this run's (R-MA-9).
+                    # messages, never this run's (R-MA-9). The thread's first
+                    # run has no history (the lease acquisition told).
                     self.seed_messages = await sync_to_async(_call_then_release)(
                         thread_memory_messages,
                         {"thread_id": self.run.thread_id, "include_tools": True, "before_run": self.run},

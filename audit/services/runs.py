@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Min, Q
+from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
@@ -157,15 +157,39 @@ def run_acquire_with_row(
     *, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datetime | None = None
 ) -> tuple[Lease, AgentRun]:
     """:func:`run_acquire`, returning the acquired run row as well (the
-    worker needs it to start the run: no second read). Same errors."""
+    worker needs it to start the run: no second read). Same errors.
+
+    The row carries ``thread_has_earlier_run``: False when no other run of
+    its thread was created before it (its thread's first run: there is no
+    history to rebuild, R-READ-2)."""
     now = now or timezone.now()
     with transaction.atomic():
-        run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=run_id).first()
+        # The lock's statement also tells whether the thread has an earlier
+        # run and whether any run of another turn holds the thread: the
+        # usual run (its thread's first, or the previous turn ended) needs
+        # no second look, and a first run has no history to rebuild.
+        run = (
+            AgentRun.objects.select_for_update(no_key=True, of=("self",))
+            .annotate(
+                thread_has_earlier_run=Exists(
+                    AgentRun.objects.filter(thread_id=OuterRef("thread_id"), created_at__lte=OuterRef("created_at"))
+                    .exclude(pk=OuterRef("pk"))
+                    .values("pk")
+                ),
+                thread_held=Exists(_holding_runs(OuterRef("thread_id"), OuterRef("turn_id")).values("pk")),
+            )
+            .filter(pk=run_id)
+            .first()
+        )
         if run is None:
             raise NotFound(f"run {run_id} not found")
         if run.status != Status.PENDING:
             raise RunNotStartable(f"run {run_id} is {run.status}, not pending")
-        blocking = _earlier_blocking_run(run)
+        # Earlier turns' runs only ever leave the holding set (a resume
+        # run joins it in the transaction that releases its interrupted
+        # run), so a flag read before a lock wait errs towards "held", and
+        # then the check below reads afresh.
+        blocking = _earlier_blocking_run(run) if run.thread_held else None
         if blocking is not None:
             raise RunNotStartable(f"run {run_id} waits for run {blocking.id} ({blocking.status}) of its thread")
         run.status = Status.RUNNING
@@ -196,11 +220,7 @@ def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
     it is not terminal, and also while it is ``interrupted`` and not yet
     resumed: the thread waits for the approval.
     """
-    holding = list(
-        AgentRun.objects.filter(thread_id=run.thread_id)
-        .exclude(turn_id=run.turn_id)
-        .filter(Q(status__in=AgentRun.ACTIVE_STATUSES) | Q(status=Status.INTERRUPTED, resumed_by__isnull=True))
-    )
+    holding = list(_holding_runs(run.thread_id, run.turn_id))
     if not holding:
         return None
     turn_starts = dict(
@@ -212,6 +232,16 @@ def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
     own_start = turn_starts[run.turn_id]
     earlier = [other for other in holding if (turn_starts[other.turn_id], other.turn_id) < (own_start, run.turn_id)]
     return min(earlier, key=lambda other: turn_starts[other.turn_id]) if earlier else None
+
+
+def _holding_runs(thread_id, turn_id):
+    """The runs of the thread's other turns that hold the thread: not
+    terminal, or interrupted and not resumed (R-RUN-2)."""
+    return (
+        AgentRun.objects.filter(thread_id=thread_id)
+        .exclude(turn_id=turn_id)
+        .filter(Q(status__in=AgentRun.ACTIVE_STATUSES) | Q(status=Status.INTERRUPTED, resumed_by__isnull=True))
+    )
 
 
 @metrics.audit_write("lease_renew")
