@@ -31,7 +31,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
 from conversations.selectors import thread_memory_messages
-from costs.budgets import BudgetGuard
+from costs.budgets import budget_check_running
 from ops import logcontext
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
@@ -123,14 +123,28 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     raise AssertionError("unreachable")
 
 
-class LeasedAuditSink:
-    """The recorder's sink: every fact goes through a lease-checked service."""
+def budget_check_then_model_open(*, budget_user_id: int | None, **kwargs: Any) -> None:
+    """Before a model request is sent: the budget check, then the call's
+    row opens (R-MA-10) — one hop and one connection checkout for both. A
+    run over its budget opens no row and sends no request (R-COST-3)."""
+    if budget_user_id is not None:
+        budget_check_running(user_id=budget_user_id)
+    services.model_call_open(**kwargs)
 
-    def __init__(self, lease: Lease):
+
+class LeasedAuditSink:
+    """The recorder's sink: every fact goes through a lease-checked service.
+    With ``budget_user_id``, every model row opens only after that user's
+    budget check passed (R-COST-3)."""
+
+    def __init__(self, lease: Lease, *, budget_user_id: int | None = None):
         self._lease = lease
+        self._budget_user_id = budget_user_id
 
     async def model_open(self, **kwargs: Any) -> None:
-        await write_with_retry(services.model_call_open, lease=self._lease, **kwargs)
+        await write_with_retry(
+            budget_check_then_model_open, budget_user_id=self._budget_user_id, lease=self._lease, **kwargs
+        )
 
     async def model_retry(self, **kwargs: Any) -> None:
         await write_with_retry(services.model_call_retry, lease=self._lease, **kwargs)
@@ -200,7 +214,9 @@ class RunExecutor:
         self.conninfo = conninfo
         self.config = get_config()
         self.publisher = RunEventPublisher.for_run(run.id)
-        self.recorder = LifecycleRecorder(LeasedAuditSink(lease), publish=self.publisher.publish)
+        self.recorder = LifecycleRecorder(
+            LeasedAuditSink(lease, budget_user_id=run.user_id), publish=self.publisher.publish
+        )
         self.prior_message_ids: set[str] = set()
         self.seed_messages: list = []
         self._stop: _Outcome | None = None
@@ -235,14 +251,13 @@ class RunExecutor:
                 graph = build_agent(
                     self.run.agent_id, model=self.run.model, checkpointer=saver, http_async_client=http_client
                 )
-                # The model request callback opens each model row before its
-                # request is sent (R-MA-10) and counts retries (R-RUN-12).
+                # The model request callback checks the budget and opens each
+                # model row before its request is sent (R-COST-3, R-MA-10),
+                # and counts retries (R-RUN-12).
                 graph_config = {
                     "configurable": {"thread_id": str(self.run.thread_id)},
                     "recursion_limit": 40,
-                    # The budget check runs first (inline): a run over its
-                    # budget opens no model row and sends no request (R-COST-3).
-                    "callbacks": [BudgetGuard(user_id=self.run.user_id), ModelRequestAudit(self.recorder)],
+                    "callbacks": [ModelRequestAudit(self.recorder)],
                 }
                 trace = start_run_trace(self.run.id)
                 if trace.trace_id:

@@ -13,10 +13,13 @@ user (their own, else the default, else none):
   what makes "fits" meaningful before any call has a cost: a budget with
   room for one more run admits one, not every submission that arrives at
   the same moment.
-* **Before each model call** (:class:`BudgetGuard`, a LangChain callback
-  the worker adds to the graph config): when the spend has reached the
-  limit, the call is not made; the run ends ``failed`` with error type
-  ``budget_exceeded`` and its rows are closed as for any failure.
+* **Before each model call** (:func:`budget_check_running`, which the
+  worker calls in the same short transaction hop that then opens the call's
+  model row, before the request is sent — ``audit.runner``): when the spend
+  has reached the limit, no row opens and the call is not made; the run
+  ends ``failed`` with error type ``budget_exceeded`` and its rows are
+  closed as for any failure. One statement reads the budget that applies
+  and the spend, so a budget set while a run runs counts at its next call.
 """
 
 from __future__ import annotations
@@ -27,13 +30,11 @@ import zoneinfo
 from decimal import Decimal
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db import connection, transaction
+from django.db.models import Case, DecimalField, F, Func, OuterRef, Q, Subquery, Value, When
 from django.utils import timezone
-from langchain_core.callbacks import AsyncCallbackHandler
 
 from yuxi_project.config import get_config
-from yuxi_project.db import release_connection
 from yuxi_project.errors import ApplicationError
 
 from .models import Budget
@@ -126,39 +127,46 @@ def budget_admit(*, user, now: dt.datetime | None = None) -> None:
 def budget_check_running(*, user_id: int, now: dt.datetime | None = None) -> None:
     """Refuse the next model call of a running run when the user's spend
     in the current period has reached the limit (no reserve: the run's own
-    calls are the spend). Raises :class:`BudgetExceeded`."""
-    budget = budget_for(user_id)
-    if budget is None:
+    calls are the spend). Raises :class:`BudgetExceeded`. One statement:
+    no budget applies (no row), or the budget with the spend of its period."""
+    found = _budget_with_spend(user_id, now=now)
+    if found is None:
         return
-    spent = spent_usd(user_id=user_id, since=period_start(budget.period, now=now))
+    budget, spent = found
     if spent >= budget.limit_usd:
         raise BudgetExceeded(limit_usd=budget.limit_usd, spent_usd=spent, period=budget.period)
 
 
-class BudgetGuard(AsyncCallbackHandler):
-    """Checks the budget before every chat model call of a run (subagents
-    included: callbacks in the graph config reach every model). Raising
-    from ``on_chat_model_start`` with ``raise_error`` stops the call before
-    its request is sent; the graph then fails with :class:`BudgetExceeded`,
-    which the worker records as the run's error type (R-COST-3)."""
+def _budget_with_spend(user_id: int, *, now: dt.datetime | None = None) -> tuple[Budget, Decimal] | None:
+    """The budget that applies to the user (their own, else the default)
+    and what they spent in its current period — the sum
+    :func:`costs.selectors.spent_usd` makes — in one query; None when no
+    budget applies."""
+    from conversations.models import Message
 
-    raise_error = True
-    # Inline handlers run first, in order, before the others are gathered:
-    # the check ends the call before the audit opens its row.
-    run_inline = True
+    now = now or timezone.now()
+    since = Case(
+        When(period=Budget.Period.MONTH, then=Value(period_start(Budget.Period.MONTH, now=now))),
+        default=Value(period_start(Budget.Period.DAY, now=now)),
+    )
+    spend = (
+        Message.objects.model_calls()
+        .filter(run__user_id=user_id, finished_at__gte=OuterRef("since"), cost_usd__isnull=False)
+        .order_by()
+        .values(total=Func("cost_usd", function="SUM", output_field=_USD))
+    )
+    budget = (
+        Budget.objects.filter(Q(user_id=user_id) | Q(user__isnull=True))
+        .annotate(since=since, spent=Subquery(spend, output_field=_USD))
+        .order_by(F("user_id").asc(nulls_last=True))
+        .first()
+    )
+    if budget is None:
+        return None
+    return budget, budget.spent or Decimal(0)
 
-    def __init__(self, *, user_id: int):
-        self.user_id = user_id
 
-    async def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
-        await sync_to_async(_check_then_release)(self.user_id)
-
-
-def _check_then_release(user_id: int) -> None:
-    try:
-        budget_check_running(user_id=user_id)
-    finally:
-        release_connection()
+_USD = DecimalField(max_digits=30, decimal_places=12)
 
 
 def _lock_key(user_id: int) -> int:
