@@ -25,16 +25,17 @@ user (their own, else the default, else none):
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import zoneinfo
 from decimal import Decimal
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Case, DecimalField, F, Func, OuterRef, Q, Subquery, Value, When
 from django.utils import timezone
 
 from yuxi_project.config import get_config
+from yuxi_project.db import execute_prepared
 from yuxi_project.errors import ApplicationError
 
 from .models import Budget
@@ -140,33 +141,54 @@ def budget_check_running(*, user_id: int, now: dt.datetime | None = None) -> Non
 def _budget_with_spend(user_id: int, *, now: dt.datetime | None = None) -> tuple[Budget, Decimal] | None:
     """The budget that applies to the user (their own, else the default)
     and what they spent in its current period — the sum
-    :func:`costs.selectors.spent_usd` makes — in one query; None when no
-    budget applies."""
+    :func:`costs.selectors.spent_usd` makes — in one statement of fixed
+    text (prepared once per connection); None when no budget applies."""
+    now = now or timezone.now()
+    ops = connection.ops
+    sql, calls_params = _budget_with_spend_sql()
+    row = execute_prepared(
+        sql,
+        [
+            *calls_params,
+            user_id,
+            ops.adapt_datetimefield_value(period_start(Budget.Period.MONTH, now=now)),
+            ops.adapt_datetimefield_value(period_start(Budget.Period.DAY, now=now)),
+            user_id,
+        ],
+    )
+    if row is None:
+        return None
+    limit_usd, period, spent = row
+    budget = Budget(user_id=user_id, limit_usd=_decimal(limit_usd), period=period)
+    return budget, _decimal(spent or 0)
+
+
+def _decimal(value: Any) -> Decimal:
+    return value if isinstance(value, Decimal) else Decimal(str(value))
+
+
+@functools.cache
+def _budget_with_spend_sql() -> tuple[str, tuple]:
+    """The statement of :func:`_budget_with_spend` and the parameters of
+    its model-call condition; then come the user id, the start of the
+    month, of the day, and the user id. The model calls are those of
+    ``Message.objects.model_calls()``, compiled here once."""
+    from audit.models import AgentRun
     from conversations.models import Message
 
-    now = now or timezone.now()
-    since = Case(
-        When(period=Budget.Period.MONTH, then=Value(period_start(Budget.Period.MONTH, now=now))),
-        default=Value(period_start(Budget.Period.DAY, now=now)),
+    calls = Message.objects.model_calls().query
+    where, where_params = calls.get_compiler(using=connection.alias).compile(calls.where)
+    q = connection.ops.quote_name
+    message, run, budget = Message._meta.db_table, AgentRun._meta.db_table, Budget._meta.db_table
+    return (
+        f"SELECT b.limit_usd, b.period, (SELECT SUM({q(message)}.cost_usd) FROM {q(message)} "
+        f"JOIN {q(run)} r ON r.id = {q(message)}.run_id "
+        f"WHERE {where} AND r.user_id = %s AND {q(message)}.cost_usd IS NOT NULL "
+        f"AND {q(message)}.finished_at >= CASE WHEN b.period = '{Budget.Period.MONTH}' THEN %s ELSE %s END) "
+        f"FROM {q(budget)} b WHERE b.user_id = %s OR b.user_id IS NULL "
+        "ORDER BY b.user_id NULLS LAST LIMIT 1",
+        tuple(where_params),
     )
-    spend = (
-        Message.objects.model_calls()
-        .filter(run__user_id=user_id, finished_at__gte=OuterRef("since"), cost_usd__isnull=False)
-        .order_by()
-        .values(total=Func("cost_usd", function="SUM", output_field=_USD))
-    )
-    budget = (
-        Budget.objects.filter(Q(user_id=user_id) | Q(user__isnull=True))
-        .annotate(since=since, spent=Subquery(spend, output_field=_USD))
-        .order_by(F("user_id").asc(nulls_last=True))
-        .first()
-    )
-    if budget is None:
-        return None
-    return budget, budget.spent or Decimal(0)
-
-
-_USD = DecimalField(max_digits=30, decimal_places=12)
 
 
 def _lock_key(user_id: int) -> int:
