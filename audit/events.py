@@ -67,10 +67,18 @@ def stream_key(run_id: uuid.UUID | str) -> str:
     return f"yuxi:run:{run_id}:events"
 
 
-def _redis(url: str):
+#: Options of every Redis client of the live events and the cancel signal:
+#: no ``CLIENT SETINFO`` (library name and version) on each new connection,
+#: and a bounded connect (Redis is a hint, never something a run waits on).
+REDIS_CLIENT_OPTIONS: dict[str, Any] = {"driver_info": None, "socket_connect_timeout": 2}
+
+
+def redis_client(url: str):
+    """An asyncio Redis client (its own connection pool) for one run's
+    events and cancel signal, or one event stream reader."""
     from redis import asyncio as aioredis
 
-    return aioredis.from_url(url)
+    return aioredis.from_url(url, **REDIS_CLIENT_OPTIONS)
 
 
 # Appends a batch of events to a run's stream after its last entry, in one
@@ -120,10 +128,13 @@ class RunEventPublisher:
     batch is kept and sent with the next one.
     """
 
-    def __init__(self, run_id: uuid.UUID | str, redis_url: str | None):
+    def __init__(self, run_id: uuid.UUID | str, redis_url: str | None, *, client: Any = None):
         self.run_id = str(run_id)
         self._redis_url = redis_url
-        self._client = None
+        # A client given by the caller (shared with the run's cancel
+        # listener) is the caller's to close.
+        self._client = client
+        self._owns_client = client is None
         self._script = None
         self._pending: list[tuple[str, str]] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -133,8 +144,8 @@ class RunEventPublisher:
         self._lock = asyncio.Lock()
 
     @classmethod
-    def for_run(cls, run_id: uuid.UUID | str) -> RunEventPublisher:
-        return cls(run_id, get_config().REDIS_URL or None)
+    def for_run(cls, run_id: uuid.UUID | str, *, client: Any = None) -> RunEventPublisher:
+        return cls(run_id, get_config().REDIS_URL or None, client=client)
 
     async def publish(self, event_type: str, data: dict[str, Any]) -> None:
         """Add one event ``{type, data}`` (``data`` JSON-able) to the batch."""
@@ -169,8 +180,9 @@ class RunEventPublisher:
         # batch; only what was sent is taken off the list.
         batch = list(self._pending)
         try:
-            if self._client is None:
-                self._client = _redis(self._redis_url)
+            if self._script is None:
+                if self._client is None:
+                    self._client = redis_client(self._redis_url)
                 self._script = self._client.register_script(_APPEND_SCRIPT)
             ttl = 0 if self._ttl_set else STREAM_TTL_SECONDS
             args: list[Any] = [self.sequence, get_config().EVENT_STREAM_MAXLEN, ttl]
@@ -198,8 +210,10 @@ class RunEventPublisher:
                     await self._client.expire(stream_key(self.run_id), STREAM_TTL_SECONDS)
             except RedisError as exc:
                 log.warning("run %s: stream TTL not set: %s", self.run_id, exc)
-            await self._client.aclose()
-            self._client = None
+            if self._owns_client:
+                await self._client.aclose()
+                self._client = None
+                self._script = None
 
 
 def _sequence_of(entry_id: bytes | str) -> int:
@@ -288,7 +302,7 @@ async def run_event_stream(
     """
     last = max(0, last_event_id)
     key = stream_key(run_id)
-    client = _redis(redis_url) if redis_url else None
+    client = redis_client(redis_url) if redis_url else None
     terminal_seen = 0
     try:
         yield "retry: 1000\n\n"

@@ -53,7 +53,7 @@ from .errors import (
     LeaseLost,
     RunNotStartable,
 )
-from .events import RunEventPublisher
+from .events import RunEventPublisher, redis_client
 from .lease import Lease
 from .model_requests import ModelRequestAudit
 from .models import AgentRun, RunCancelRequest
@@ -213,7 +213,11 @@ class RunExecutor:
         self.run = run
         self.conninfo = conninfo
         self.config = get_config()
-        self.publisher = RunEventPublisher.for_run(run.id)
+        # One Redis client for the run's events and its cancel listener's
+        # key check (the subscription has a connection of its own).
+        redis_url = self.config.REDIS_URL or None
+        self.redis = redis_client(redis_url) if redis_url else None
+        self.publisher = RunEventPublisher(run.id, redis_url, client=self.redis)
         self.recorder = LifecycleRecorder(
             LeasedAuditSink(lease, budget_user_id=run.user_id), publish=self.publisher.publish
         )
@@ -244,6 +248,9 @@ class RunExecutor:
             # Sends the events still batched (the terminal one, published by
             # _finish after its transaction committed, last).
             await self.publisher.close()
+            if self.redis is not None:
+                with contextlib.suppress(Exception):
+                    await self.redis.aclose()
 
     async def _drive(self) -> _Outcome:
         try:
@@ -332,7 +339,7 @@ class RunExecutor:
         ttl = self.config.LEASE_TTL_SECONDS
         poll = min(1.0, ttl / 3)
         renewed_at = time.monotonic()
-        listener = CancelSignalListener(self.lease.run_id)
+        listener = CancelSignalListener(self.lease.run_id, client=self.redis)
         try:
             while self._stop is None:
                 signalled = await listener.wait(poll)
