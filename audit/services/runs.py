@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
@@ -161,46 +162,16 @@ def run_acquire_with_row(
 
     The row carries ``thread_has_earlier_run``: False when no other run of
     its thread was created before it (its thread's first run: there is no
-    history to rebuild, R-READ-2)."""
+    history to rebuild, R-READ-2).
+
+    The usual run — pending, and no run of another turn holds its thread —
+    is acquired by one statement (:func:`_acquire_unheld`); any other goes
+    through the full check, which names the reason it cannot start."""
     now = now or timezone.now()
-    with transaction.atomic():
-        # The lock's statement also tells whether the thread has an earlier
-        # run and whether any run of another turn holds the thread: the
-        # usual run (its thread's first, or the previous turn ended) needs
-        # no second look, and a first run has no history to rebuild.
-        run = (
-            AgentRun.objects.select_for_update(no_key=True, of=("self",))
-            .annotate(
-                thread_has_earlier_run=Exists(
-                    AgentRun.objects.filter(thread_id=OuterRef("thread_id"), created_at__lte=OuterRef("created_at"))
-                    .exclude(pk=OuterRef("pk"))
-                    .values("pk")
-                ),
-                thread_held=Exists(_holding_runs(OuterRef("thread_id"), OuterRef("turn_id")).values("pk")),
-            )
-            .filter(pk=run_id)
-            .first()
-        )
-        if run is None:
-            raise NotFound(f"run {run_id} not found")
-        if run.status != Status.PENDING:
-            raise RunNotStartable(f"run {run_id} is {run.status}, not pending")
-        # Earlier turns' runs only ever leave the holding set (a resume
-        # run joins it in the transaction that releases its interrupted
-        # run), so a flag read before a lock wait errs towards "held", and
-        # then the check below reads afresh.
-        blocking = _earlier_blocking_run(run) if run.thread_held else None
-        if blocking is not None:
-            raise RunNotStartable(f"run {run_id} waits for run {blocking.id} ({blocking.status}) of its thread")
-        run.status = Status.RUNNING
-        run.lease_owner = owner
-        run.fencing_token += 1
-        run.lease_expires_at = now + timedelta(seconds=ttl_seconds)
-        run.started_at = run.started_at or now
-        run.save(
-            update_fields=["status", "lease_owner", "fencing_token", "lease_expires_at", "started_at", "updated_at"]
-        )
-        metrics.lease_acquired(run)
+    expires_at = now + timedelta(seconds=ttl_seconds)
+    run = _acquire_unheld(run_id=run_id, owner=owner, expires_at=expires_at, now=now)
+    if run is None:
+        run = _acquire_checked(run_id=run_id, owner=owner, expires_at=expires_at, now=now)
     return Lease(
         run_id=run.id,
         request_id=run.request_id,
@@ -209,6 +180,81 @@ def run_acquire_with_row(
         fencing_token=run.fencing_token,
         model=run.model,
     ), run
+
+
+def _acquire_unheld(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now: datetime) -> AgentRun | None:
+    """Acquire the run in one statement (its own transaction, or the
+    caller's) when it is pending and no run of another turn of its thread
+    holds the thread (:func:`_holding_runs`: then no earlier turn can block
+    it, R-RUN-2); the row comes back with ``thread_has_earlier_run``. None,
+    changing nothing, otherwise.
+
+    The row lock is the UPDATE's own. The holding check reads the snapshot
+    of the statement's start even when it waited for the lock, which errs
+    only towards "held": runs of other turns join the holding set only as
+    later turns (a resume run joins it in the transaction that releases its
+    interrupted run), and a later turn makes this path give way to the full
+    check."""
+    params = [Status.RUNNING, owner, expires_at, now, timezone.now(), run_id, Status.PENDING]
+    params += [*AgentRun.ACTIVE_STATUSES, Status.INTERRUPTED]
+    run = next(iter(AgentRun.objects.raw(_acquire_unheld_sql(), params)), None)
+    if run is not None:
+        metrics.lease_acquired(run)
+    return run
+
+
+@functools.cache
+def _acquire_unheld_sql() -> str:
+    q = connection.ops.quote_name
+    table = q(AgentRun._meta.db_table)
+    columns = ", ".join(f"r.{q(f.column)}" for f in AgentRun._meta.concrete_fields)
+    active = ", ".join(["%s"] * len(AgentRun.ACTIVE_STATUSES))
+    return (
+        f"UPDATE {table} AS r SET status = %s, lease_owner = %s, fencing_token = r.fencing_token + 1, "
+        "lease_expires_at = %s, started_at = COALESCE(r.started_at, %s), updated_at = %s "
+        "WHERE r.id = %s AND r.status = %s AND NOT EXISTS ("
+        f"SELECT FROM {table} o WHERE o.thread_id = r.thread_id AND o.turn_id <> r.turn_id "
+        f"AND (o.status IN ({active}) OR (o.status = %s "
+        f"AND NOT EXISTS (SELECT FROM {table} x WHERE x.resumed_from_id = o.id)))) "
+        f"RETURNING {columns}, EXISTS (SELECT FROM {table} e WHERE e.thread_id = r.thread_id "
+        "AND e.created_at <= r.created_at AND e.id <> r.id) AS thread_has_earlier_run"
+    )
+
+
+def _acquire_checked(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now: datetime) -> AgentRun:
+    """The full acquisition: lock the row, check it is pending and that no
+    earlier turn holds the thread (R-RUN-2), take the lease. Raises
+    NotFound or RunNotStartable."""
+    with transaction.atomic():
+        run = (
+            AgentRun.objects.select_for_update(no_key=True, of=("self",))
+            .annotate(
+                thread_has_earlier_run=Exists(
+                    AgentRun.objects.filter(thread_id=OuterRef("thread_id"), created_at__lte=OuterRef("created_at"))
+                    .exclude(pk=OuterRef("pk"))
+                    .values("pk")
+                )
+            )
+            .filter(pk=run_id)
+            .first()
+        )
+        if run is None:
+            raise NotFound(f"run {run_id} not found")
+        if run.status != Status.PENDING:
+            raise RunNotStartable(f"run {run_id} is {run.status}, not pending")
+        blocking = _earlier_blocking_run(run)
+        if blocking is not None:
+            raise RunNotStartable(f"run {run_id} waits for run {blocking.id} ({blocking.status}) of its thread")
+        run.status = Status.RUNNING
+        run.lease_owner = owner
+        run.fencing_token += 1
+        run.lease_expires_at = expires_at
+        run.started_at = run.started_at or now
+        run.save(
+            update_fields=["status", "lease_owner", "fencing_token", "lease_expires_at", "started_at", "updated_at"]
+        )
+        metrics.lease_acquired(run)
+    return run
 
 
 def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
