@@ -270,17 +270,21 @@ class RunExecutor:
                 if trace.trace_id:
                     await write_with_retry(run_set_trace, lease=self.lease, trace_id=trace.trace_id)
                     graph_config["callbacks"] += list(trace.callbacks)
-                snapshot = await graph.aget_state(graph_config)
-                self.prior_message_ids = {
-                    m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)
-                }
+                # Only runs write a thread's checkpoints, each while it runs
+                # (acquired once), and a thread's runs are never deleted
+                # (R-GOV-3): the thread's first run finds none to read, and
+                # no history to rebuild (the lease acquisition told).
                 first_run = not getattr(self.run, "thread_has_earlier_run", True)
+                if not first_run:
+                    snapshot = await graph.aget_state(graph_config)
+                    self.prior_message_ids = {
+                        m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)
+                    }
                 if not self.prior_message_ids and not self.run.resumed_from_id and not first_run:
                     # The checkpointer lost the thread (pruned, migrated):
                     # rebuild the history from the audit tables, by the same
                     # rules as the memory API (R-READ-2). Its ids are prior
-                    # messages, never this run's (R-MA-9). The thread's first
-                    # run has no history (the lease acquisition told).
+                    # messages, never this run's (R-MA-9).
                     self.seed_messages = await sync_to_async(_call_then_release)(
                         thread_memory_messages,
                         {"thread_id": self.run.thread_id, "include_tools": True, "before_run": self.run},
