@@ -164,16 +164,19 @@ class RunEventPublisher:
         # Keep a reference until it ends; errors are logged by flush itself.
         self._flushing = task
 
-    async def flush(self) -> None:
-        """Send every event waiting in the batch (one round trip)."""
+    async def flush(self, *, refresh_ttl: bool = False) -> bool:
+        """Send every event waiting in the batch (one round trip); with
+        ``refresh_ttl`` the same round trip sets the stream's TTL again.
+        Returns whether a batch was sent."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         async with self._lock:
             if self._pending:
-                await self._send()
+                return await self._send(refresh_ttl=refresh_ttl)
+        return False
 
-    async def _send(self) -> None:
+    async def _send(self, *, refresh_ttl: bool = False) -> bool:
         from redis.exceptions import RedisError
 
         # A copy: events published while the script runs join the next
@@ -184,29 +187,32 @@ class RunEventPublisher:
                 if self._client is None:
                     self._client = redis_client(self._redis_url)
                 self._script = self._client.register_script(_APPEND_SCRIPT)
-            ttl = 0 if self._ttl_set else STREAM_TTL_SECONDS
+            ttl = 0 if self._ttl_set and not refresh_ttl else STREAM_TTL_SECONDS
             args: list[Any] = [self.sequence, get_config().EVENT_STREAM_MAXLEN, ttl]
             for event_type, data in batch:
                 args += [event_type, data]
             self.sequence = int(await self._script(keys=[stream_key(self.run_id)], args=args))
             self._ttl_set = True
             del self._pending[: len(batch)]
+            return True
         except RedisError as exc:
             if len(self._pending) > BUFFER_MAX_EVENTS:
                 dropped = len(self._pending) - BUFFER_MAX_EVENTS
                 del self._pending[:dropped]
                 log.warning("run %s: %s live events dropped while Redis is unreachable", self.run_id, dropped)
             log.warning("run %s: %s events not published yet: %s", self.run_id, len(batch), exc)
+            return False
 
     async def close(self) -> None:
         """Send what waits, set the stream's TTL once more (it counts from
-        the run's last event) and close the connection."""
+        the run's last event: in the same round trip as the last batch when
+        one waits) and close the connection."""
         from redis.exceptions import RedisError
 
-        await self.flush()
+        refreshed = await self.flush(refresh_ttl=True)
         if self._client is not None:
             try:
-                if self._ttl_set:
+                if self._ttl_set and not refreshed:
                     await self._client.expire(stream_key(self.run_id), STREAM_TTL_SECONDS)
             except RedisError as exc:
                 log.warning("run %s: stream TTL not set: %s", self.run_id, exc)
