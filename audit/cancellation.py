@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from yuxi_project.config import get_config
 
@@ -40,7 +41,7 @@ def cancel_signal_send(*, run_id: uuid.UUID | str) -> None:
     import redis
 
     try:
-        client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+        client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2, driver_info=None)
         try:
             client.set(cancel_key(run_id), "1", ex=SIGNAL_TTL_SECONDS)
             client.publish(cancel_channel(run_id), "cancel")
@@ -56,19 +57,24 @@ class CancelSignalListener:
     ``timeout`` seconds pass without one. Never raises on Redis errors: it
     then just sleeps, and the caller's database check decides."""
 
-    def __init__(self, run_id: uuid.UUID | str, redis_url: str | None = None):
+    def __init__(self, run_id: uuid.UUID | str, redis_url: str | None = None, *, client: Any = None):
         self.run_id = str(run_id)
         self._redis_url = redis_url if redis_url is not None else (get_config().REDIS_URL or None)
-        self._client = None
+        # A client given by the caller (the run's event publisher's: the key
+        # check then reuses its connection) is the caller's to close; the
+        # subscription always takes a connection of its own.
+        self._client = client
+        self._owns_client = client is None
         self._pubsub = None
         self._key_reported = False
 
     async def _ensure(self) -> None:
         if self._pubsub is not None or not self._redis_url:
             return
-        from redis import asyncio as aioredis
+        from .events import redis_client
 
-        self._client = aioredis.from_url(self._redis_url, socket_connect_timeout=2)
+        if self._client is None:
+            self._client = redis_client(self._redis_url)
         self._pubsub = self._client.pubsub()
         await self._pubsub.subscribe(cancel_channel(self.run_id))
 
@@ -102,8 +108,10 @@ class CancelSignalListener:
             return False
 
     async def close(self) -> None:
-        pubsub, client = self._pubsub, self._client
-        self._pubsub = self._client = None
+        pubsub, client = self._pubsub, self._client if self._owns_client else None
+        self._pubsub = None
+        if self._owns_client:
+            self._client = None
         if pubsub is not None:
             try:
                 await pubsub.aclose()

@@ -67,10 +67,18 @@ def stream_key(run_id: uuid.UUID | str) -> str:
     return f"yuxi:run:{run_id}:events"
 
 
-def _redis(url: str):
+#: Options of every Redis client of the live events and the cancel signal:
+#: no ``CLIENT SETINFO`` (library name and version) on each new connection,
+#: and a bounded connect (Redis is a hint, never something a run waits on).
+REDIS_CLIENT_OPTIONS: dict[str, Any] = {"driver_info": None, "socket_connect_timeout": 2}
+
+
+def redis_client(url: str):
+    """An asyncio Redis client (its own connection pool) for one run's
+    events and cancel signal, or one event stream reader."""
     from redis import asyncio as aioredis
 
-    return aioredis.from_url(url)
+    return aioredis.from_url(url, **REDIS_CLIENT_OPTIONS)
 
 
 # Appends a batch of events to a run's stream after its last entry, in one
@@ -120,10 +128,13 @@ class RunEventPublisher:
     batch is kept and sent with the next one.
     """
 
-    def __init__(self, run_id: uuid.UUID | str, redis_url: str | None):
+    def __init__(self, run_id: uuid.UUID | str, redis_url: str | None, *, client: Any = None):
         self.run_id = str(run_id)
         self._redis_url = redis_url
-        self._client = None
+        # A client given by the caller (shared with the run's cancel
+        # listener) is the caller's to close.
+        self._client = client
+        self._owns_client = client is None
         self._script = None
         self._pending: list[tuple[str, str]] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -133,8 +144,8 @@ class RunEventPublisher:
         self._lock = asyncio.Lock()
 
     @classmethod
-    def for_run(cls, run_id: uuid.UUID | str) -> RunEventPublisher:
-        return cls(run_id, get_config().REDIS_URL or None)
+    def for_run(cls, run_id: uuid.UUID | str, *, client: Any = None) -> RunEventPublisher:
+        return cls(run_id, get_config().REDIS_URL or None, client=client)
 
     async def publish(self, event_type: str, data: dict[str, Any]) -> None:
         """Add one event ``{type, data}`` (``data`` JSON-able) to the batch."""
@@ -153,53 +164,62 @@ class RunEventPublisher:
         # Keep a reference until it ends; errors are logged by flush itself.
         self._flushing = task
 
-    async def flush(self) -> None:
-        """Send every event waiting in the batch (one round trip)."""
+    async def flush(self, *, refresh_ttl: bool = False) -> bool:
+        """Send every event waiting in the batch (one round trip); with
+        ``refresh_ttl`` the same round trip sets the stream's TTL again.
+        Returns whether a batch was sent."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         async with self._lock:
             if self._pending:
-                await self._send()
+                return await self._send(refresh_ttl=refresh_ttl)
+        return False
 
-    async def _send(self) -> None:
+    async def _send(self, *, refresh_ttl: bool = False) -> bool:
         from redis.exceptions import RedisError
 
         # A copy: events published while the script runs join the next
         # batch; only what was sent is taken off the list.
         batch = list(self._pending)
         try:
-            if self._client is None:
-                self._client = _redis(self._redis_url)
+            if self._script is None:
+                if self._client is None:
+                    self._client = redis_client(self._redis_url)
                 self._script = self._client.register_script(_APPEND_SCRIPT)
-            ttl = 0 if self._ttl_set else STREAM_TTL_SECONDS
+            ttl = 0 if self._ttl_set and not refresh_ttl else STREAM_TTL_SECONDS
             args: list[Any] = [self.sequence, get_config().EVENT_STREAM_MAXLEN, ttl]
             for event_type, data in batch:
                 args += [event_type, data]
             self.sequence = int(await self._script(keys=[stream_key(self.run_id)], args=args))
             self._ttl_set = True
             del self._pending[: len(batch)]
+            return True
         except RedisError as exc:
             if len(self._pending) > BUFFER_MAX_EVENTS:
                 dropped = len(self._pending) - BUFFER_MAX_EVENTS
                 del self._pending[:dropped]
                 log.warning("run %s: %s live events dropped while Redis is unreachable", self.run_id, dropped)
             log.warning("run %s: %s events not published yet: %s", self.run_id, len(batch), exc)
+            return False
 
     async def close(self) -> None:
         """Send what waits, set the stream's TTL once more (it counts from
-        the run's last event) and close the connection."""
+        the run's last event: in the same round trip as the last batch when
+        one waits) and close the connection."""
         from redis.exceptions import RedisError
 
-        await self.flush()
+        refreshed = await self.flush(refresh_ttl=True)
         if self._client is not None:
             try:
-                if self._ttl_set:
+                if self._ttl_set and not refreshed:
                     await self._client.expire(stream_key(self.run_id), STREAM_TTL_SECONDS)
             except RedisError as exc:
                 log.warning("run %s: stream TTL not set: %s", self.run_id, exc)
-            await self._client.aclose()
-            self._client = None
+            if self._owns_client:
+                await self._client.aclose()
+                self._client = None
+                self._script = None
 
 
 def _sequence_of(entry_id: bytes | str) -> int:
@@ -288,7 +308,7 @@ async def run_event_stream(
     """
     last = max(0, last_event_id)
     key = stream_key(run_id)
-    client = _redis(redis_url) if redis_url else None
+    client = redis_client(redis_url) if redis_url else None
     terminal_seen = 0
     try:
         yield "retry: 1000\n\n"

@@ -31,7 +31,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
 from conversations.selectors import thread_memory_messages
-from costs.budgets import BudgetGuard
+from costs.budgets import budget_check_running
 from ops import logcontext
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
@@ -53,7 +53,7 @@ from .errors import (
     LeaseLost,
     RunNotStartable,
 )
-from .events import RunEventPublisher
+from .events import RunEventPublisher, redis_client
 from .lease import Lease
 from .model_requests import ModelRequestAudit
 from .models import AgentRun, RunCancelRequest
@@ -123,14 +123,28 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     raise AssertionError("unreachable")
 
 
-class LeasedAuditSink:
-    """The recorder's sink: every fact goes through a lease-checked service."""
+def budget_check_then_model_open(*, budget_user_id: int | None, **kwargs: Any) -> None:
+    """Before a model request is sent: the budget check, then the call's
+    row opens (R-MA-10) — one hop and one connection checkout for both. A
+    run over its budget opens no row and sends no request (R-COST-3)."""
+    if budget_user_id is not None:
+        budget_check_running(user_id=budget_user_id)
+    services.model_call_open(**kwargs)
 
-    def __init__(self, lease: Lease):
+
+class LeasedAuditSink:
+    """The recorder's sink: every fact goes through a lease-checked service.
+    With ``budget_user_id``, every model row opens only after that user's
+    budget check passed (R-COST-3)."""
+
+    def __init__(self, lease: Lease, *, budget_user_id: int | None = None):
         self._lease = lease
+        self._budget_user_id = budget_user_id
 
     async def model_open(self, **kwargs: Any) -> None:
-        await write_with_retry(services.model_call_open, lease=self._lease, **kwargs)
+        await write_with_retry(
+            budget_check_then_model_open, budget_user_id=self._budget_user_id, lease=self._lease, **kwargs
+        )
 
     async def model_retry(self, **kwargs: Any) -> None:
         await write_with_retry(services.model_call_retry, lease=self._lease, **kwargs)
@@ -199,8 +213,14 @@ class RunExecutor:
         self.run = run
         self.conninfo = conninfo
         self.config = get_config()
-        self.publisher = RunEventPublisher.for_run(run.id)
-        self.recorder = LifecycleRecorder(LeasedAuditSink(lease), publish=self.publisher.publish)
+        # One Redis client for the run's events and its cancel listener's
+        # key check (the subscription has a connection of its own).
+        redis_url = self.config.REDIS_URL or None
+        self.redis = redis_client(redis_url) if redis_url else None
+        self.publisher = RunEventPublisher(run.id, redis_url, client=self.redis)
+        self.recorder = LifecycleRecorder(
+            LeasedAuditSink(lease, budget_user_id=run.user_id), publish=self.publisher.publish
+        )
         self.prior_message_ids: set[str] = set()
         self.seed_messages: list = []
         self._stop: _Outcome | None = None
@@ -228,6 +248,9 @@ class RunExecutor:
             # Sends the events still batched (the terminal one, published by
             # _finish after its transaction committed, last).
             await self.publisher.close()
+            if self.redis is not None:
+                with contextlib.suppress(Exception):
+                    await self.redis.aclose()
 
     async def _drive(self) -> _Outcome:
         try:
@@ -235,24 +258,29 @@ class RunExecutor:
                 graph = build_agent(
                     self.run.agent_id, model=self.run.model, checkpointer=saver, http_async_client=http_client
                 )
-                # The model request callback opens each model row before its
-                # request is sent (R-MA-10) and counts retries (R-RUN-12).
+                # The model request callback checks the budget and opens each
+                # model row before its request is sent (R-COST-3, R-MA-10),
+                # and counts retries (R-RUN-12).
                 graph_config = {
                     "configurable": {"thread_id": str(self.run.thread_id)},
                     "recursion_limit": 40,
-                    # The budget check runs first (inline): a run over its
-                    # budget opens no model row and sends no request (R-COST-3).
-                    "callbacks": [BudgetGuard(user_id=self.run.user_id), ModelRequestAudit(self.recorder)],
+                    "callbacks": [ModelRequestAudit(self.recorder)],
                 }
                 trace = start_run_trace(self.run.id)
                 if trace.trace_id:
                     await write_with_retry(run_set_trace, lease=self.lease, trace_id=trace.trace_id)
                     graph_config["callbacks"] += list(trace.callbacks)
-                snapshot = await graph.aget_state(graph_config)
-                self.prior_message_ids = {
-                    m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)
-                }
-                if not self.prior_message_ids and not self.run.resumed_from_id:
+                # Only runs write a thread's checkpoints, each while it runs
+                # (acquired once), and a thread's runs are never deleted
+                # (R-GOV-3): the thread's first run finds none to read, and
+                # no history to rebuild (the lease acquisition told).
+                first_run = not getattr(self.run, "thread_has_earlier_run", True)
+                if not first_run:
+                    snapshot = await graph.aget_state(graph_config)
+                    self.prior_message_ids = {
+                        m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)
+                    }
+                if not self.prior_message_ids and not self.run.resumed_from_id and not first_run:
                     # The checkpointer lost the thread (pruned, migrated):
                     # rebuild the history from the audit tables, by the same
                     # rules as the memory API (R-READ-2). Its ids are prior
@@ -315,7 +343,7 @@ class RunExecutor:
         ttl = self.config.LEASE_TTL_SECONDS
         poll = min(1.0, ttl / 3)
         renewed_at = time.monotonic()
-        listener = CancelSignalListener(self.lease.run_id)
+        listener = CancelSignalListener(self.lease.run_id, client=self.redis)
         try:
             while self._stop is None:
                 signalled = await listener.wait(poll)

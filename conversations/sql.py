@@ -14,6 +14,9 @@ re-typed in SQL.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from django.db import connections
 from django.db.models import Q
 
@@ -74,14 +77,8 @@ def messages_from_values(fetched: list, *, extra: tuple[str, ...] = ()) -> list[
     from django.db import connection
     from django.db.models.base import ModelState
 
-    fields = Message._meta.concrete_fields
-    names = [f.attname for f in fields] + list(extra)
-    converters = []
-    for i, f in enumerate(fields):
-        column = f.get_col(MESSAGE_TABLE)
-        functions = connection.ops.get_db_converters(column) + f.get_db_converters(connection)
-        if functions:
-            converters.append((i, column, functions))
+    attnames, converters = _message_converters(connection.alias)
+    names = [*attnames, *extra]
     new = Message.__new__
     rows = []
     for values in fetched:
@@ -97,3 +94,20 @@ def messages_from_values(fetched: list, *, extra: tuple[str, ...] = ()) -> list[
         row.__dict__.update(zip(names, values, strict=True))
         rows.append(row)
     return rows
+
+
+@functools.cache
+def _message_converters(alias: str) -> tuple[list[str], list[tuple[int, Any, list]]]:
+    """The attribute names of :class:`Message`'s concrete fields and, per
+    field that has any, ``(index, column, converters)`` as the ORM applies
+    them on the database ``alias``: static, computed once (a fenced audit
+    write converts one row, and finding them cost more than applying them)."""
+    connection = connections[alias]
+    fields = Message._meta.concrete_fields
+    converters = []
+    for i, f in enumerate(fields):
+        column = f.get_col(MESSAGE_TABLE)
+        functions = connection.ops.get_db_converters(column) + f.get_db_converters(connection)
+        if functions:
+            converters.append((i, column, functions))
+    return [f.attname for f in fields], converters

@@ -13,27 +13,29 @@ user (their own, else the default, else none):
   what makes "fits" meaningful before any call has a cost: a budget with
   room for one more run admits one, not every submission that arrives at
   the same moment.
-* **Before each model call** (:class:`BudgetGuard`, a LangChain callback
-  the worker adds to the graph config): when the spend has reached the
-  limit, the call is not made; the run ends ``failed`` with error type
-  ``budget_exceeded`` and its rows are closed as for any failure.
+* **Before each model call** (:func:`budget_check_running`, which the
+  worker calls in the same short transaction hop that then opens the call's
+  model row, before the request is sent — ``audit.runner``): when the spend
+  has reached the limit, no row opens and the call is not made; the run
+  ends ``failed`` with error type ``budget_exceeded`` and its rows are
+  closed as for any failure. One statement reads the budget that applies
+  and the spend, so a budget set while a run runs counts at its next call.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import zoneinfo
 from decimal import Decimal
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db import connection, transaction
 from django.utils import timezone
-from langchain_core.callbacks import AsyncCallbackHandler
 
 from yuxi_project.config import get_config
-from yuxi_project.db import release_connection
+from yuxi_project.db import execute_prepared
 from yuxi_project.errors import ApplicationError
 
 from .models import Budget
@@ -126,39 +128,67 @@ def budget_admit(*, user, now: dt.datetime | None = None) -> None:
 def budget_check_running(*, user_id: int, now: dt.datetime | None = None) -> None:
     """Refuse the next model call of a running run when the user's spend
     in the current period has reached the limit (no reserve: the run's own
-    calls are the spend). Raises :class:`BudgetExceeded`."""
-    budget = budget_for(user_id)
-    if budget is None:
+    calls are the spend). Raises :class:`BudgetExceeded`. One statement:
+    no budget applies (no row), or the budget with the spend of its period."""
+    found = _budget_with_spend(user_id, now=now)
+    if found is None:
         return
-    spent = spent_usd(user_id=user_id, since=period_start(budget.period, now=now))
+    budget, spent = found
     if spent >= budget.limit_usd:
         raise BudgetExceeded(limit_usd=budget.limit_usd, spent_usd=spent, period=budget.period)
 
 
-class BudgetGuard(AsyncCallbackHandler):
-    """Checks the budget before every chat model call of a run (subagents
-    included: callbacks in the graph config reach every model). Raising
-    from ``on_chat_model_start`` with ``raise_error`` stops the call before
-    its request is sent; the graph then fails with :class:`BudgetExceeded`,
-    which the worker records as the run's error type (R-COST-3)."""
+def _budget_with_spend(user_id: int, *, now: dt.datetime | None = None) -> tuple[Budget, Decimal] | None:
+    """The budget that applies to the user (their own, else the default)
+    and what they spent in its current period — the sum
+    :func:`costs.selectors.spent_usd` makes — in one statement of fixed
+    text (prepared once per connection); None when no budget applies."""
+    now = now or timezone.now()
+    ops = connection.ops
+    sql, calls_params = _budget_with_spend_sql()
+    row = execute_prepared(
+        sql,
+        [
+            *calls_params,
+            user_id,
+            ops.adapt_datetimefield_value(period_start(Budget.Period.MONTH, now=now)),
+            ops.adapt_datetimefield_value(period_start(Budget.Period.DAY, now=now)),
+            user_id,
+        ],
+    )
+    if row is None:
+        return None
+    limit_usd, period, spent = row
+    budget = Budget(user_id=user_id, limit_usd=_decimal(limit_usd), period=period)
+    return budget, _decimal(spent or 0)
 
-    raise_error = True
-    # Inline handlers run first, in order, before the others are gathered:
-    # the check ends the call before the audit opens its row.
-    run_inline = True
 
-    def __init__(self, *, user_id: int):
-        self.user_id = user_id
-
-    async def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
-        await sync_to_async(_check_then_release)(self.user_id)
+def _decimal(value: Any) -> Decimal:
+    return value if isinstance(value, Decimal) else Decimal(str(value))
 
 
-def _check_then_release(user_id: int) -> None:
-    try:
-        budget_check_running(user_id=user_id)
-    finally:
-        release_connection()
+@functools.cache
+def _budget_with_spend_sql() -> tuple[str, tuple]:
+    """The statement of :func:`_budget_with_spend` and the parameters of
+    its model-call condition; then come the user id, the start of the
+    month, of the day, and the user id. The model calls are those of
+    ``Message.objects.model_calls()``, compiled here once."""
+    from audit.models import AgentRun
+    from conversations.models import Message
+
+    calls = Message.objects.model_calls().query
+    where, where_params = calls.get_compiler(using=connection.alias).compile(calls.where)
+    q = connection.ops.quote_name
+    message, run, budget = Message._meta.db_table, AgentRun._meta.db_table, Budget._meta.db_table
+    return (
+        f"SELECT b.limit_usd, b.period, (SELECT SUM({q(message)}.cost_usd) FROM {q(message)} "
+        f"JOIN {q(run)} r ON r.id = {q(message)}.run_id "
+        f"WHERE {where} AND r.user_id = %s AND {q(message)}.cost_usd IS NOT NULL "
+        f"AND {q(message)}.finished_at >= CASE WHEN b.period = '{Budget.Period.MONTH}' THEN %s ELSE %s END) "
+        f"FROM {q(budget)} b WHERE b.user_id = %s OR b.user_id IS NULL "
+        "ORDER BY b.user_id NULLS LAST LIMIT 1",
+        tuple(where_params),
+    )
 
 
 def _lock_key(user_id: int) -> int:

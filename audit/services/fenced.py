@@ -58,13 +58,17 @@ class Assign:
     def sql(self, name: str, expression: str, *values: Any) -> Assign:
         """``name = expression``; ``values`` are prepared by the field
         ``name`` (for a JSON patch: ``sql("metadata", "m.metadata || %s", patch)``)."""
-        f = Message._meta.get_field(name)
-        db = connections[DEFAULT_DB_ALIAS]
-        self.columns[db.ops.quote_name(f.column)] = (
-            expression,
-            [None if v is None else f.get_db_prep_save(v, db) for v in values],
-        )
+        f, column = _field_and_column(name)
+        db = connections[DEFAULT_DB_ALIAS] if values else None
+        self.columns[column] = (expression, [None if v is None else f.get_db_prep_save(v, db) for v in values])
         return self
+
+
+@functools.cache
+def _field_and_column(name: str) -> tuple[Any, str]:
+    """The message field ``name`` and its quoted column (static)."""
+    f = Message._meta.get_field(name)
+    return f, connections[DEFAULT_DB_ALIAS].ops.quote_name(f.column)
 
 
 @dataclass(frozen=True)

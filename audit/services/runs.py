@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import Min, Q
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Exists, Min, OuterRef, Q
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
@@ -157,10 +158,86 @@ def run_acquire_with_row(
     *, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datetime | None = None
 ) -> tuple[Lease, AgentRun]:
     """:func:`run_acquire`, returning the acquired run row as well (the
-    worker needs it to start the run: no second read). Same errors."""
+    worker needs it to start the run: no second read). Same errors.
+
+    The row carries ``thread_has_earlier_run``: False when no other run of
+    its thread was created before it (its thread's first run: there is no
+    history to rebuild, R-READ-2).
+
+    The usual run — pending, and no run of another turn holds its thread —
+    is acquired by one statement (:func:`_acquire_unheld`); any other goes
+    through the full check, which names the reason it cannot start."""
     now = now or timezone.now()
+    expires_at = now + timedelta(seconds=ttl_seconds)
+    run = _acquire_unheld(run_id=run_id, owner=owner, expires_at=expires_at, now=now)
+    if run is None:
+        run = _acquire_checked(run_id=run_id, owner=owner, expires_at=expires_at, now=now)
+    return Lease(
+        run_id=run.id,
+        request_id=run.request_id,
+        thread_id=run.thread_id,
+        owner=owner,
+        fencing_token=run.fencing_token,
+        model=run.model,
+    ), run
+
+
+def _acquire_unheld(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now: datetime) -> AgentRun | None:
+    """Acquire the run in one statement (its own transaction, or the
+    caller's) when it is pending and no run of another turn of its thread
+    holds the thread (:func:`_holding_runs`: then no earlier turn can block
+    it, R-RUN-2); the row comes back with ``thread_has_earlier_run``. None,
+    changing nothing, otherwise.
+
+    The row lock is the UPDATE's own. The holding check reads the snapshot
+    of the statement's start even when it waited for the lock, which errs
+    only towards "held": runs of other turns join the holding set only as
+    later turns (a resume run joins it in the transaction that releases its
+    interrupted run), and a later turn makes this path give way to the full
+    check."""
+    params = [Status.RUNNING, owner, expires_at, now, timezone.now(), run_id, Status.PENDING]
+    params += [*AgentRun.ACTIVE_STATUSES, Status.INTERRUPTED]
+    run = next(iter(AgentRun.objects.raw(_acquire_unheld_sql(), params)), None)
+    if run is not None:
+        metrics.lease_acquired(run)
+    return run
+
+
+@functools.cache
+def _acquire_unheld_sql() -> str:
+    q = connection.ops.quote_name
+    table = q(AgentRun._meta.db_table)
+    columns = ", ".join(f"r.{q(f.column)}" for f in AgentRun._meta.concrete_fields)
+    active = ", ".join(["%s"] * len(AgentRun.ACTIVE_STATUSES))
+    return (
+        f"UPDATE {table} AS r SET status = %s, lease_owner = %s, fencing_token = r.fencing_token + 1, "
+        "lease_expires_at = %s, started_at = COALESCE(r.started_at, %s), updated_at = %s "
+        "WHERE r.id = %s AND r.status = %s AND NOT EXISTS ("
+        f"SELECT FROM {table} o WHERE o.thread_id = r.thread_id AND o.turn_id <> r.turn_id "
+        f"AND (o.status IN ({active}) OR (o.status = %s "
+        f"AND NOT EXISTS (SELECT FROM {table} x WHERE x.resumed_from_id = o.id)))) "
+        f"RETURNING {columns}, EXISTS (SELECT FROM {table} e WHERE e.thread_id = r.thread_id "
+        "AND e.created_at <= r.created_at AND e.id <> r.id) AS thread_has_earlier_run"
+    )
+
+
+def _acquire_checked(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now: datetime) -> AgentRun:
+    """The full acquisition: lock the row, check it is pending and that no
+    earlier turn holds the thread (R-RUN-2), take the lease. Raises
+    NotFound or RunNotStartable."""
     with transaction.atomic():
-        run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=run_id).first()
+        run = (
+            AgentRun.objects.select_for_update(no_key=True, of=("self",))
+            .annotate(
+                thread_has_earlier_run=Exists(
+                    AgentRun.objects.filter(thread_id=OuterRef("thread_id"), created_at__lte=OuterRef("created_at"))
+                    .exclude(pk=OuterRef("pk"))
+                    .values("pk")
+                )
+            )
+            .filter(pk=run_id)
+            .first()
+        )
         if run is None:
             raise NotFound(f"run {run_id} not found")
         if run.status != Status.PENDING:
@@ -171,20 +248,13 @@ def run_acquire_with_row(
         run.status = Status.RUNNING
         run.lease_owner = owner
         run.fencing_token += 1
-        run.lease_expires_at = now + timedelta(seconds=ttl_seconds)
+        run.lease_expires_at = expires_at
         run.started_at = run.started_at or now
         run.save(
             update_fields=["status", "lease_owner", "fencing_token", "lease_expires_at", "started_at", "updated_at"]
         )
         metrics.lease_acquired(run)
-    return Lease(
-        run_id=run.id,
-        request_id=run.request_id,
-        thread_id=run.thread_id,
-        owner=owner,
-        fencing_token=run.fencing_token,
-        model=run.model,
-    ), run
+    return run
 
 
 def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
@@ -196,11 +266,7 @@ def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
     it is not terminal, and also while it is ``interrupted`` and not yet
     resumed: the thread waits for the approval.
     """
-    holding = list(
-        AgentRun.objects.filter(thread_id=run.thread_id)
-        .exclude(turn_id=run.turn_id)
-        .filter(Q(status__in=AgentRun.ACTIVE_STATUSES) | Q(status=Status.INTERRUPTED, resumed_by__isnull=True))
-    )
+    holding = list(_holding_runs(run.thread_id, run.turn_id))
     if not holding:
         return None
     turn_starts = dict(
@@ -212,6 +278,16 @@ def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
     own_start = turn_starts[run.turn_id]
     earlier = [other for other in holding if (turn_starts[other.turn_id], other.turn_id) < (own_start, run.turn_id)]
     return min(earlier, key=lambda other: turn_starts[other.turn_id]) if earlier else None
+
+
+def _holding_runs(thread_id, turn_id):
+    """The runs of the thread's other turns that hold the thread: not
+    terminal, or interrupted and not resumed (R-RUN-2)."""
+    return (
+        AgentRun.objects.filter(thread_id=thread_id)
+        .exclude(turn_id=turn_id)
+        .filter(Q(status__in=AgentRun.ACTIVE_STATUSES) | Q(status=Status.INTERRUPTED, resumed_by__isnull=True))
+    )
 
 
 @metrics.audit_write("lease_renew")

@@ -21,6 +21,7 @@ from audit.cancellation import CancelSignalListener, cancel_key, cancel_signal_s
 from audit.errors import LeaseLost, RunNotStartable, RunTerminal
 from audit.lease import Lease
 from audit.models import AgentRun
+from audit.services.runs import run_acquire_with_row
 from conversations.models import Message
 from tests.conftest import acquire, make_run
 
@@ -179,6 +180,25 @@ def test_runs_of_one_thread_start_in_submission_order_R_RUN_2(thread):
         acquire(third)  # second was submitted earlier
     services.run_finish(lease=acquire(second), status="failed", error_type="agent_error")
     assert acquire(third).fencing_token == 1
+
+
+def test_the_usual_acquisition_is_one_statement_and_tells_a_threads_first_run_R_RUN_3(
+    thread, django_assert_num_queries
+):
+    first = make_run(thread, text="first")
+    with django_assert_num_queries(1):
+        lease, row = run_acquire_with_row(run_id=first.id, owner="worker-a", ttl_seconds=60)
+    assert (row.status, row.lease_owner, row.fencing_token, row.input) == ("running", "worker-a", 1, {"text": "first"})
+    assert lease.fencing_token == 1 and row.started_at is not None and row.lease_expires_at > row.started_at
+    assert row.thread_has_earlier_run is False
+    services.run_finish(lease=lease, status="completed")
+    second = make_run(thread, text="second")
+    with django_assert_num_queries(1):
+        _, row = run_acquire_with_row(run_id=second.id, owner="worker-a", ttl_seconds=60)
+    assert row.thread_has_earlier_run is True
+    # Not pending any more: the full check names the reason.
+    with pytest.raises(RunNotStartable):
+        acquire(second)
 
 
 def test_runs_of_different_threads_proceed_in_parallel_R_RUN_2(thread):

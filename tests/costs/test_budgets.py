@@ -19,7 +19,7 @@ from audit import services
 from audit.models import AgentRun
 from audit.runner import run_execute
 from conversations.models import Conversation, Message
-from costs.budgets import BudgetExceeded, budget_admit, period_start
+from costs.budgets import BudgetExceeded, budget_admit, budget_check_running, period_start
 from costs.models import Budget
 from costs.services import budget_set
 from tests.conftest import bearer
@@ -111,6 +111,29 @@ def test_spend_counts_the_current_period_in_the_budget_time_zone_R_COST_3(user, 
     _spend(user, "2", finished_at=dt.datetime(2026, 3, 10, 16, 0, tzinfo=dt.UTC))  # today there
     assert spent_usd(user_id=user.pk, since=period_start("day", now=now)) == Decimal("2")
     assert spent_usd(user_id=user.pk, since=period_start("month", now=now)) == Decimal("3")
+
+
+def test_the_running_check_reads_the_budget_that_applies_and_the_spend_of_its_period_R_COST_3(
+    user, other_user, monkeypatch
+):
+    monkeypatch.setattr(get_config(), "BUDGET_TIME_ZONE", "Asia/Shanghai")
+    now = dt.datetime(2026, 3, 10, 20, 0, tzinfo=dt.UTC)  # 2026-03-11 04:00 in Shanghai
+    _spend(user, "1", finished_at=dt.datetime(2026, 3, 10, 15, 59, tzinfo=dt.UTC))  # yesterday there
+    _spend(user, "2", finished_at=dt.datetime(2026, 3, 10, 16, 0, tzinfo=dt.UTC))  # today there
+    budget_check_running(user_id=user.pk, now=now)  # no budget applies
+    budget_set(user=None, limit_usd="3", period="day")  # the default: 2 of 3 spent today
+    budget_check_running(user_id=user.pk, now=now)
+    budget_set(user=None, limit_usd="3", period="month")  # 3 of 3 this month
+    with pytest.raises(BudgetExceeded) as refused:
+        budget_check_running(user_id=user.pk, now=now)
+    assert (refused.value.extra["spent_usd"], refused.value.extra["period"]) == ("3", "month")
+    budget_set(user=user, limit_usd="2.5", period="day")  # their own wins over the default
+    budget_check_running(user_id=user.pk, now=now)
+    budget_check_running(user_id=other_user.pk, now=now)  # the default, nothing spent
+    budget_set(user=user, limit_usd="2", period="day")
+    with pytest.raises(BudgetExceeded) as refused:
+        budget_check_running(user_id=user.pk, now=now)
+    assert (refused.value.extra["spent_usd"], refused.value.extra["limit_usd"]) == ("2", "2")
 
 
 def test_concurrent_submits_at_the_edge_of_a_budget_admit_exactly_the_ones_that_fit_R_COST_3(user, monkeypatch):

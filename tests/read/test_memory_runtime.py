@@ -56,3 +56,23 @@ def test_lost_checkpoint_is_rebuilt_from_memory_R_READ_2_R_MA_9(user, replay_mod
     second_rows = Message.objects.filter(run=second).exclude(role="user")
     assert not second_rows.filter(operation_id__in=[m.id for m in messages[:4]]).exists()
     assert second.output_message.run_id == second.id
+
+
+def test_a_threads_first_run_rebuilds_no_history_R_READ_2(user, replay_models, monkeypatch):
+    # Nothing to rebuild: the lease acquisition already told that the run
+    # has no earlier run in its thread, and no memory query is made. The
+    # next turn with a lost checkpoint rebuilds it (test above).
+    import audit.runner
+
+    calls = []
+    monkeypatch.setattr(audit.runner, "thread_memory_messages", lambda **kwargs: calls.append(kwargs) or [])
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:tool_then_answer")
+    first = make_run(thread, text="weather in Paris?")
+    assert run_execute(run_id=first.id, owner="w1") == "completed"
+    assert calls == []
+    with connection.cursor() as cursor:
+        for table in ("checkpoint_writes", "checkpoint_blobs", "checkpoints"):
+            cursor.execute(f"DELETE FROM {table} WHERE thread_id = %s", [str(thread.id)])
+    second = make_run(thread, text="and tomorrow?")
+    assert run_execute(run_id=second.id, owner="w2") == "completed"
+    assert [call["before_run"].id for call in calls] == [second.id]
