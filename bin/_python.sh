@@ -21,6 +21,11 @@ ensure_venv() {
     py="$(find_python)"
     "$py" -m venv .venv
   fi
+  # The test extras include every main dependency: a .venv installed for
+  # the tests serves the quick start as it is.
+  if [ -z "$extras" ] && [ -f .venv/.installed-test ] && [ ! pyproject.toml -nt .venv/.installed-test ]; then
+    return 0
+  fi
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     local target="."
     [ -n "$extras" ] && target=".[$extras]"

@@ -44,8 +44,8 @@ class Config(BaseSettings):
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore")
 
-    # Empty means "embedded defaults": SQLite under var/ and an in-process
-    # worker. Every consistency guarantee is only promised on PostgreSQL.
+    # Empty: SQLite under var/, which the product's PostgreSQL statements do
+    # not run on; bin/quickstart starts an embedded PostgreSQL instead.
     DATABASE_URL: str = ""
     # Celery broker and the live event stream. Empty: in-process worker and
     # events served from the database only.

@@ -1,0 +1,87 @@
+"""The quick start's embedded PostgreSQL (bin/pg_embedded.py): where no
+PostgreSQL server is reachable, the product runs on a server of its own,
+with every migration (found by a newcomer: the embedded fallback stopped
+at the first PostgreSQL-only migration)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bin" / "pg_embedded.py"
+
+pytestmark = pytest.mark.slow
+
+
+def _run(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_the_embedded_server_starts_migrates_and_stops(tmp_path):
+    data = tmp_path / "pgdata"
+    started = _run(str(SCRIPT), "start", str(data), "yuxi_embedded")
+    assert started.returncode == 0, started.stderr
+    url = started.stdout.strip().splitlines()[-1]
+    try:
+        assert url.startswith("postgres://postgres@%2F") and url.endswith("/yuxi_embedded")
+        # Started again: the same server and database, no error.
+        again = _run(str(SCRIPT), "start", str(data), "yuxi_embedded")
+        assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == url, again.stderr
+        env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": ""}
+        migrated = _run("manage.py", "migrate", "--noinput", env=env)
+        assert migrated.returncode == 0, migrated.stdout[-2000:] + migrated.stderr[-2000:]
+        with psycopg.connect(url) as conn:
+            applied = conn.execute("SELECT count(*) FROM django_migrations WHERE app = 'dashboard'").fetchone()[0]
+        assert applied >= 2
+    finally:
+        stopped = _run(str(SCRIPT), "stop", str(data))
+    assert stopped.returncode == 0, stopped.stderr
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url, connect_timeout=3).close()
+
+
+def test_stop_without_a_server_is_no_error(tmp_path):
+    stopped = _run(str(SCRIPT), "stop", str(tmp_path / "never-started"))
+    assert stopped.returncode == 0, stopped.stderr
+
+
+def test_bad_arguments_print_the_usage():
+    result = _run(str(SCRIPT), "start")
+    assert result.returncode == 2 and "pg_embedded.py start" in result.stderr
+
+
+@pytest.mark.e2e
+def test_the_quick_start_runs_its_demo_without_postgresql_and_redis(tmp_path):
+    """bin/quickstart --once with no reachable PostgreSQL and no Redis: an
+    embedded PostgreSQL, the in-process worker, the demo turns end as the
+    README shows, and the embedded server is stopped at the end."""
+    from tests.e2e.stack import free_port
+
+    data = tmp_path / "pgdata"
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{free_port()}/yuxi",  # nothing listens there
+        "REDIS_URL": "",
+        "PORT": str(free_port()),
+        "REPLAY_PORT": str(free_port()),
+        "LOG_DIR": str(tmp_path / "log"),
+        "EMBEDDED_PGDATA": str(data),
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus"),
+    }
+    result = subprocess.run(
+        ["bin/quickstart", "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "starting an EMBEDDED PostgreSQL" in output and "EMBEDDED worker" in output
+    statuses = [line.split()[3] for line in result.stdout.splitlines() if line.strip().startswith("replay:")]
+    assert statuses == ["completed", "completed", "completed", "interrupted"], output[-4000:]
+    assert not (data / "postmaster.pid").exists()
