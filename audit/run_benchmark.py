@@ -30,6 +30,7 @@ itself and asserts nothing.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import statistics
 import threading
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.utils import timezone
 from langchain_core.messages import HumanMessage
 
 from conversations.models import Conversation
@@ -141,6 +143,7 @@ def bench_run_overhead(
     conninfo = postgres_conninfo()
     if conninfo is None:
         raise RuntimeError("bench_run_overhead needs PostgreSQL (DATABASE_URL)")
+    first_day = timezone.now().astimezone(dt.UTC).date()
     user = get_user_model().objects.create_user(username=f"bench-run-{uuid.uuid4().hex[:12]}")
     workspace = Path(config.WORKSPACE_ROOT) / f"bench-{uuid.uuid4().hex[:12]}"
     workspace.mkdir(parents=True, exist_ok=True)
@@ -212,12 +215,14 @@ def bench_run_overhead(
         config.REPLAY_MODEL_URL = previous_url
         for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
-        _clean_up(user, thread_ids, run_ids, workspace)
+        _clean_up(user, thread_ids, run_ids, workspace, first_day=first_day)
     return result
 
 
-def _clean_up(user, thread_ids: list[uuid.UUID], run_ids: list[uuid.UUID], workspace: Path) -> None:
+def _clean_up(user, thread_ids: list[uuid.UUID], run_ids: list[uuid.UUID], workspace: Path, *, first_day) -> None:
     import shutil
+
+    from dashboard.rollups import rebuild_days_since
 
     with connection.cursor() as cursor:
         for table in ("checkpoint_writes", "checkpoint_blobs", "checkpoints"):
@@ -228,6 +233,8 @@ def _clean_up(user, thread_ids: list[uuid.UUID], run_ids: list[uuid.UUID], works
     # throw-away rows go through the recorded bypass.
     with audited_bypass(reason="bench_run_overhead: delete its throw-away user, threads and runs"):
         user.delete()  # threads, runs and their rows
+    # Their terminal transactions added them to the dashboard's rollups.
+    rebuild_days_since(first_day)
     release_connection()
     redis_url = get_config().REDIS_URL
     if redis_url and run_ids:

@@ -14,6 +14,37 @@ from conversations.models import Message
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _rollups() -> dict[str, list[tuple]]:
+    """Every row of the dashboard's rollup tables (R-DASH-1)."""
+    from django.db import connection
+
+    from dashboard.rollups import TABLES
+
+    with connection.cursor() as cursor:
+        rows = {}
+        for table in TABLES:
+            cursor.execute(f"SELECT * FROM {table} ORDER BY 1")
+            rows[table] = [row[1:] for row in cursor.fetchall()]  # without the serial id
+    return rows
+
+
+@pytest.fixture
+def finished_run(user):
+    """A completed run already in the rollups: the dashboard shows figures
+    a benchmark must leave as they are."""
+    from audit.services import run_finish
+    from conversations.models import Conversation
+    from tests.conftest import make_run
+
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    run = make_run(thread)
+    from audit.services import run_acquire
+
+    run_finish(lease=run_acquire(run_id=run.id, owner="test", ttl_seconds=60), status="completed")
+    assert any(_rollups().values())
+    return run
+
+
 def test_bench_audit_writes_prints_latencies_ratio_and_throughput_and_cleans_up_R_RUN_4_R_RUN_5():
     out = io.StringIO()
     call_command("bench_audit_writes", writes=5, warmup=1, threads="1,2", stdout=out)
@@ -32,7 +63,8 @@ def test_bench_audit_writes_refuses_bad_arguments_R_READ_6():
         call_command("bench_audit_writes", threads="one,eight")
 
 
-def test_bench_run_overhead_prints_the_three_variants_the_ratio_and_memory_and_cleans_up():
+def test_bench_run_overhead_prints_the_three_variants_the_ratio_and_memory_and_cleans_up(finished_run):
+    before = _rollups()
     out = io.StringIO()
     call_command("bench_run_overhead", runs=1, rounds=1, warmup=0, rss_every=1, memory_runs=2, stdout=out)
     text = out.getvalue()
@@ -40,7 +72,17 @@ def test_bench_run_overhead_prints_the_three_variants_the_ratio_and_memory_and_c
     assert "ratio product / checkpointer overhead:" in text
     assert "worker memory (RSS)" in text and "MiB" in text
     assert "3 runs:" in text  # one timed product run, then two for memory only
-    assert not AgentRun.objects.exists() and not Message.objects.exists()
+    assert list(AgentRun.objects.all()) == [finished_run]
+    assert not Message.objects.exclude(run=finished_run).exists()
+    # Its runs' figures are gone from the dashboard too (found by a newcomer).
+    assert _rollups() == before
+
+
+def test_bench_seal_leaves_the_dashboard_as_it_was(finished_run):
+    before = _rollups()
+    call_command("bench_seal", runs=4, rows=4, stdout=io.StringIO())
+    assert list(AgentRun.objects.all()) == [finished_run]
+    assert _rollups() == before
 
 
 def test_benchmarks_start_their_own_runs_even_beside_a_worker(settings, user):
