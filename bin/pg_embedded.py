@@ -9,7 +9,8 @@ PostgreSQL server (bin/quickstart; README "Quick start").
         DATABASE_URL. The server keeps running after this process exits.
 
     python bin/pg_embedded.py stop <data dir>
-        Stop the server of that data directory (no error if it is down).
+        Stop the server of that data directory (nothing happens, and no
+        error, when it is down).
 
 The product then runs exactly as on any PostgreSQL server: every guarantee
 holds (nothing falls back to a weaker database).
@@ -48,8 +49,9 @@ def start(data_dir: Path, database: str) -> str:
 
 def stop(data_dir: Path) -> None:
     """Stop the server of ``data_dir`` when this process exits (its last
-    handle); nothing happens when no server was ever initialised there."""
-    if (data_dir / "PG_VERSION").exists():
+    handle). Nothing happens when no server runs there: a handle on a
+    stopped data directory would start it first (found by a newcomer)."""
+    if (data_dir / "postmaster.pid").exists():
         _server(data_dir, keep_running=False)
 
 

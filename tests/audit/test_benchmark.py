@@ -72,6 +72,7 @@ def test_bench_run_overhead_prints_the_three_variants_the_ratio_and_memory_and_c
     assert "ratio product / checkpointer overhead:" in text
     assert "worker memory (RSS)" in text and "MiB" in text
     assert "3 runs:" in text  # one timed product run, then two for memory only
+    assert "rollups of the days it ran recomputed" in text
     assert list(AgentRun.objects.all()) == [finished_run]
     assert not Message.objects.exclude(run=finished_run).exists()
     # Its runs' figures are gone from the dashboard too (found by a newcomer).
@@ -80,7 +81,9 @@ def test_bench_run_overhead_prints_the_three_variants_the_ratio_and_memory_and_c
 
 def test_bench_seal_leaves_the_dashboard_as_it_was(finished_run):
     before = _rollups()
-    call_command("bench_seal", runs=4, rows=4, stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("bench_seal", runs=4, rows=4, stdout=out)
+    assert "rollups of the days it ran recomputed" in out.getvalue()
     assert list(AgentRun.objects.all()) == [finished_run]
     assert _rollups() == before
 

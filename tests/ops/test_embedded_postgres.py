@@ -58,30 +58,77 @@ def test_bad_arguments_print_the_usage():
     assert result.returncode == 2 and "pg_embedded.py start" in result.stderr
 
 
-@pytest.mark.e2e
-def test_the_quick_start_runs_its_demo_without_postgresql_and_redis(tmp_path):
-    """bin/quickstart --once with no reachable PostgreSQL and no Redis: an
-    embedded PostgreSQL, the in-process worker, the demo turns end as the
-    README shows, and the embedded server is stopped at the end."""
+def _quickstart_env(tmp_path) -> dict[str, str]:
+    """The README's embedded defaults chosen on purpose (both URLs empty),
+    on free ports, with logs and data in ``tmp_path``."""
     from tests.e2e.stack import free_port
 
-    data = tmp_path / "pgdata"
-    env = {
+    return {
         **os.environ,
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{free_port()}/yuxi",  # nothing listens there
+        "DATABASE_URL": "",
         "REDIS_URL": "",
         "PORT": str(free_port()),
         "REPLAY_PORT": str(free_port()),
         "LOG_DIR": str(tmp_path / "log"),
-        "EMBEDDED_PGDATA": str(data),
+        "EMBEDDED_PGDATA": str(tmp_path / "pgdata"),
         "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus"),
     }
+
+
+def _server_starts(data: Path) -> int:
+    """How many times a server started on ``data`` (its log)."""
+    log = data / "log"
+    return log.read_text(errors="replace").count("ready to accept connections") if log.exists() else 0
+
+
+@pytest.mark.e2e
+def test_the_quick_start_runs_its_demo_without_postgresql_and_redis(tmp_path):
+    """``DATABASE_URL= REDIS_URL= bin/quickstart --once``: an embedded
+    PostgreSQL, the in-process worker, the demo turns end as the README
+    shows, and the embedded server is stopped at the end, once."""
+    env = _quickstart_env(tmp_path)
     result = subprocess.run(
         ["bin/quickstart", "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
-    assert "starting an EMBEDDED PostgreSQL" in output and "EMBEDDED worker" in output
+    assert "DATABASE_URL is empty: starting an EMBEDDED PostgreSQL" in output
+    assert "REDIS_URL is empty: EMBEDDED worker" in output
     statuses = [line.split()[3] for line in result.stdout.splitlines() if line.strip().startswith("replay:")]
     assert statuses == ["completed", "completed", "completed", "interrupted"], output[-4000:]
+    assert "and the embedded PostgreSQL, have STOPPED" in output
+    data = Path(env["EMBEDDED_PGDATA"])
     assert not (data / "postmaster.pid").exists()
+    assert _server_starts(data) == 1
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_the_quick_start_and_its_embedded_server_once(tmp_path):
+    """Ctrl-C while it serves: everything stops, and the embedded server is
+    not started again on the way out (found by a newcomer: the exit trap
+    ran the clean-up a second time, and stopping a stopped data directory
+    started its server first)."""
+    import signal
+    import time
+
+    env = _quickstart_env(tmp_path)
+    log = tmp_path / "quickstart.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(["bin/quickstart"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while "Serving on" not in log.read_text() and time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()[-4000:]
+            time.sleep(0.5)
+        assert "Serving on" in log.read_text(), log.read_text()[-4000:]
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    data = Path(env["EMBEDDED_PGDATA"])
+    assert not (data / "postmaster.pid").exists(), log.read_text()[-4000:]
+    assert _server_starts(data) == 1, (data / "log").read_text()[-3000:]
+    # Stopping a stopped data directory starts nothing either.
+    assert _run(str(SCRIPT), "stop", str(data)).returncode == 0
+    assert _server_starts(data) == 1 and not (data / "postmaster.pid").exists()

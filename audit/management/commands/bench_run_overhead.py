@@ -59,3 +59,4 @@ class Command(BaseCommand):
         out("worker memory (RSS) after N product runs:")
         for count, rss in result.rss_mib:
             out(f"  {count:>6} runs: {rss:.1f} MiB")
+        out("its runs were deleted and the dashboard's rollups of the days it ran recomputed (rebuild_rollups)")

@@ -33,3 +33,4 @@ class Command(DatabaseCommand):
         out(f"  ratio with / without: median {result.ratio_median:.2f}x")
         s = result.seal_alone
         out(f"  the seal alone (read rows + hash): median {s.median_ms:.3f}  p95 {s.p95_ms:.3f}")
+        out("its runs were deleted and the dashboard's rollups of the days it ran recomputed (rebuild_rollups)")
