@@ -27,7 +27,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from yuxi_project.db import execute_prepared
+from yuxi_project.db import convert_values, execute_prepared, field_converters
 
 from .errors import LeaseError, LeaseExpired, LeaseLost, RunIdentityMismatch, RunTerminal
 from .models import AgentRun
@@ -116,22 +116,14 @@ def _lock_only(run_id: uuid.UUID, names: tuple[str, ...]) -> AgentRun | None:
     found = execute_prepared(sql, [run_id])
     if found is None:
         return None
-    values = list(found)
-    for i, column, functions in converters:
-        for convert in functions:
-            values[i] = convert(values[i], column, connection)
+    values = convert_values(found, converters, connection)
     return AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
 
 
 @functools.cache
 def _lock_only_sql(names: tuple[str, ...]) -> tuple[str, list, list]:
     fields = [f for f in AgentRun._meta.concrete_fields if f.primary_key or f.name in names or f.attname in names]
-    converters = []
-    for i, f in enumerate(fields):
-        column = f.get_col(AgentRun._meta.db_table)
-        functions = connection.ops.get_db_converters(column) + f.get_db_converters(connection)
-        if functions:
-            converters.append((i, column, functions))
+    converters = field_converters(fields, AgentRun._meta.db_table, connection)
     qn = connection.ops.quote_name
     sql = (
         f"SELECT {', '.join(qn(f.column) for f in fields)} FROM {qn(AgentRun._meta.db_table)} "

@@ -20,6 +20,8 @@ from typing import Any
 from django.db import connections
 from django.db.models import Q
 
+from yuxi_project.db import convert_values, field_converters
+
 from .models import Message
 
 MESSAGE_TABLE = Message._meta.db_table
@@ -82,12 +84,7 @@ def messages_from_values(fetched: list, *, extra: tuple[str, ...] = ()) -> list[
     new = Message.__new__
     rows = []
     for values in fetched:
-        values = list(values)
-        for i, column, functions in converters:
-            value = values[i]
-            for convert in functions:
-                value = convert(value, column, connection)
-            values[i] = value
+        values = convert_values(values, converters, connection)
         row = new(Message)
         state = row._state = ModelState()
         state.adding, state.db = False, connection.alias
@@ -102,12 +99,5 @@ def _message_converters(alias: str) -> tuple[list[str], list[tuple[int, Any, lis
     field that has any, ``(index, column, converters)`` as the ORM applies
     them on the database ``alias``: static, computed once (a fenced audit
     write converts one row, and finding them cost more than applying them)."""
-    connection = connections[alias]
     fields = Message._meta.concrete_fields
-    converters = []
-    for i, f in enumerate(fields):
-        column = f.get_col(MESSAGE_TABLE)
-        functions = connection.ops.get_db_converters(column) + f.get_db_converters(connection)
-        if functions:
-            converters.append((i, column, functions))
-    return [f.attname for f in fields], converters
+    return [f.attname for f in fields], field_converters(fields, MESSAGE_TABLE, connections[alias])

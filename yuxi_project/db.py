@@ -49,6 +49,33 @@ def _prepared(sql: str, params: Sequence[Any] | Mapping[str, Any], fetch: Callab
         return fetch(cursor)
 
 
+def field_converters(fields: Sequence[Any], table: str, db: Any) -> list[tuple[int, Any, list]]:
+    """The converters the ORM applies to values read from ``table`` on the
+    connection ``db``: ``(index, column, functions)`` for each of ``fields``
+    (model fields in the order of the selected columns) that has any. For
+    the readers that build model instances from raw rows; static per
+    model, so callers compute it once."""
+    converters = []
+    for i, f in enumerate(fields):
+        column = f.get_col(table)
+        functions = db.ops.get_db_converters(column) + f.get_db_converters(db)
+        if functions:
+            converters.append((i, column, functions))
+    return converters
+
+
+def convert_values(values: Sequence[Any], converters: list[tuple[int, Any, list]], db: Any) -> list:
+    """``values`` (one raw row) with :func:`field_converters`' converters
+    applied, as a new list."""
+    values = list(values)
+    for i, column, functions in converters:
+        value = values[i]
+        for convert in functions:
+            value = convert(value, column, db)
+        values[i] = value
+    return values
+
+
 def worker_session_options(config) -> str:
     """The libpq ``options`` of a worker's connections (R-RUN-10):
     ``lock_timeout`` (no lock wait without bound), ``statement_timeout`` and
