@@ -140,22 +140,17 @@ def budget_check_running(*, user_id: int, now: dt.datetime | None = None) -> Non
 
 def _budget_with_spend(user_id: int, *, now: dt.datetime | None = None) -> tuple[Budget, Decimal] | None:
     """The budget that applies to the user (their own, else the default)
-    and what they spent in its current period — the sum
-    :func:`costs.selectors.spent_usd` makes — in one statement of fixed
-    text (prepared once per connection); None when no budget applies."""
+    and what they spent in its current period (the sum of
+    :func:`costs.selectors.spent_calls`), in one statement of fixed text
+    (prepared once per connection); None when no budget applies."""
     now = now or timezone.now()
-    ops = connection.ops
-    sql, calls_params = _budget_with_spend_sql()
-    row = execute_prepared(
-        sql,
-        [
-            *calls_params,
-            user_id,
-            ops.adapt_datetimefield_value(period_start(Budget.Period.MONTH, now=now)),
-            ops.adapt_datetimefield_value(period_start(Budget.Period.DAY, now=now)),
-            user_id,
-        ],
-    )
+    sql, spend_params = _budget_with_spend_sql()
+    values = {
+        id(_SPEND_USER): user_id,
+        id(_SPEND_SINCE_MONTH): period_start(Budget.Period.MONTH, now=now),
+        id(_SPEND_SINCE_DAY): period_start(Budget.Period.DAY, now=now),
+    }
+    row = execute_prepared(sql, [*(values.get(id(p), p) for p in spend_params), user_id])
     if row is None:
         return None
     limit_usd, period, spent = row
@@ -167,27 +162,39 @@ def _decimal(value: Any) -> Decimal:
     return value if isinstance(value, Decimal) else Decimal(str(value))
 
 
+# Stand-ins compiled into the statement in place of the user and the period
+# starts, found again by identity and replaced by the real values at each
+# call.
+_SPEND_USER = -0x5EED
+_SPEND_SINCE_MONTH = dt.datetime(1901, 1, 1, 1, 1, 1, 1, tzinfo=dt.UTC)
+_SPEND_SINCE_DAY = dt.datetime(1901, 2, 2, 2, 2, 2, 2, tzinfo=dt.UTC)
+
+
 @functools.cache
 def _budget_with_spend_sql() -> tuple[str, tuple]:
-    """The statement of :func:`_budget_with_spend` and the parameters of
-    its model-call condition; then come the user id, the start of the
-    month, of the day, and the user id. The model calls are those of
-    ``Message.objects.model_calls()``, compiled here once."""
-    from audit.models import AgentRun
-    from conversations.models import Message
+    """The statement of :func:`_budget_with_spend` and its parameters but
+    the last (the user id), with the stand-ins above in them. The spend is
+    :func:`costs.selectors.spent_calls` compiled by the ORM (for the month
+    and for the day; PostgreSQL evaluates the branch of the budget's
+    period only)."""
+    from .selectors import spent_calls
 
-    calls = Message.objects.model_calls().query
-    where, where_params = calls.get_compiler(using=connection.alias).compile(calls.where)
-    q = connection.ops.quote_name
-    message, run, budget = Message._meta.db_table, AgentRun._meta.db_table, Budget._meta.db_table
+    def spend(since: dt.datetime) -> tuple[str, tuple]:
+        calls = spent_calls(user_id=_SPEND_USER, since=since).order_by().values("cost_usd")
+        sql, params = calls.query.get_compiler(using=connection.alias).as_sql()
+        # The stand-ins must come through as the very objects given.
+        if sum(p is _SPEND_USER for p in params) != 1 or sum(p is since for p in params) != 1:
+            raise RuntimeError(f"the spend query's parameters changed shape: {params!r}")
+        return f"(SELECT SUM(s.cost_usd) FROM ({sql}) s)", tuple(params)
+
+    month_sql, month_params = spend(_SPEND_SINCE_MONTH)
+    day_sql, day_params = spend(_SPEND_SINCE_DAY)
+    budget = connection.ops.quote_name(Budget._meta.db_table)
     return (
-        f"SELECT b.limit_usd, b.period, (SELECT SUM({q(message)}.cost_usd) FROM {q(message)} "
-        f"JOIN {q(run)} r ON r.id = {q(message)}.run_id "
-        f"WHERE {where} AND r.user_id = %s AND {q(message)}.cost_usd IS NOT NULL "
-        f"AND {q(message)}.finished_at >= CASE WHEN b.period = '{Budget.Period.MONTH}' THEN %s ELSE %s END) "
-        f"FROM {q(budget)} b WHERE b.user_id = %s OR b.user_id IS NULL "
+        f"SELECT b.limit_usd, b.period, CASE WHEN b.period = '{Budget.Period.MONTH}' THEN {month_sql} "
+        f"ELSE {day_sql} END FROM {budget} b WHERE b.user_id = %s OR b.user_id IS NULL "
         "ORDER BY b.user_id NULLS LAST LIMIT 1",
-        tuple(where_params),
+        (*month_params, *day_params),
     )
 
 

@@ -63,15 +63,20 @@ def run_cost(run_id: uuid.UUID) -> dict[str, Any]:
     return {"total_usd": totals["total_usd"], "unknown_cost_calls": totals["unknown_cost_calls"]}
 
 
+def spent_calls(*, user_id: int, since: dt.datetime):
+    """The model calls whose cost is ``user_id``'s spend since ``since``:
+    closed at or after it, with a known cost (unknown costs add nothing).
+    Index ``message_model_finished_idx`` serves the time range (R-COST-3).
+    The one definition of spend: :func:`spent_usd` sums it, and the budget
+    check before each model call compiles it into its statement
+    (``costs.budgets``)."""
+    return Message.objects.model_calls().filter(run__user_id=user_id, finished_at__gte=since, cost_usd__isnull=False)
+
+
 def spent_usd(*, user_id: int, since: dt.datetime) -> Decimal:
     """What ``user_id``'s model calls that closed at or after ``since`` cost,
-    in USD (unknown costs add nothing). Index ``message_model_finished_idx``
-    serves the time range (R-COST-3)."""
-    total = (
-        Message.objects.model_calls()
-        .filter(run__user_id=user_id, finished_at__gte=since, cost_usd__isnull=False)
-        .aggregate(total=Sum("cost_usd"))["total"]
-    )
+    in USD (:func:`spent_calls`; R-COST-3)."""
+    total = spent_calls(user_id=user_id, since=since).aggregate(total=Sum("cost_usd"))["total"]
     return total or Decimal(0)
 
 
