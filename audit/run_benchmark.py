@@ -222,7 +222,7 @@ def bench_run_overhead(
 def _clean_up(user, thread_ids: list[uuid.UUID], run_ids: list[uuid.UUID], workspace: Path, *, first_day) -> None:
     import shutil
 
-    from dashboard.rollups import rebuild_days_since
+    from dashboard.rollups import rollups_rebuild
 
     with connection.cursor() as cursor:
         for table in ("checkpoint_writes", "checkpoint_blobs", "checkpoints"):
@@ -234,7 +234,7 @@ def _clean_up(user, thread_ids: list[uuid.UUID], run_ids: list[uuid.UUID], works
     with audited_bypass(reason="bench_run_overhead: delete its throw-away user, threads and runs"):
         user.delete()  # threads, runs and their rows
     # Their terminal transactions added them to the dashboard's rollups.
-    rebuild_days_since(first_day)
+    rollups_rebuild(since=first_day)
     release_connection()
     redis_url = get_config().REDIS_URL
     if redis_url and run_ids:

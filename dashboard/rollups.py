@@ -558,21 +558,6 @@ def rebuild_day(day: dt.date) -> None:
         rebuild_day_rows(day)
 
 
-def rebuild_days_since(first: dt.date) -> None:
-    """Recompute the rollups of the UTC days ``first`` .. today from the
-    audit rows (:func:`rebuild_day` each). For the benchmarks, which delete
-    the runs they created after their terminal transactions added them to
-    the rollups: the dashboard of the database they ran on then shows what
-    it showed before (found by a newcomer). Call it outside a transaction."""
-    from django.utils import timezone
-
-    today = timezone.now().astimezone(dt.UTC).date()
-    day = first
-    while day <= today:
-        rebuild_day(day)
-        day += dt.timedelta(days=1)
-
-
 def _rebuild_range(since: dt.datetime, until: dt.datetime) -> None:
     params = {"since": since, "until": until}
     with connection.cursor() as cursor:
@@ -672,13 +657,17 @@ def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
 
     Marks every terminal run not marked yet, then recomputes one UTC day
     after another, an hour per transaction and then its day rows
-    (:func:`rebuild_day`), from ``since`` (a UTC day;
-    default: the first day holding a fact) to the last day holding one;
-    without ``since`` the rows outside that span are deleted too.
+    (:func:`rebuild_day`). Without ``since``: from the first day holding a
+    fact to the last, and the rows outside that span are deleted. With
+    ``since`` (a UTC day): from it to today, so that the rows of runs
+    deleted since then go too — the benchmarks, which delete the runs they
+    created, call it with the day they started (found by a newcomer: the
+    dashboard of the database they ran on counted their runs).
     ``progress(day, done, total)`` is called after each day. Returns the
     number of days recomputed (R-DASH-1).
     """
     from django.db import transaction
+    from django.utils import timezone
 
     with transaction.atomic():
         marked = mark_terminal_runs()
@@ -690,18 +679,18 @@ def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE audit_agentrun")
     span = fact_span()
-    if span is None:
-        if since is None:
-            with transaction.atomic(), connection.cursor() as cursor:
-                for table in TABLES:
-                    cursor.execute(f"DELETE FROM {table}")
+    if since is not None:
+        today = timezone.now().astimezone(dt.UTC).date()
+        first, last = since, max(span[1], today) if span else today
+    elif span is None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            for table in TABLES:
+                cursor.execute(f"DELETE FROM {table}")
         return 0
-    first, last = span
-    if since is None:
+    else:
+        first, last = span
         with transaction.atomic():
             clear_outside(first, last)
-    else:
-        first = since
     days = [first + dt.timedelta(days=i) for i in range((last - first).days + 1)]
     for done, day in enumerate(days, start=1):
         rebuild_day(day)

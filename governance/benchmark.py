@@ -25,7 +25,7 @@ from audit import services
 from audit.benchmark import LatencySummary, summarize
 from audit.services import StateMessage
 from conversations.models import Conversation
-from dashboard.rollups import rebuild_days_since
+from dashboard.rollups import rollups_rebuild
 
 from .bypass import audited_bypass
 from .seal import audit_row_facts, compute_seal
@@ -113,7 +113,7 @@ def bench_seal(*, runs: int = 40, rows: int = 10) -> SealBench:
         with audited_bypass(reason="bench_seal: delete its throw-away user, threads and runs"):
             user.delete()
         # Their terminal transactions added them to the dashboard's rollups.
-        rebuild_days_since(first_day)
+        rollups_rebuild(since=first_day)
     return SealBench(
         rows_per_run=rows,
         with_seal=summarize(with_seal),
