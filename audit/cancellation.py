@@ -40,8 +40,10 @@ def cancel_signal_send(*, run_id: uuid.UUID | str) -> None:
         return
     import redis
 
+    from .events import REDIS_CLIENT_OPTIONS
+
     try:
-        client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2, driver_info=None)
+        client = redis.Redis.from_url(redis_url, socket_timeout=2, **REDIS_CLIENT_OPTIONS)
         try:
             client.set(cancel_key(run_id), "1", ex=SIGNAL_TTL_SECONDS)
             client.publish(cancel_channel(run_id), "cancel")

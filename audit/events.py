@@ -143,10 +143,6 @@ class RunEventPublisher:
         # One batch in flight at a time, so numbers stay in order.
         self._lock = asyncio.Lock()
 
-    @classmethod
-    def for_run(cls, run_id: uuid.UUID | str, *, client: Any = None) -> RunEventPublisher:
-        return cls(run_id, get_config().REDIS_URL or None, client=client)
-
     async def publish(self, event_type: str, data: dict[str, Any]) -> None:
         """Add one event ``{type, data}`` (``data`` JSON-able) to the batch."""
         if not self._redis_url:
