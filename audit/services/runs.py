@@ -195,29 +195,58 @@ def _acquire_unheld(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now:
     later turns (a resume run joins it in the transaction that releases its
     interrupted run), and a later turn makes this path give way to the full
     check."""
-    params = [Status.RUNNING, owner, expires_at, now, timezone.now(), run_id, Status.PENDING]
-    params += [*AgentRun.ACTIVE_STATUSES, Status.INTERRUPTED]
-    run = next(iter(AgentRun.objects.raw(_acquire_unheld_sql(), params)), None)
+    sql, candidate_params = _acquire_unheld_sql()
+    params = [Status.RUNNING, owner, expires_at, now, timezone.now()]
+    params += [run_id if p is _RUN_STANDIN else p for p in candidate_params]
+    run = next(iter(AgentRun.objects.raw(sql, [*params, Status.PENDING])), None)
     if run is not None:
         metrics.lease_acquired(run)
     return run
 
 
+# Compiled into the fast path's statement in place of the run id, found
+# again by identity and replaced at each call.
+_RUN_STANDIN = uuid.UUID(int=0x5EED)
+
+
 @functools.cache
-def _acquire_unheld_sql() -> str:
+def _acquire_unheld_sql() -> tuple[str, tuple]:
+    """The fast path's statement and its parameters between the SET values
+    and the pending status. The run it may take, with the thread's holding
+    runs (:func:`_holding_runs`) and ``thread_has_earlier_run``
+    (:func:`_earlier_run_exists`), is the ORM's own query, compiled once,
+    so neither rule is typed twice; the status is checked on the updated
+    row itself, so a run another worker took meanwhile is never taken
+    again."""
+    candidate = (
+        AgentRun.objects.filter(pk=_RUN_STANDIN)
+        .filter(~Exists(_holding_runs(OuterRef("thread_id"), OuterRef("turn_id"))))
+        .annotate(thread_has_earlier_run=_earlier_run_exists())
+        .order_by()
+        .values("pk", "thread_has_earlier_run")
+    )
+    candidate_sql, candidate_params = candidate.query.get_compiler(using=connection.alias).as_sql()
+    if sum(p is _RUN_STANDIN for p in candidate_params) != 1:
+        raise RuntimeError(f"the acquisition query's parameters changed shape: {candidate_params!r}")
     q = connection.ops.quote_name
     table = q(AgentRun._meta.db_table)
     columns = ", ".join(f"r.{q(f.column)}" for f in AgentRun._meta.concrete_fields)
-    active = ", ".join(["%s"] * len(AgentRun.ACTIVE_STATUSES))
-    return (
+    sql = (
         f"UPDATE {table} AS r SET status = %s, lease_owner = %s, fencing_token = r.fencing_token + 1, "
         "lease_expires_at = %s, started_at = COALESCE(r.started_at, %s), updated_at = %s "
-        "WHERE r.id = %s AND r.status = %s AND NOT EXISTS ("
-        f"SELECT FROM {table} o WHERE o.thread_id = r.thread_id AND o.turn_id <> r.turn_id "
-        f"AND (o.status IN ({active}) OR (o.status = %s "
-        f"AND NOT EXISTS (SELECT FROM {table} x WHERE x.resumed_from_id = o.id)))) "
-        f"RETURNING {columns}, EXISTS (SELECT FROM {table} e WHERE e.thread_id = r.thread_id "
-        "AND e.created_at <= r.created_at AND e.id <> r.id) AS thread_has_earlier_run"
+        f"FROM ({candidate_sql}) c(id, thread_has_earlier_run) WHERE r.id = c.id AND r.status = %s "
+        f"RETURNING {columns}, c.thread_has_earlier_run"
+    )
+    return sql, tuple(candidate_params)
+
+
+def _earlier_run_exists() -> Exists:
+    """Whether another run of the outer run's thread was created before it
+    (or at the same instant): false for a thread's first run."""
+    return Exists(
+        AgentRun.objects.filter(thread_id=OuterRef("thread_id"), created_at__lte=OuterRef("created_at"))
+        .exclude(pk=OuterRef("pk"))
+        .values("pk")
     )
 
 
@@ -228,13 +257,7 @@ def _acquire_checked(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now
     with transaction.atomic():
         run = (
             AgentRun.objects.select_for_update(no_key=True, of=("self",))
-            .annotate(
-                thread_has_earlier_run=Exists(
-                    AgentRun.objects.filter(thread_id=OuterRef("thread_id"), created_at__lte=OuterRef("created_at"))
-                    .exclude(pk=OuterRef("pk"))
-                    .values("pk")
-                )
-            )
+            .annotate(thread_has_earlier_run=_earlier_run_exists())
             .filter(pk=run_id)
             .first()
         )
