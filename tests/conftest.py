@@ -68,6 +68,26 @@ def acquire(run, *, owner: str = "worker-a", ttl: float = 60.0) -> Lease:
     return services.run_acquire(run_id=run.id, owner=owner, ttl_seconds=ttl)
 
 
+def prepared_executions(pattern: str) -> dict[str, int]:
+    """This connection's prepared statements whose text is ``LIKE pattern``:
+    name -> times executed. Prepared statements bypass Django's query
+    counting; tests of hot statements count them here."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, generic_plans + custom_plans FROM pg_prepared_statements WHERE statement LIKE %s", [pattern]
+        )
+        return dict(cursor.fetchall())
+
+
+def prepared_executed_since(before: dict[str, int], pattern: str) -> list[int]:
+    """How many times each prepared statement ``LIKE pattern`` ran since
+    ``before`` (:func:`prepared_executions`), sorted; unchanged ones left out."""
+    after = prepared_executions(pattern)
+    return sorted(n - before.get(name, 0) for name, n in after.items() if n != before.get(name, 0))
+
+
 @pytest.fixture
 def db_name():
     return connection.settings_dict["NAME"]

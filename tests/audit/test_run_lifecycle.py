@@ -23,7 +23,7 @@ from audit.lease import Lease
 from audit.models import AgentRun
 from audit.services.runs import run_acquire_with_row
 from conversations.models import Message
-from tests.conftest import acquire, make_run
+from tests.conftest import acquire, make_run, prepared_executed_since, prepared_executions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -182,20 +182,31 @@ def test_runs_of_one_thread_start_in_submission_order_R_RUN_2(thread):
     assert acquire(third).fencing_token == 1
 
 
+# The acquisition's one statement, as pg_prepared_statements shows it.
+_ACQUIRE = 'UPDATE "audit_agentrun" AS r SET status = $1, lease_owner = $2%'
+
+
 def test_the_usual_acquisition_is_one_statement_and_tells_a_threads_first_run_R_RUN_3(
     thread, django_assert_num_queries
 ):
     first = make_run(thread, text="first")
-    with django_assert_num_queries(1):
+    before = prepared_executions(_ACQUIRE)
+    # Nothing through the ORM: one prepared statement (planned once per
+    # connection: planning cost ten times its execution).
+    with django_assert_num_queries(0):
         lease, row = run_acquire_with_row(run_id=first.id, owner="worker-a", ttl_seconds=60)
+    assert prepared_executed_since(before, _ACQUIRE) == [1]
     assert (row.status, row.lease_owner, row.fencing_token, row.input) == ("running", "worker-a", 1, {"text": "first"})
     assert lease.fencing_token == 1 and row.started_at is not None and row.lease_expires_at > row.started_at
     assert row.thread_has_earlier_run is False
     services.run_finish(lease=lease, status="completed")
     second = make_run(thread, text="second")
-    with django_assert_num_queries(1):
+    before = prepared_executions(_ACQUIRE)
+    with django_assert_num_queries(0):
         _, row = run_acquire_with_row(run_id=second.id, owner="worker-a", ttl_seconds=60)
+    assert prepared_executed_since(before, _ACQUIRE) == [1]
     assert row.thread_has_earlier_run is True
+    assert row.input == {"text": "second"} and row.thread_id == thread.id
     # Not pending any more: the full check names the reason.
     with pytest.raises(RunNotStartable):
         acquire(second)

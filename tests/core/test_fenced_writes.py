@@ -18,7 +18,7 @@ from audit.events import RunEventPublisher, stream_key
 from audit.lease import lock_run
 from audit.models import AgentRun
 from conversations.models import Message
-from tests.conftest import acquire, make_run
+from tests.conftest import acquire, make_run, prepared_executed_since, prepared_executions
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -148,21 +148,6 @@ def test_an_event_published_while_a_batch_is_in_flight_is_sent_with_the_next_R_E
         client.close()
 
 
-def _executions_of_prepared(pattern: str) -> dict[str, int]:
-    """This connection's prepared statements whose text is ``LIKE pattern``:
-    name -> times executed."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT name, generic_plans + custom_plans FROM pg_prepared_statements WHERE statement LIKE %s", [pattern]
-        )
-        return dict(cursor.fetchall())
-
-
-def _executed_since(before: dict[str, int], pattern: str) -> list[int]:
-    after = _executions_of_prepared(pattern)
-    return sorted(n - before.get(name, 0) for name, n in after.items() if n != before.get(name, 0))
-
-
 @pytest.mark.django_db(transaction=True)
 def test_fenced_writes_are_prepared_once_per_connection_R_RUN_5(thread):
     """Each lifecycle write is planned once per connection, not on every
@@ -170,10 +155,10 @@ def test_fenced_writes_are_prepared_once_per_connection_R_RUN_5(thread):
     prepared statements off unless the connection allows them."""
     lease = acquire(make_run(thread))
     services.model_call_start(lease=lease, operation_id="lc_run--p0", sequence=1, started_at=T0)
-    before = _executions_of_prepared("WITH leased_run AS %")
+    before = prepared_executions("WITH leased_run AS %")
     for i in range(1, 4):
         services.model_call_start(lease=lease, operation_id=f"lc_run--p{i}", sequence=i + 1, started_at=T0)
-    assert _executed_since(before, "WITH leased_run AS %") == [3], (
+    assert prepared_executed_since(before, "WITH leased_run AS %") == [3], (
         "the model row's start must be one statement prepared on this connection"
     )
 
@@ -183,7 +168,7 @@ def test_the_rollup_of_a_run_end_is_prepared_once_per_connection_R_DASH_1(thread
     """The rollup statement of a run's end is planned once per connection:
     planning it took three times its execution."""
     services.run_finish(lease=acquire(make_run(thread, request_id="rollup-0")), status="completed")
-    before = _executions_of_prepared("WITH marked AS %")
+    before = prepared_executions("WITH marked AS %")
     for i in range(1, 3):
         services.run_finish(lease=acquire(make_run(thread, request_id=f"rollup-{i}")), status="completed")
-    assert _executed_since(before, "WITH marked AS %") == [2]
+    assert prepared_executed_since(before, "WITH marked AS %") == [2]
