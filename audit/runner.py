@@ -34,7 +34,7 @@ from conversations.selectors import thread_memory_messages
 from costs.budgets import budget_check_running
 from ops import logcontext
 from yuxi_project.config import get_config
-from yuxi_project.db import release_connection
+from yuxi_project.db import NeedsThread, call_with_pooled_statements, release_connection
 from yuxi_project.errors import ApplicationError, NotFound
 
 from . import services
@@ -93,6 +93,11 @@ _last_database_error: dict[str, Any] = {"at": float("-inf"), "text": ""}
 async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     """Run one audit service call in its own short transaction, awaited.
 
+    The lifecycle writes that are one prepared statement in the usual case
+    (``_ON_LOOP_FIRST``) are made on the event loop's thread on a pooled
+    connection (:func:`~yuxi_project.db.call_with_pooled_statements`);
+    every other call, and their locked path, in a thread.
+
     Database errors (unreachable, conflicting insert) are retried with
     backoff up to ``AUDIT_WRITE_ATTEMPTS`` times; then
     :class:`AuditWriteFailed` is raised and the run fails (R-RUN-8).
@@ -104,6 +109,11 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     attempts = get_config().AUDIT_WRITE_ATTEMPTS
     for attempt in range(1, attempts + 1):
         try:
+            if fn in _ON_LOOP_FIRST:
+                try:
+                    return call_with_pooled_statements(fn, kwargs)
+                except NeedsThread:
+                    pass
             return await sync_to_async(_call_then_release)(fn, kwargs)
         except _RETRYABLE as exc:
             if not isinstance(exc, IntegrityError):
@@ -130,6 +140,23 @@ def budget_check_then_model_open(*, budget_user_id: int | None, **kwargs: Any) -
     if budget_user_id is not None:
         budget_check_running(user_id=budget_user_id)
     services.model_call_open(**kwargs)
+
+
+# The lifecycle writes whose usual path is one prepared statement fenced by
+# the lease (audit.services.fenced; the budget check before a model row is
+# one too): made on the event loop's thread, without a thread hop (issue
+# 11); their locked path, when the statement wrote nothing, is made in a
+# thread (yuxi_project.db.call_with_pooled_statements).
+_ON_LOOP_FIRST = frozenset(
+    {
+        budget_check_then_model_open,
+        services.model_call_start,
+        services.model_call_finish,
+        services.tool_call_start,
+        services.tool_call_finish,
+        services.tool_call_error,
+    }
+)
 
 
 class LeasedAuditSink:

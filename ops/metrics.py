@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import SynchronousOnlyOperation
 from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
@@ -237,6 +238,10 @@ def audit_write[F: Callable[..., Any]](kind: str) -> Callable[[F], F]:
             began = time.perf_counter()
             try:
                 result = fn(*args, **kwargs)
+            except SynchronousOnlyOperation:
+                # Not a write error: the worker makes the call again in a
+                # thread (yuxi_project.db.call_with_pooled_statements).
+                raise
             except Exception as exc:
                 _count_write_error(kind, exc)
                 raise

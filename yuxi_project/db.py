@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
 
 
@@ -39,6 +42,11 @@ def execute_prepared_all(sql: str, params: Sequence[Any] | Mapping[str, Any]) ->
 def _prepared(sql: str, params: Sequence[Any] | Mapping[str, Any], fetch: Callable[[Any], Any]) -> Any:
     import psycopg
 
+    pooled = _pooled_call.get()
+    if pooled is not None:
+        with connection.wrap_database_errors, psycopg.Cursor(pooled.connection()) as cursor:
+            cursor.execute(sql, params, prepare=True)
+            return fetch(cursor)
     connection.ensure_connection()
     if connection.vendor != "postgresql":
         with connection.cursor() as cursor:
@@ -47,6 +55,91 @@ def _prepared(sql: str, params: Sequence[Any] | Mapping[str, Any], fetch: Callab
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params, prepare=True)
         return fetch(cursor)
+
+
+class NeedsThread(Exception):
+    """Raised by :func:`call_with_pooled_statements` when the call cannot
+    be made on the event loop's thread (it reached the ORM, or no pooled
+    connection was at hand) before it changed anything; the caller then
+    makes it in a thread."""
+
+
+class _PooledCall:
+    """One call's connection from Django's pool, checked out at its first
+    statement and given back when the call ends (R-RUN-5)."""
+
+    # A connection not at hand at once (the pool is exhausted, PostgreSQL
+    # is unreachable) is waited for in a thread, not on the event loop.
+    CHECKOUT_TIMEOUT_SECONDS = 0.05
+
+    def __init__(self, pool: Any):
+        self.pool = pool
+        self.conn: Any = None
+
+    def connection(self) -> Any:
+        if connection.in_atomic_block:
+            raise NeedsThread("a statement inside a transaction of the ORM")
+        if self.conn is None:
+            from psycopg_pool import PoolTimeout
+
+            try:
+                self.conn = self.pool.getconn(timeout=self.CHECKOUT_TIMEOUT_SECONDS)
+            except PoolTimeout as exc:
+                raise NeedsThread("no pooled connection at hand") from exc
+            if not self.conn.autocommit:
+                self.conn.autocommit = True
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.pool.putconn(self.conn)
+            self.conn = None
+
+
+_pooled_call: ContextVar[_PooledCall | None] = ContextVar("pooled_call", default=None)
+
+
+def call_with_pooled_statements(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
+    """Call ``fn(**kwargs)`` on this thread — an event loop's — with its
+    :func:`execute_prepared` statements on one connection from Django's
+    pool, in autocommit (each statement its own transaction), given back
+    when the call ends (R-RUN-5). No thread hop: an audit write that is one
+    prepared statement (:mod:`audit.services.fenced`) costs its round trip
+    only (issue 11).
+
+    Anything else that touches the database here — the ORM, a transaction —
+    raises Django's ``SynchronousOnlyOperation`` on an event loop's thread
+    before it does anything; this function then raises :class:`NeedsThread`
+    and the caller makes the whole call again in a thread. The calls made
+    here (the worker's audit services) are idempotent by their contract
+    (R-RUN-3: a write repeated after a lost connection changes nothing), so
+    a call that wrote nothing, or wrote and then reached the ORM, may be
+    made again. Not used where that safety net is off
+    (``DJANGO_ALLOW_ASYNC_UNSAFE``), nor without a pool or prepared
+    statements (``DB_PREPARED_STATEMENTS=false``): :class:`NeedsThread` at
+    once.
+
+    Raises what ``fn`` raises, database errors translated as Django
+    translates them (``OperationalError``, ``IntegrityError``…)."""
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    from .config import get_config
+
+    db = connections[DEFAULT_DB_ALIAS]
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE") or db.vendor != "postgresql" or db.in_atomic_block:
+        raise NeedsThread("a transaction of the ORM is open here, or its safety net is off")
+    pool = db.pool if get_config().DB_PREPARED_STATEMENTS else None
+    if pool is None or pool.closed:
+        raise NeedsThread("no open connection pool")
+    call = _PooledCall(pool)
+    token = _pooled_call.set(call)
+    try:
+        return fn(**kwargs)
+    except SynchronousOnlyOperation as exc:
+        raise NeedsThread(str(exc)) from exc
+    finally:
+        _pooled_call.reset(token)
+        call.close()
 
 
 def field_converters(fields: Sequence[Any], table: str, db: Any) -> list[tuple[int, Any, list]]:

@@ -1,0 +1,144 @@
+"""The worker's lifecycle writes on its event loop's thread (issue 11,
+R-RUN-5): the usual write is one prepared statement on a connection from
+the pool, checked out for the call and given back; anything that needs the
+ORM — a write's locked path, the terminal transaction — is made again in a
+thread, with its named errors, and nothing is written twice."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import DataError, connection, connections, transaction
+
+from audit import runner, services
+from audit.errors import LeaseLost
+from audit.lease import Lease
+from conversations.models import Message
+from tests.conftest import acquire, make_run
+from tests.ops.test_metrics import delta, scrape
+from yuxi_project.db import NeedsThread, call_with_pooled_statements, execute_prepared
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def hops(monkeypatch) -> list[str]:
+    """The names of the functions the runner sent to a thread (asgiref's
+    ``sync_to_async``, still called: only watched)."""
+    sent: list[str] = []
+
+    def watched(fn, *args, **kwargs):
+        hop = sync_to_async(fn, *args, **kwargs)
+
+        async def call(*a, **k):
+            sent.append(a[0].__name__ if a and callable(a[0]) else fn.__name__)
+            return await hop(*a, **k)
+
+        return call
+
+    monkeypatch.setattr(runner, "sync_to_async", watched)
+    return sent
+
+
+def _on_loop(fn, /, **kwargs):
+    async def go():
+        return await runner.write_with_retry(fn, **kwargs)
+
+    return asyncio.run(go())
+
+
+def _available() -> int:
+    return connections["default"].pool.get_stats()["pool_available"]
+
+
+def test_lifecycle_writes_are_made_on_the_loop_and_give_their_connection_back_R_RUN_5(thread, hops):
+    lease = acquire(make_run(thread))
+    connection.close()
+    available = _available()
+    opened = _on_loop(services.model_call_start, lease=lease, operation_id="lc_run--a", sequence=1, started_at=T0)
+    closed = _on_loop(
+        services.model_call_finish,
+        lease=lease,
+        operation_id="lc_run--a",
+        content="hi",
+        tool_calls=None,
+        usage={"input_tokens": 3, "output_tokens": 2},
+        finished_at=T0,
+        duration_ms=5,
+    )
+    assert hops == [], "a write that is one statement needs no thread"
+    assert opened.pk == closed.pk and closed.execution_status == "completed" and closed.content == "hi"
+    row = Message.objects.get(pk=closed.pk)
+    assert (row.sequence, row.content, row.usage) == (1, "hi", {"input_tokens": 3, "output_tokens": 2})
+    connection.close()
+    assert _available() == available, "the pooled connection must be given back after each write"
+
+
+def test_a_write_whose_statement_wrote_nothing_takes_its_locked_path_in_a_thread_R_RUN_4(thread, hops):
+    lease = acquire(make_run(thread))
+    stale = Lease(lease.run_id, lease.request_id, lease.thread_id, "someone-else", lease.fencing_token)
+    with pytest.raises(LeaseLost):
+        _on_loop(services.model_call_start, lease=stale, operation_id="lc_run--b", sequence=1, started_at=T0)
+    assert hops == ["model_call_start"]
+    assert not Message.objects.audit().filter(operation_id="lc_run--b").exists()
+
+
+def test_a_repeated_write_is_answered_by_its_locked_path_once_and_counts_no_error_R_OPS_1(thread, hops):
+    """The repeat's statement writes nothing; the call is made again in a
+    thread, where the idempotency rule returns the row unchanged. Stopping
+    at the ORM on the loop is no write error."""
+    lease = acquire(make_run(thread))
+    first = _on_loop(services.model_call_start, lease=lease, operation_id="lc_run--c", sequence=4, started_at=T0)
+    before = scrape()
+    again = _on_loop(services.model_call_start, lease=lease, operation_id="lc_run--c", sequence=4, started_at=T0)
+    after = scrape()
+    assert hops == ["model_call_start"]
+    assert again.pk == first.pk and again.sequence == 4
+    assert Message.objects.audit().filter(operation_id="lc_run--c").count() == 1
+    errors = [key for key in after if key[0] == "yuxi_audit_write_errors_total"]
+    assert all(dict(labels).get("error") != "SynchronousOnlyOperation" for _, labels in errors)
+    assert delta(before, after, "yuxi_audit_write_duration_seconds_count", kind="model_start") == 1
+
+
+def test_the_terminal_transaction_is_made_in_a_thread_R_RUN_5(thread, hops):
+    lease = acquire(make_run(thread))
+    run = _on_loop(services.run_finish, lease=lease, status="completed")
+    assert run.status == "completed" and hops == ["run_finish"]
+
+
+def test_a_call_that_reaches_the_orm_on_the_loop_changes_nothing(thread):
+    def orm_write():
+        Message.objects.create(thread=thread, role=Message.Role.USER, content="never")
+
+    async def go():
+        with pytest.raises(NeedsThread):
+            call_with_pooled_statements(orm_write, {})
+
+    asyncio.run(go())
+    assert not Message.objects.filter(content="never").exists()
+
+
+def test_database_errors_on_the_pooled_connection_are_translated_as_djangos_R_RUN_11():
+    def refused():
+        execute_prepared("""SELECT '{"a": NaN}'::jsonb""", [])
+
+    async def go():
+        with pytest.raises(DataError):
+            call_with_pooled_statements(refused, {})
+
+    asyncio.run(go())
+
+
+def test_no_pooled_call_inside_an_orm_transaction_or_without_the_safety_net(monkeypatch):
+    """Its statements would not see the transaction's writes; and without
+    Django's check, an ORM call would run here instead of stopping."""
+    with transaction.atomic(), pytest.raises(NeedsThread):
+        call_with_pooled_statements(lambda: None, {})
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with pytest.raises(NeedsThread):
+        call_with_pooled_statements(lambda: None, {})
