@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from django.db import connection
 
 from audit.models import AgentRun
-from yuxi_project.db import execute_prepared
 
 from .models import RUN_STATUS_COLUMNS
 
@@ -424,42 +423,50 @@ def run_roll_up(*, run_id) -> bool:
     if not connection.in_atomic_block:
         with transaction.atomic():
             return run_roll_up(run_id=run_id)
+    import psycopg
+
     wait_ms = get_config().ROLLUP_LOCK_WAIT_MS
-    with connection.cursor() as cursor:
-        # One round trip: the savepoint, then the limit set inside it (so
-        # undoing to the savepoint restores it too) and the previous one
-        # read.
-        cursor.execute(
-            f"SAVEPOINT {_SAVEPOINT}; SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
-            [f"{wait_ms}ms"],
-        )
-        cursor.nextset()
-        previous = cursor.fetchone()[0]
+    connection.ensure_connection()
+    raw = connection.connection
+    try:
+        # One round trip (a pipeline): the savepoint; the lock limit set
+        # inside it (so undoing to the savepoint restores it too), the
+        # previous one kept in a setting of the transaction; the statement
+        # (prepared: planning it took three times its execution, on every
+        # run's end); the savepoint released and the previous limit back.
+        with connection.wrap_database_errors, raw.pipeline(), psycopg.Cursor(raw) as cursor:
+            cursor.execute(f"SAVEPOINT {_SAVEPOINT}")
+            cursor.execute(
+                "SELECT set_config(%s, current_setting('lock_timeout'), true), set_config('lock_timeout', %s, true)",
+                [_PREVIOUS_LOCK_TIMEOUT, f"{wait_ms}ms"],
+            )
+            with psycopg.Cursor(raw) as statement:
+                statement.execute(_RUN_ROLL_UP, {"run_id": run_id}, prepare=True)
+                cursor.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+                cursor.execute("SELECT set_config('lock_timeout', current_setting(%s), true)", [_PREVIOUS_LOCK_TIMEOUT])
+                rolled_up = bool(statement.fetchone()[0])
+    except Exception as exc:
         try:
-            # Prepared: planning this statement took three times its
-            # execution, on every run's end.
-            rolled_up = bool(execute_prepared(_RUN_ROLL_UP, {"run_id": run_id})[0])
-        except Exception as exc:
-            try:
+            with connection.cursor() as cursor:
                 cursor.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}")
-                undone = True
-            except Error:
-                # As an atomic block whose savepoint cannot be undone.
-                connection.needs_rollback, undone = True, False
-            if not undone or not isinstance(exc, OperationalError):
-                raise
-            if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
-                raise
-            log.warning("run %s: a rollup row is held by another transaction; rolled up later", run_id)
-            return False
-        # The savepoint kept and the previous limit back, in one round trip.
-        cursor.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}; SELECT set_config('lock_timeout', %s, true)", [previous])
+            undone = True
+        except Error:
+            # As an atomic block whose savepoint cannot be undone.
+            connection.needs_rollback, undone = True, False
+        if not undone or not isinstance(exc, OperationalError):
+            raise
+        if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
+            raise
+        log.warning("run %s: a rollup row is held by another transaction; rolled up later", run_id)
+        return False
     return rolled_up
 
 
 # The savepoint of :func:`run_roll_up` (never nested: it calls nothing that
 # takes one).
 _SAVEPOINT = "run_roll_up"
+# Where the transaction keeps the lock limit that the rollup replaces.
+_PREVIOUS_LOCK_TIMEOUT = "yuxi.lock_timeout_before_roll_up"
 
 
 def rollups_catch_up(*, limit: int = 200) -> int:

@@ -595,3 +595,17 @@ def test_a_rebuild_that_marks_many_runs_refreshes_the_planners_statistics_R_DASH
     rollups.rollups_rebuild()
     assert not AgentRun.objects.filter(rolled_up_at__isnull=True).exists()
     assert _estimated_unmarked_runs() < 50
+
+
+def test_the_roll_up_gives_the_transaction_its_lock_limit_back_R_DASH_1(thread):
+    """The rollup waits at most ROLLUP_LOCK_WAIT_MS for a rollup row; the
+    rest of the terminal transaction keeps the limit it had."""
+    from django.db import connection, transaction
+
+    run = make_run(thread)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '7s'")
+        assert rollups.run_roll_up(run_id=run.id) is False  # not terminal: nothing to add
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        assert cursor.fetchone()[0] == "7s"
+        cursor.execute("SELECT 1")  # the transaction is usable: the savepoint was released, not left failed
