@@ -27,7 +27,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from yuxi_project.db import convert_values, execute_prepared, field_converters
+from yuxi_project.db import convert_values, execute_prepared, execute_prepared_in_pipeline, field_converters
 
 from .errors import LeaseError, LeaseExpired, LeaseLost, RunIdentityMismatch, RunTerminal
 from .models import AgentRun
@@ -102,6 +102,29 @@ def lock_run(lease: Lease, *, now: datetime | None = None, only: tuple[str, ...]
         run = AgentRun.objects.select_for_update(no_key=True, of=("self",)).filter(pk=lease.run_id).first()
     else:
         run = _lock_only(lease.run_id, tuple(dict.fromkeys((*_LEASE_COLUMNS, *only))))
+    return _proved(lease, run, now=now)
+
+
+def lock_run_then_read(
+    lease: Lease, *, only: tuple[str, ...], read: tuple[str, list], now: datetime | None = None
+) -> tuple[AgentRun, list[tuple]]:
+    """:func:`lock_run` with the fields ``only``, then the prepared
+    statement ``read`` (``(sql, params)``, params known without the run) in
+    the same round trip, the transaction's start included; returns the run
+    and ``read``'s rows. ``read`` runs once the lock is held, so it sees
+    every write committed before; when the lease does not hold, its rows
+    are dropped and the lease error raised, as :func:`lock_run` raises."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("lock_run_then_read must be called inside transaction.atomic()")
+    sql, fields, converters = _lock_only_sql(tuple(dict.fromkeys((*_LEASE_COLUMNS, *only))))
+    locked, rows = execute_prepared_in_pipeline([(sql, [lease.run_id]), read])
+    run = _run_from_values(locked[0], fields, converters) if locked else None
+    return _proved(lease, run, now=now), rows
+
+
+def _proved(lease: Lease, run: AgentRun | None, *, now: datetime | None) -> AgentRun:
+    """``run`` (locked, or None when absent) if the lease holds on it, else
+    the lease error of :func:`lease_refusal`."""
     facts = None if run is None else tuple(getattr(run, name) for name in _LEASE_COLUMNS)
     refusal = lease_refusal(lease, facts, now=now or timezone.now())
     if refusal is not None:
@@ -114,10 +137,13 @@ def _lock_only(run_id: uuid.UUID, names: tuple[str, ...]) -> AgentRun | None:
     ``names`` loaded (a prepared statement per set of names)."""
     sql, fields, converters = _lock_only_sql(names)
     found = execute_prepared(sql, [run_id])
-    if found is None:
-        return None
-    values = convert_values(found, converters, connection)
-    return AgentRun.from_db(connection.alias, [f.attname for f in fields], values)
+    return None if found is None else _run_from_values(found, fields, converters)
+
+
+def _run_from_values(found: tuple, fields: list, converters: list) -> AgentRun:
+    return AgentRun.from_db(
+        connection.alias, [f.attname for f in fields], convert_values(found, converters, connection)
+    )
 
 
 @functools.cache

@@ -57,6 +57,34 @@ def _prepared(sql: str, params: Sequence[Any] | Mapping[str, Any], fetch: Callab
         return fetch(cursor)
 
 
+def execute_prepared_in_pipeline(statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple]]:
+    """Run ``statements`` — ``(sql, params)`` pairs whose parameters do not
+    depend on each other's results — each prepared, in one round trip (a
+    psycopg pipeline) on this thread's Django connection, in its
+    transaction: a transaction that has yet to begin begins in the same
+    round trip. They run in order, each seeing what the ones before it did
+    (and waiting for the locks they wait for). Returns each statement's
+    rows, in order.
+
+    Raises the first statement's error, translated as Django translates it;
+    the statements after it do not run."""
+    import psycopg
+
+    connection.ensure_connection()
+    if connection.vendor != "postgresql" or _pooled_call.get() is not None:
+        return [execute_prepared_all(sql, params) for sql, params in statements]
+    raw = connection.connection
+    cursors = [psycopg.Cursor(raw) for _ in statements]
+    try:
+        with connection.wrap_database_errors, raw.pipeline():
+            for cursor, (sql, params) in zip(cursors, statements, strict=True):
+                cursor.execute(sql, params, prepare=True)
+            return [cursor.fetchall() for cursor in cursors]
+    finally:
+        for cursor in cursors:
+            cursor.close()
+
+
 class NeedsThread(Exception):
     """Raised by :func:`call_with_pooled_statements` when the call cannot
     be made on the event loop's thread (it reached the ORM, or no pooled

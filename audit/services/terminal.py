@@ -23,7 +23,7 @@ from ops import metrics
 from yuxi_project.db import execute_prepared, execute_prepared_all
 from yuxi_project.errors import InvalidInput
 
-from ..lease import Lease, lock_run
+from ..lease import Lease, lock_run, lock_run_then_read
 from ..models import AgentRun
 
 log = logging.getLogger(__name__)
@@ -62,29 +62,31 @@ class RunRows:
     (``RETURNING``), so :meth:`facts` are what a reader of the table sees.
     Must be used inside the transaction that locked the run row."""
 
-    def __init__(self, run: AgentRun, *, state_ops: Iterable[str] = ()):
-        """Read the run's audit rows and, in the same statement, which of
-        ``state_ops`` (ids of the final State's AIMessages) are already
-        model calls of another run of the thread: :attr:`elsewhere`."""
+    def __init__(self, fetched: list[tuple]):
+        """The rows of :meth:`read_statement` (see :meth:`read`)."""
         db = connection
         op_field = Message._meta.get_field("operation_id")
-        # Read with the readers' loader: no Model.__init__ per row. One
-        # outer row even without audit rows, for the elsewhere array.
-        fetched = execute_prepared_all(
-            _RUN_ROWS_SQL(),
-            [
-                run.thread_id,
-                Message.Role.ASSISTANT,
-                [op_field.get_db_prep_value(op, db) for op in state_ops],
-                run.pk,
-                run.pk,
-            ],
-        )
         elsewhere = fetched[0][-1] if fetched else None
         self.elsewhere: set[str] = {op_field.from_db_value(op, None, db) for op in elsewhere or ()}
+        # Read with the readers' loader: no Model.__init__ per row.
         self.all: list[Message] = messages_from_values([values[:-1] for values in fetched if values[0] is not None])
         self._changed: dict[int, tuple[Message, set[str]]] = {}
         self._inserted: list[Message] = []
+
+    @staticmethod
+    def read_statement(run_id: uuid.UUID, thread_id: uuid.UUID, *, state_ops: Iterable[str] = ()) -> tuple[str, list]:
+        """The prepared statement that reads the run's audit rows and, in the
+        same statement, which of ``state_ops`` (ids of the final State's
+        AIMessages) are already model calls of another run of the thread
+        (:attr:`elsewhere`); one outer row even without audit rows."""
+        op_field = Message._meta.get_field("operation_id")
+        ops = [op_field.get_db_prep_value(op, connection) for op in state_ops]
+        return _RUN_ROWS_SQL(), [thread_id, Message.Role.ASSISTANT, ops, run_id, run_id]
+
+    @classmethod
+    def read(cls, run: AgentRun, *, state_ops: Iterable[str] = ()) -> RunRows:
+        """The rows of the locked ``run``, read now."""
+        return cls(execute_prepared_all(*cls.read_statement(run.pk, run.thread_id, state_ops=state_ops)))
 
     def of(self, role: str, operation_ids=None, *, status: str | None = None) -> list[Message]:
         ids = None if operation_ids is None else set(operation_ids)
@@ -233,14 +235,17 @@ def run_finish(
     """
     if status not in AgentRun.TERMINAL_STATUSES:
         raise InvalidInput(f"{status} is not a terminal status")
+    prior = set(prior_message_ids)
+    own_ai = _own_ai_messages(final_state, prior) if final_state else {}
     with transaction.atomic():
-        run = lock_run(lease, only=_RUN_FIELDS)
+        # One read of the run's rows serves every step below, sent with the
+        # lock in one round trip; each changed row is written once, at the
+        # end (R-RUN-5: a short transaction).
+        run, fetched = lock_run_then_read(
+            lease, only=_RUN_FIELDS, read=RunRows.read_statement(lease.run_id, lease.thread_id, state_ops=own_ai)
+        )
         now = timezone.now()
-        # One read of the run's rows serves every step below; each changed
-        # row is written once, at the end (R-RUN-5: a short transaction).
-        prior = set(prior_message_ids)
-        own_ai = _own_ai_messages(final_state, prior) if final_state else {}
-        rows = RunRows(run, state_ops=own_ai)
+        rows = RunRows(fetched)
         own_ai = {op: message for op, message in own_ai.items() if op not in rows.elsewhere}
         if final_state:
             _reconcile_model_rows(run, own_ai, rows, now=now)
@@ -557,7 +562,7 @@ def _terminate(
     the run row locked; ``rows``: the run's rows as this transaction changed
     them so far (read here when not given). Enqueues the thread's next run
     after commit."""
-    rows = rows if rows is not None else RunRows(run)
+    rows = rows if rows is not None else RunRows.read(run)
     close_as = _CLOSE_RUNNING[status]
     for row in rows.running():
         row.execution_status = close_as

@@ -172,3 +172,41 @@ def test_the_rollup_of_a_run_end_is_prepared_once_per_connection_R_DASH_1(thread
     for i in range(1, 3):
         services.run_finish(lease=acquire(make_run(thread, request_id=f"rollup-{i}")), status="completed")
     assert prepared_executed_since(before, "WITH marked AS %") == [2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_terminal_read_sent_with_the_lock_sees_what_the_lock_holder_committed_R_RUN_5(thread):
+    """run_finish sends its lock and the read of the run's rows in one round
+    trip: the read must still run once the lock is held, so a row that the
+    holder wrote and committed meanwhile is closed with the run."""
+    lease = acquire(make_run(thread))
+    outcome: dict = {}
+
+    def finish():
+        try:
+            outcome["run"] = services.run_finish(lease=lease, status="completed")
+        except Exception as exc:
+            outcome["run"] = exc
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        lock_run(lease)
+        row = Message.objects.create(
+            thread=thread,
+            run_id=lease.run_id,
+            role=Message.Role.ASSISTANT,
+            operation_id="lc_run--held",
+            sequence=1,
+            execution_status=Message.ExecutionStatus.RUNNING,
+            started_at=T0,
+        )
+        worker = threading.Thread(target=finish)
+        worker.start()
+        worker.join(timeout=0.5)
+        assert worker.is_alive(), "the terminal transaction must wait for the row lock"
+    worker.join(timeout=10)
+    assert getattr(outcome["run"], "status", outcome["run"]) == "completed"
+    row.refresh_from_db()
+    # Closed by the run's end: a call still running in a completed run was abandoned.
+    assert row.execution_status == "abandoned" and row.finished_at is not None
