@@ -143,20 +143,18 @@ def call_with_pooled_statements(fn: Callable[..., Any], kwargs: Mapping[str, Any
     (R-RUN-3: a write repeated after a lost connection changes nothing), so
     a call that wrote nothing, or wrote and then reached the ORM, may be
     made again. Not used where that safety net is off
-    (``DJANGO_ALLOW_ASYNC_UNSAFE``), nor without a pool or prepared
-    statements (``DB_PREPARED_STATEMENTS=false``): :class:`NeedsThread` at
-    once.
+    (``DJANGO_ALLOW_ASYNC_UNSAFE``), nor without an open pool:
+    :class:`NeedsThread` at once. With ``DB_PREPARED_STATEMENTS=false`` the
+    pool's connections prepare nothing, as Django's own do not.
 
     Raises what ``fn`` raises, database errors translated as Django
     translates them (``OperationalError``, ``IntegrityError``…)."""
     from django.db import DEFAULT_DB_ALIAS, connections
 
-    from .config import get_config
-
     db = connections[DEFAULT_DB_ALIAS]
     if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE") or db.vendor != "postgresql" or db.in_atomic_block:
         raise NeedsThread("a transaction of the ORM is open here, or its safety net is off")
-    pool = db.pool if get_config().DB_PREPARED_STATEMENTS else None
+    pool = db.pool
     if pool is None or pool.closed:
         raise NeedsThread("no open connection pool")
     call = _PooledCall(pool)
