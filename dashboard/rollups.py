@@ -399,7 +399,7 @@ def _run_roll_up_sql() -> str:
 _RUN_ROLL_UP = _run_roll_up_sql()
 
 
-def run_roll_up(*, run_id) -> bool:
+def run_roll_up(*, run_id, lead: tuple[str, list] | None = None) -> bool | tuple[bool, list[tuple]]:
     """Add the figures of the terminal run ``run_id`` to the rollups, once.
 
     One statement (one round trip): marks the run ``rolled_up_at`` where it
@@ -415,6 +415,12 @@ def run_roll_up(*, run_id) -> bool:
     transaction) is not waited for: the statement is undone to a savepoint,
     the run stays unmarked (the dashboard counts it from its rows) and
     :func:`rollups_catch_up` adds it later; returns False then.
+
+    ``lead`` (``(sql, params)``, prepared, returning rows) is a statement of
+    the caller's transaction sent first in the same round trip — the terminal path's
+    write of the run's end, which the rollup must follow. With it, returns
+    ``(rolled up, lead's rows)``; an error of ``lead`` is raised as it is,
+    with nothing rolled up.
     """
     from django.db import Error, OperationalError, transaction
 
@@ -422,30 +428,47 @@ def run_roll_up(*, run_id) -> bool:
 
     if not connection.in_atomic_block:
         with transaction.atomic():
-            return run_roll_up(run_id=run_id)
+            return run_roll_up(run_id=run_id, lead=lead)
     import psycopg
 
     wait_ms = get_config().ROLLUP_LOCK_WAIT_MS
     connection.ensure_connection()
     raw = connection.connection
+    led = psycopg.Cursor(raw) if lead is not None else None
+    lead_rows = None
     try:
-        # One round trip (a pipeline): the savepoint; the lock limit set
-        # inside it (so undoing to the savepoint restores it too), the
-        # previous one kept in a setting of the transaction; the statement
-        # (prepared: planning it took three times its execution, on every
-        # run's end); the savepoint released and the previous limit back.
-        with connection.wrap_database_errors, raw.pipeline(), psycopg.Cursor(raw) as cursor:
+        # One round trip (a pipeline): the lead; the savepoint; the lock
+        # limit set inside it (so undoing to the savepoint restores it too),
+        # the previous one kept in a setting of the transaction; the
+        # statement (prepared: planning it took three times its execution,
+        # on every run's end); the savepoint released and the previous
+        # limit back.
+        with (
+            connection.wrap_database_errors,
+            raw.pipeline(),
+            psycopg.Cursor(raw) as cursor,
+            psycopg.Cursor(raw) as statement,
+        ):
+            if led is not None:
+                led.execute(*lead, prepare=True)
             cursor.execute(f"SAVEPOINT {_SAVEPOINT}")
             cursor.execute(
                 "SELECT set_config(%s, current_setting('lock_timeout'), true), set_config('lock_timeout', %s, true)",
                 [_PREVIOUS_LOCK_TIMEOUT, f"{wait_ms}ms"],
             )
-            with psycopg.Cursor(raw) as statement:
-                statement.execute(_RUN_ROLL_UP, {"run_id": run_id}, prepare=True)
-                cursor.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
-                cursor.execute("SELECT set_config('lock_timeout', current_setting(%s), true)", [_PREVIOUS_LOCK_TIMEOUT])
-                rolled_up = bool(statement.fetchone()[0])
+            statement.execute(_RUN_ROLL_UP, {"run_id": run_id}, prepare=True)
+            cursor.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+            cursor.execute("SELECT set_config('lock_timeout', current_setting(%s), true)", [_PREVIOUS_LOCK_TIMEOUT])
+            if led is not None:
+                lead_rows = led.fetchall()
+            rolled_up = bool(statement.fetchone()[0])
     except Exception as exc:
+        if led is not None and lead_rows is None:
+            # A pipeline raises the first error at the first fetch, whichever
+            # statement it came from: the lead's own result tells.
+            if led.pgresult is None or led.pgresult.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                raise  # the lead failed: nothing after it ran, no savepoint to undo
+            lead_rows = led.fetchall()
         try:
             with connection.cursor() as cursor:
                 cursor.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}")
@@ -458,8 +481,11 @@ def run_roll_up(*, run_id) -> bool:
         if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
             raise
         log.warning("run %s: a rollup row is held by another transaction; rolled up later", run_id)
-        return False
-    return rolled_up
+        rolled_up = False
+    finally:
+        if led is not None:
+            led.close()
+    return (rolled_up, lead_rows) if lead is not None else rolled_up
 
 
 # The savepoint of :func:`run_roll_up` (never nested: it calls nothing that

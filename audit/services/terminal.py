@@ -20,7 +20,7 @@ from costs.pricing import price_row
 from dashboard.rollups import run_roll_up
 from governance.seal import FACT_FIELDS, seal_run
 from ops import metrics
-from yuxi_project.db import execute_prepared, execute_prepared_all
+from yuxi_project.db import execute_prepared_all
 from yuxi_project.errors import InvalidInput
 
 from ..lease import Lease, lock_run, lock_run_then_read
@@ -593,24 +593,22 @@ def _terminate(
     # once more, harmlessly. One statement writes the run (only the fields
     # this path changes) and finds and stamps the others.
     sql, fields = _END_RUN_SQL()
-    ended, _ = execute_prepared(
-        sql,
-        [
-            *(
-                None if (value := getattr(run, f.attname)) is None else f.get_db_prep_save(value, connection)
-                for f in fields
-            ),
-            run.pk,
-            now,
-            run.thread_id,
-            Status.PENDING,
-            run.pk,
-        ],
-    )
+    end_run = [
+        *(
+            None if (value := getattr(run, f.attname)) is None else f.get_db_prep_save(value, connection)
+            for f in fields
+        ),
+        run.pk,
+        now,
+        run.thread_id,
+        Status.PENDING,
+        run.pk,
+    ]
+    # Dashboard figures of the run, added once with the run's end (R-DASH-1),
+    # which goes first in the same round trip.
+    _, [(ended, _)] = run_roll_up(run_id=run.pk, lead=(sql, end_run))
     if not ended:
         raise DatabaseError(f"run {run.pk} no longer exists")
-    # Dashboard figures of the run, added once with the run's end (R-DASH-1).
-    run_roll_up(run_id=run.pk)
     metrics.run_ended(run, rows=facts)
     thread_id = run.thread_id
     # Always after commit, also without a pending run now: a turn submitted

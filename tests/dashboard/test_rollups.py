@@ -609,3 +609,18 @@ def test_the_roll_up_gives_the_transaction_its_lock_limit_back_R_DASH_1(thread):
         cursor.execute("SELECT current_setting('lock_timeout')")
         assert cursor.fetchone()[0] == "7s"
         cursor.execute("SELECT 1")  # the transaction is usable: the savepoint was released, not left failed
+
+
+def test_a_failed_lead_statement_rolls_up_nothing_R_DASH_1(thread):
+    """The terminal path sends the run's end first in the rollup's round
+    trip: when that statement fails, its error is raised and nothing else
+    of the round trip ran."""
+    from django.db import DataError, transaction
+
+    run, _ = _completed_run(thread)
+    before = rollup_state()
+    with pytest.raises(DataError), transaction.atomic():
+        rollups.run_roll_up(run_id=run.id, lead=("SELECT 1 / %s", [0]))
+    assert rollup_state() == before
+    with transaction.atomic():
+        assert rollups.run_roll_up(run_id=run.id, lead=("SELECT %s", [7])) == (False, [(7,)])  # rolled up already
