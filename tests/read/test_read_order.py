@@ -20,6 +20,7 @@ from audit.services import StateMessage
 from conversations.models import Message
 from conversations.selectors import history_sql, thread_history, thread_memory
 from tests.admin.test_rough_edges import interrupted_run, rejected_resume
+from yuxi_project.db import serial_plans
 
 from .builders import RunDriver, tool_turn
 
@@ -179,6 +180,32 @@ def test_history_reads_runs_by_the_thread_index_then_rows_by_run_R_READ_1(thread
     assert "Nested Loop" in plan and "conversations_message_run_id" in plan, plan
     # No scan of the thread's messages by thread id: rows come run by run.
     assert "conversations_message_thread_id" not in plan and "message_thread_id_idx" not in plan, plan
+
+
+def _parallel_workers() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('max_parallel_workers_per_gather')")
+        return cursor.fetchone()[0]
+
+
+def test_serial_plans_turn_parallel_workers_off_for_their_block_only_inside_a_transaction():
+    before = _parallel_workers()
+    assert before != "0"
+    with serial_plans():
+        assert _parallel_workers() == "0"
+    assert _parallel_workers() == before  # the outer transaction has its setting back
+    with pytest.raises(RuntimeError), serial_plans():
+        assert _parallel_workers() == "0"
+        raise RuntimeError("the block fails")
+    assert _parallel_workers() == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_serial_plans_own_transaction_ends_the_setting():
+    before = _parallel_workers()
+    with serial_plans():
+        assert connection.in_atomic_block and _parallel_workers() == "0"
+    assert not connection.in_atomic_block and _parallel_workers() == before
 
 
 def test_rows_read_by_raw_statements_carry_no_search_vector_R_READ_3(thread):
