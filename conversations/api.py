@@ -85,8 +85,10 @@ def thread_memory(request, thread_id: uuid.UUID, query: Query[MemoryQuery]):
     tool messages only with ``include_tools=true``."""
     thread = selectors.thread_of(request.auth, thread_id)
     messages = selectors.thread_memory(thread_id=thread.id, include_tools=query.include_tools)
-    # The dict MemoryOut dumps, built directly (issue 11).
-    return json_response({"thread_id": thread.id, "messages": [memory_message_dict(m) for m in messages]})
+    # The dict MemoryOut dumps, built directly (issue 11): the selector's
+    # dicts are already the schema's dump but for declared calls.
+    dumped = [memory_message_dict(m) if m["tool_calls"] else m for m in messages]
+    return json_response({"thread_id": thread.id, "messages": dumped})
 
 
 @router.post("/messages/{message_id}/feedback", response={200: MessageFeedbackOut, 201: MessageFeedbackOut, **ERRORS})

@@ -185,17 +185,14 @@ class MemoryMessageOut(Schema):
 def memory_message_dict(message: dict[str, Any]) -> dict[str, Any]:
     """What :class:`MemoryMessageOut` dumps for one message of
     :func:`conversations.selectors.thread_memory`, built without validating
-    (issue 11): every field, absent ones null."""
-    tool_calls = message.get("tool_calls")
-    return {
-        "type": message["type"],
-        "id": message["id"],
-        "content": message["content"],
-        "tool_calls": None if tool_calls is None else [tool_call_dict(call) for call in tool_calls],
-        "tool_call_id": message.get("tool_call_id"),
-        "name": message.get("name"),
-        "status": message.get("status"),
-    }
+    (issue 11). The selector's dict already has every field in the schema's
+    order; only declared calls are dumped as :class:`ToolCallOut`, so a
+    message without any is returned as it is (the endpoint does not even
+    call this for those)."""
+    tool_calls = message["tool_calls"]
+    if not tool_calls:
+        return message
+    return {**message, "tool_calls": [tool_call_dict(call) for call in tool_calls]}
 
 
 class MemoryOut(Schema):

@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce
 from audit.selectors import _NO_SEQUENCE, _SCOPE, run_timeline, thread_timeline, timeline_sql
 from audit.services import StateMessage
 from conversations.models import Message
-from conversations.selectors import history_sql, thread_history, thread_memory
+from conversations.selectors import history_sql, memory_rows, memory_sql, thread_history, thread_memory
 from tests.admin.test_rough_edges import interrupted_run, rejected_resume
 from yuxi_project.db import serial_plans
 
@@ -180,6 +180,49 @@ def test_history_reads_runs_by_the_thread_index_then_rows_by_run_R_READ_1(thread
     assert "Nested Loop" in plan and "conversations_message_run_id" in plan, plan
     # No scan of the thread's messages by thread id: rows come run by run.
     assert "conversations_message_thread_id" not in plan and "message_thread_id_idx" not in plan, plan
+
+
+def _make_parallel_plans_free() -> None:
+    """For the rest of the test's transaction, price parallel workers and
+    page reads at nothing (and sequential scans out): on tiny tables the
+    planner then takes parallel workers wherever they are allowed — as a
+    large table's sampled statistics sometimes make it do for a long
+    thread's runs."""
+    with connection.cursor() as cursor:
+        for name in (
+            "parallel_setup_cost",
+            "parallel_tuple_cost",
+            "min_parallel_table_scan_size",
+            "min_parallel_index_scan_size",
+            "random_page_cost",
+            "seq_page_cost",
+        ):
+            cursor.execute(f"SET LOCAL {name} = 0")
+        cursor.execute("SET LOCAL enable_seqscan = off")
+
+
+@pytest.mark.parametrize("include_tools", [False, True])
+def test_memory_walks_the_runs_then_each_runs_rows_never_with_parallel_workers_R_READ_2(thread, include_tools):
+    tool_turn(thread)
+    tool_turn(thread, prefix="b")
+    sql, params = memory_sql(thread.id, include_tools=include_tools)
+    # The walk, as thread_memory reads it (prepared, in serial_plans): the
+    # thread's runs, then each run's rows, fetched for that run.
+    plan = "\n".join(row[0] for row in memory_rows("EXPLAIN " + sql, params))
+    assert re.search(r"Nested Loop .*\n.*Index Scan using run_thread_created_idx on audit_agentrun", plan), plan
+    assert "(run_id = audit_agentrun.id)" in plan, plan
+    assert "Hash" not in plan and "Merge Join" not in plan, plan
+    assert "message_thread_id_idx" not in plan and "conversations_message_thread_id" not in plan, plan
+    # Parallel workers made free: allowed, the planner takes them for the
+    # runs (on a large table, the thread's runs' estimate sometimes does
+    # that); the walk never has any.
+    _make_parallel_plans_free()
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        allowed = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Gather" in allowed, allowed
+    plan = "\n".join(row[0] for row in memory_rows("EXPLAIN " + sql, params))
+    assert "Gather" not in plan and "Parallel" not in plan, plan
 
 
 def _parallel_workers() -> str:
