@@ -182,19 +182,6 @@ class MemoryMessageOut(Schema):
     status: Literal["success", "error"] | None = None
 
 
-def memory_message_dict(message: dict[str, Any]) -> dict[str, Any]:
-    """What :class:`MemoryMessageOut` dumps for one message of
-    :func:`conversations.selectors.thread_memory`, built without validating
-    (issue 11). The selector's dict already has every field in the schema's
-    order; only declared calls are dumped as :class:`ToolCallOut`, so a
-    message without any is returned as it is (the endpoint does not even
-    call this for those)."""
-    tool_calls = message["tool_calls"]
-    if not tool_calls:
-        return message
-    return {**message, "tool_calls": [tool_call_dict(call) for call in tool_calls]}
-
-
 class MemoryOut(Schema):
     thread_id: uuid.UUID
     messages: list[MemoryMessageOut]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,7 +242,13 @@ for _name in ("content", "operation_id", "tool_name"):
 del _name
 
 
-def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_run=None) -> list[dict[str, Any]]:
+def thread_memory(
+    *,
+    thread_id: uuid.UUID,
+    include_tools: bool = False,
+    before_run=None,
+    call_dict: Callable[[Any], dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """The thread's history as LangChain-style message dicts, oldest first,
     under the same rules as :func:`thread_history` (R-READ-2). Each dict has
     the fields of ``MemoryMessageOut`` in its order — ``type``, ``id``,
@@ -250,7 +257,9 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_r
 
     - ``{"type": "human", "id", "content"}`` for user messages;
     - ``{"type": "ai", "id", "content", "tool_calls"}``, the calls as the
-      model declared them (``[{id, name, args}]``);
+      model declared them (``[{id, name, args}]``), each passed through
+      ``call_dict`` if given (the API's dump of a call: the dicts are then
+      what ``MemoryOut`` dumps);
     - with ``include_tools`` only: tool carriers, and after each AI message
       one ``{"type": "tool", "id", "tool_call_id", "name", "content",
       "status": "success"|"error"}`` per finished execution. A declared call
@@ -269,7 +278,7 @@ def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_r
     runs_before = before_run.created_at if before_run is not None else None
     fetched = memory_rows(*memory_sql(thread_id, runs_before=runs_before, include_tools=include_tools))
     if include_tools:
-        return _memory_with_tools(thread_id, fetched)
+        return _memory_with_tools(thread_id, fetched, call_dict)
     return _memory_answers(fetched)
 
 
@@ -305,7 +314,7 @@ def _memory_answers(fetched: list[tuple]) -> list[dict[str, Any]]:
     return messages
 
 
-def _memory_with_tools(thread_id: uuid.UUID, fetched: list[tuple]) -> list[dict[str, Any]]:
+def _memory_with_tools(thread_id: uuid.UUID, fetched: list[tuple], call_dict) -> list[dict[str, Any]]:
     """The messages of ``memory_sql(include_tools=True)`` rows. A declared
     call's execution is the last finished tool row of that call id in the
     same turn (an approved call runs in the turn's resume run)."""
@@ -349,14 +358,14 @@ def _memory_with_tools(thread_id: uuid.UUID, fetched: list[tuple]) -> list[dict[
                 }
             )
             continue
-        tool_calls = []
+        executed = []
         if calls is not None:
-            tool_calls = [
+            executed = [
                 call
                 for call in next(declared_calls) or ()
                 if (call_id := call.get("id")) and (turn, call_id) in executions
             ]
-        if not content and not tool_calls:
+        if not content and not executed:
             continue
         if operation_id is not None and "\\u" in operation_id:
             operation_id = decode_text(operation_id)
@@ -365,13 +374,13 @@ def _memory_with_tools(thread_id: uuid.UUID, fetched: list[tuple]) -> list[dict[
                 "type": "ai",
                 "id": operation_id or f"msg-{row_id}",
                 "content": content,
-                "tool_calls": tool_calls,
+                "tool_calls": executed if call_dict is None or not executed else [call_dict(c) for c in executed],
                 "tool_call_id": None,
                 "name": None,
                 "status": None,
             }
         )
-        for call in tool_calls:
+        for call in executed:
             tool_id, head, size, tool_call_id, status, tool_name, run_id = executions[turn, call["id"]]
             if size <= threshold:  # tool_result_view's common case, without its object
                 result = head
