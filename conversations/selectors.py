@@ -466,11 +466,14 @@ def _memory_statement(include_tools: bool, runs_before: bool) -> tuple[str, tupl
         visible, visible_params = ordinary_sql, ordinary_params
     # OFFSET 0 keeps the run's rows a subquery of their own (PostgreSQL
     # does not pull a subquery with an OFFSET up into the join), so the
-    # plan is always the walk: the thread's runs in order, and for each an
-    # index scan of its rows; pulled up, the join order and method were the
-    # planner's choice from sampled estimates.
+    # plan is always the walk: the thread's runs, and for each an index
+    # scan of its rows; pulled up, the join order and method were the
+    # planner's choice from sampled estimates. The runs come in order (a
+    # subquery's ORDER BY is kept too), so the rows are sorted run by run
+    # (an incremental sort), never all 3,400 of a long thread at once.
     sql = f"""SELECT {outer}
-        FROM (SELECT id, created_at, turn_id, status FROM audit_agentrun WHERE thread_id = %s {run_filter}) r
+        FROM (SELECT id, created_at, turn_id, status FROM audit_agentrun WHERE thread_id = %s {run_filter}
+              ORDER BY created_at, id) r
         CROSS JOIN LATERAL (
             SELECT {columns}, {t}.sequence, CASE WHEN {t}.role = %s THEN 0 ELSE 1 END AS position
             FROM {t}
