@@ -485,12 +485,12 @@ def _memory_statement(include_tools: bool, runs_before: bool) -> tuple[str, tupl
 
 def memory_rows(sql: str, params: list) -> list[tuple]:
     """The rows of a :func:`memory_sql` statement (or of its ``EXPLAIN``) as
-    :func:`thread_memory` reads them: prepared once per connection (its
-    planning took 2 ms, a third of its execution), and planned without
-    parallel workers (:func:`yuxi_project.db.serial_plans`), so every
-    thread is read by the nested loop over its runs whatever statistics the
-    last ``ANALYZE`` sampled (issue 11). Kept public for the plan test and
-    the read-path benchmark."""
+    :func:`thread_memory` reads them: prepared once per connection
+    (planning the statement with tools took about 2 ms, a fifth of its
+    execution), and planned without parallel workers
+    (:func:`yuxi_project.db.serial_plans`), so every thread is read by the
+    walk over its runs whatever statistics the last ``ANALYZE`` sampled
+    (issue 11). Kept public for the plan test and the read-path benchmark."""
     with serial_plans():
         return execute_prepared_all(sql, params)
 
