@@ -16,6 +16,7 @@ This is a benchmark, not a test: it prints figures and asserts nothing.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import statistics
@@ -325,15 +326,19 @@ class Endpoint:
 
     ``sql`` is ``(statement, params)`` hand-written, or ``None``: then the
     statements the endpoint ran are EXPLAINed and their times summed
-    ("product SQL")."""
+    ("product SQL"). ``sql_source`` "product" marks an endpoint's own main
+    statement given here because the endpoint runs it prepared, out of
+    sight of the query log; ``serial`` EXPLAINs it as the product runs it,
+    without parallel workers (:func:`yuxi_project.db.serial_plans`)."""
 
     name: str
     path: str
     sql: tuple[str, list] | None = None
     admin: bool = False
+    sql_source: str = ""
+    serial: bool = False
     samples_ms: list[float] = field(default_factory=list)
     sql_ms: float | None = None
-    sql_source: str = ""
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -343,10 +348,13 @@ def percentile(values: list[float], fraction: float) -> float:
     return statistics.quantiles(ordered, n=100, method="inclusive")[round(fraction * 100) - 1]
 
 
-def explain_ms(sql: str, params: list) -> float:
-    """Execution time of ``sql`` by ``EXPLAIN (ANALYZE)``, median of three, in ms."""
+def explain_ms(sql: str, params: list, *, serial: bool = False) -> float:
+    """Execution time of ``sql`` by ``EXPLAIN (ANALYZE)``, median of three,
+    in ms; with ``serial``, planned without parallel workers."""
+    from yuxi_project.db import serial_plans
+
     times = []
-    with connection.cursor() as c:
+    with serial_plans() if serial else contextlib.nullcontext(), connection.cursor() as c:
         for _ in range(3):
             c.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
             plan = c.fetchone()[0]
@@ -355,8 +363,10 @@ def explain_ms(sql: str, params: list) -> float:
     return statistics.median(times)
 
 
-def plan_of(sql: str, params: list) -> str:
-    with connection.cursor() as c:
+def plan_of(sql: str, params: list, *, serial: bool = False) -> str:
+    from yuxi_project.db import serial_plans
+
+    with serial_plans() if serial else contextlib.nullcontext(), connection.cursor() as c:
         c.execute("EXPLAIN " + sql, params)
         return "\n".join(row[0] for row in c.fetchall())
 
@@ -378,6 +388,7 @@ def endpoints(ds: Dataset) -> list[Endpoint]:
     """The reads measured, with a hand-written statement where one answers
     the same question alone."""
     from audit.selectors import _NO_SEQUENCE, _TIMELINE_KEY
+    from conversations.selectors import memory_sql
     from conversations.sql import message_columns
     from yuxi_project.cursors import encode_cursor
 
@@ -425,8 +436,20 @@ def endpoints(ds: Dataset) -> list[Endpoint]:
         Endpoint(f"thread timeline, {turns}", f"/api/audit/threads/{ds.long_thread_id}/timeline"),
         Endpoint("history, recent turns", f"/api/threads/{ds.long_thread_id}/history"),
         Endpoint("history, turns 25 days old", f"/api/threads/{ds.long_thread_id}/history?before={old_cursor}"),
-        Endpoint(f"memory, {turns}", f"/api/threads/{ds.long_thread_id}/memory"),
-        Endpoint(f"memory with tools, {turns}", f"/api/threads/{ds.long_thread_id}/memory?include_tools=true"),
+        Endpoint(
+            f"memory, {turns}",
+            f"/api/threads/{ds.long_thread_id}/memory",
+            memory_sql(ds.long_thread_id, include_tools=False),
+            sql_source="product",
+            serial=True,
+        ),
+        Endpoint(
+            f"memory with tools, {turns}",
+            f"/api/threads/{ds.long_thread_id}/memory?include_tools=true",
+            memory_sql(ds.long_thread_id, include_tools=True),
+            sql_source="product",
+            serial=True,
+        ),
         Endpoint("search: run list, no filter", runs_api),
         # Words of every frequency (R-ADM-2: each decides its own plan): a
         # rare word, a city (one run in 50; about 1 row in 43), a word of
@@ -534,7 +557,8 @@ def measure(
         log(f"  round {n + 1}/{rounds} done")
     for point in points:
         if point.sql is not None:
-            point.sql_ms, point.sql_source = explain_ms(*point.sql), "hand"
+            point.sql_ms = explain_ms(*point.sql, serial=point.serial)
+            point.sql_source = point.sql_source or "hand"
         else:
             point.sql_ms, point.sql_source = captured_sql_ms(statements[point.name]), "product"
     return points

@@ -21,7 +21,7 @@ from .schemas import (
     MessageFeedbackOut,
     ThreadIn,
     ThreadOut,
-    memory_message_dict,
+    tool_call_dict,
 )
 
 router = Router(tags=["threads"])
@@ -84,9 +84,9 @@ def thread_memory(request, thread_id: uuid.UUID, query: Query[MemoryQuery]):
     """The history as LangChain-style messages (R-READ-2); tool carriers and
     tool messages only with ``include_tools=true``."""
     thread = selectors.thread_of(request.auth, thread_id)
-    messages = selectors.thread_memory(thread_id=thread.id, include_tools=query.include_tools)
-    # The dict MemoryOut dumps, built directly (issue 11).
-    return json_response({"thread_id": thread.id, "messages": [memory_message_dict(m) for m in messages]})
+    # The dict MemoryOut dumps, built directly by the selector (issue 11).
+    messages = selectors.thread_memory(thread_id=thread.id, include_tools=query.include_tools, call_dict=tool_call_dict)
+    return json_response({"thread_id": thread.id, "messages": messages})
 
 
 @router.post("/messages/{message_id}/feedback", response={200: MessageFeedbackOut, 201: MessageFeedbackOut, **ERRORS})

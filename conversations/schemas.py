@@ -182,22 +182,6 @@ class MemoryMessageOut(Schema):
     status: Literal["success", "error"] | None = None
 
 
-def memory_message_dict(message: dict[str, Any]) -> dict[str, Any]:
-    """What :class:`MemoryMessageOut` dumps for one message of
-    :func:`conversations.selectors.thread_memory`, built without validating
-    (issue 11): every field, absent ones null."""
-    tool_calls = message.get("tool_calls")
-    return {
-        "type": message["type"],
-        "id": message["id"],
-        "content": message["content"],
-        "tool_calls": None if tool_calls is None else [tool_call_dict(call) for call in tool_calls],
-        "tool_call_id": message.get("tool_call_id"),
-        "name": message.get("name"),
-        "status": message.get("status"),
-    }
-
-
 class MemoryOut(Schema):
     thread_id: uuid.UUID
     messages: list[MemoryMessageOut]

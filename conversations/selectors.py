@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from django.db import connection
@@ -12,6 +13,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Length, Substr
 
 from yuxi_project.cursors import page_cursor, parse_cursor
+from yuxi_project.db import execute_prepared_all, serial_plans
 from yuxi_project.errors import InvalidInput, NotFound
 from yuxi_project.storable import _StorableText, decode_text
 
@@ -228,155 +230,269 @@ def _with_tool_executions(thread_id: uuid.UUID, rows: list[Message]) -> list[His
     return entries
 
 
-def thread_memory(*, thread_id: uuid.UUID, include_tools: bool = False, before_run=None) -> list[dict[str, Any]]:
+# The ``kind`` column of memory_sql(include_tools=True): what a row is, in
+# the order the reader asks (a tool row first, then a user message, then a
+# model row that is an answer or a tool carrier).
+_KIND_HUMAN, _KIND_AI, _KIND_TOOL = 0, 1, 2
+# The memory readers decode the stored escapes of these text columns as
+# their fields' from_db_value does (R-RUN-11), and only in text that holds
+# one: called per row, the converter cost more than the row.
+for _name in ("content", "operation_id", "tool_name"):
+    assert type(Message._meta.get_field(_name)).from_db_value is _StorableText.from_db_value
+del _name
+
+
+def thread_memory(
+    *,
+    thread_id: uuid.UUID,
+    include_tools: bool = False,
+    before_run=None,
+    call_dict: Callable[[Any], dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """The thread's history as LangChain-style message dicts, oldest first,
-    under the same rules as :func:`thread_history` (R-READ-2):
+    under the same rules as :func:`thread_history` (R-READ-2). Each dict has
+    the fields of ``MemoryMessageOut`` in its order — ``type``, ``id``,
+    ``content``, ``tool_calls``, ``tool_call_id``, ``name``, ``status`` —
+    those its type does not use None:
 
     - ``{"type": "human", "id", "content"}`` for user messages;
-    - ``{"type": "ai", "id", "content", "tool_calls": [{id, name, args}]}``;
+    - ``{"type": "ai", "id", "content", "tool_calls"}``, the calls as the
+      model declared them (``[{id, name, args}]``), each passed through
+      ``call_dict`` if given (the API's dump of a call: the dicts are then
+      what ``MemoryOut`` dumps);
     - with ``include_tools`` only: tool carriers, and after each AI message
       one ``{"type": "tool", "id", "tool_call_id", "name", "content",
       "status": "success"|"error"}`` per finished execution. A declared call
       without an execution is left out of ``tool_calls``, so the sequence is
       one a model accepts.
 
-    Without ``include_tools`` answers keep their text and no tool calls.
-    With ``before_run`` (an AgentRun) only runs created before it count:
-    the agent runtime's view when it starts that run.
+    Without ``include_tools`` answers keep their text and no tool calls
+    (``[]``), and neither carriers nor tool rows are read. With
+    ``before_run`` (an AgentRun) only runs created before it count: the
+    agent runtime's view when it starts that run.
+
+    One statement (:func:`memory_sql`, run by :func:`memory_rows`); its
+    rows become these dicts in one pass, with no object per row (issue 11:
+    a 1,000-turn thread has 3,400 messages).
     """
-    rows = _memory_rows(thread_id, runs_before=before_run.created_at if before_run is not None else None)
-    by_call: dict[tuple, list[SimpleNamespace]] = {}
-    for row in rows:
-        if row.is_tool:
-            by_call.setdefault((row.turn, row.operation_id), []).append(row)
+    runs_before = before_run.created_at if before_run is not None else None
+    fetched = memory_rows(*memory_sql(thread_id, runs_before=runs_before, include_tools=include_tools))
+    if include_tools:
+        return _memory_with_tools(thread_id, fetched, call_dict)
+    return _memory_answers(fetched)
+
+
+def _memory_answers(fetched: list[tuple]) -> list[dict[str, Any]]:
+    """The messages of ``memory_sql(include_tools=False)`` rows: user
+    messages and the final answers that have text. Stored escapes are
+    decoded as the model fields decode them (R-RUN-11), and only in text
+    that holds one."""
     messages: list[dict[str, Any]] = []
-    for row in rows:
-        if row.is_tool:
+    append = messages.append
+    for row_id, is_user, content, operation_id in fetched:
+        if "\\u" in content:
+            content = decode_text(content)
+        if is_user:
+            message_id, tool_calls, message_type = f"msg-{row_id}", None, "human"
+        elif content:
+            if operation_id is not None and "\\u" in operation_id:
+                operation_id = decode_text(operation_id)
+            message_id, tool_calls, message_type = operation_id or f"msg-{row_id}", [], "ai"
+        else:
             continue
-        if row.role == Message.Role.USER:
-            messages.append({"type": "human", "id": f"msg-{row.id}", "content": row.content})
-            continue
-        if row.message_type != Message.Type.TEXT and not include_tools:
-            continue  # a tool carrier
-        executed = {
-            tool_row.operation_id: tool_row
-            for call in row.tool_calls or []
-            if call.get("id")
-            for tool_row in by_call.get((row.turn, call["id"]), [])
-        }
-        tool_calls = [call for call in row.tool_calls or [] if include_tools and call.get("id") in executed]
-        if not row.content and not tool_calls:
-            continue
-        messages.append(
-            {"type": "ai", "id": row.operation_id or f"msg-{row.id}", "content": row.content, "tool_calls": tool_calls}
+        append(
+            {
+                "type": message_type,
+                "id": message_id,
+                "content": content,
+                "tool_calls": tool_calls,
+                "tool_call_id": None,
+                "name": None,
+                "status": None,
+            }
         )
-        for call in tool_calls:
-            tool_row = executed[call["id"]]
-            messages.append(
+    return messages
+
+
+def _memory_with_tools(thread_id: uuid.UUID, fetched: list[tuple], call_dict) -> list[dict[str, Any]]:
+    """The messages of ``memory_sql(include_tools=True)`` rows. A declared
+    call's execution is the last finished tool row of that call id in the
+    same turn (an approved call runs in the turn's resume run)."""
+    from yuxi_project.config import get_config
+
+    executions: dict[tuple[str, str | None], tuple] = {}
+    declared = []  # the calls of each model row, as stored: read in one go below
+    for row in fetched:
+        kind = row[1]
+        if kind == _KIND_TOOL:
+            tool_id, _, head, _, operation_id, turn, size, status, tool_name, run_id = row
+            if "\\u" in head:
+                head = decode_text(head)
+            if operation_id is not None and "\\u" in operation_id:
+                operation_id = decode_text(operation_id)
+            if "\\u" in tool_name:
+                tool_name = decode_text(tool_name)
+            executions[turn, operation_id] = (tool_id, head, size or 0, operation_id, status, tool_name, run_id)
+        elif kind == _KIND_AI and row[3] is not None:
+            declared.append(row[3])
+    declared_calls = iter(Message._meta.get_field("tool_calls").from_db_values(declared, connection))
+    threshold = get_config().LARGE_TOOL_RESULT_CHARS
+    completed = Message.ExecutionStatus.COMPLETED
+    messages: list[dict[str, Any]] = []
+    append = messages.append
+    for row_id, kind, content, calls, operation_id, turn, _, _, _, _ in fetched:
+        if kind == _KIND_TOOL:
+            continue
+        if "\\u" in content:
+            content = decode_text(content)
+        if kind == _KIND_HUMAN:
+            append(
+                {
+                    "type": "human",
+                    "id": f"msg-{row_id}",
+                    "content": content,
+                    "tool_calls": None,
+                    "tool_call_id": None,
+                    "name": None,
+                    "status": None,
+                }
+            )
+            continue
+        executed = []
+        if calls is not None:
+            executed = [
+                call
+                for call in next(declared_calls) or ()
+                if (call_id := call.get("id")) and (turn, call_id) in executions
+            ]
+        if not content and not executed:
+            continue
+        if operation_id is not None and "\\u" in operation_id:
+            operation_id = decode_text(operation_id)
+        append(
+            {
+                "type": "ai",
+                "id": operation_id or f"msg-{row_id}",
+                "content": content,
+                "tool_calls": executed if call_dict is None or not executed else [call_dict(c) for c in executed],
+                "tool_call_id": None,
+                "name": None,
+                "status": None,
+            }
+        )
+        for call in executed:
+            tool_id, head, size, tool_call_id, status, tool_name, run_id = executions[turn, call["id"]]
+            if size <= threshold:  # tool_result_view's common case, without its object
+                result = head
+            else:
+                result = _tool_result(
+                    thread_id=thread_id, run_id=run_id, tool_call_id=tool_call_id, head=head, size=size
+                ).content
+            append(
                 {
                     "type": "tool",
-                    "id": f"msg-{tool_row.id}",
-                    "tool_call_id": tool_row.operation_id,
-                    "name": tool_row.tool_name,
-                    "content": tool_result_view(tool_row).content,
-                    "status": "success" if tool_row.execution_status == Message.ExecutionStatus.COMPLETED else "error",
+                    "id": f"msg-{tool_id}",
+                    "content": result,
+                    "tool_calls": None,
+                    "tool_call_id": tool_call_id,
+                    "name": tool_name,
+                    "status": "success" if status == completed else "error",
                 }
             )
     return messages
 
 
-def memory_sql(thread_id: uuid.UUID, *, runs_before: Any = None) -> tuple[str, list]:
-    """The statement behind :func:`thread_memory`: the rows history shows,
-    plus the finished tool rows of terminal runs (their content cut to the
-    projection's length, with the full length), for every run of the thread
-    (created before ``runs_before`` if given) in history order. One
-    statement: the thread's runs, then each run's rows by its own index.
-    Kept public for the read-path benchmark, which EXPLAINs it."""
+def memory_sql(thread_id: uuid.UUID, *, runs_before: Any = None, include_tools: bool = True) -> tuple[str, list]:
+    """The statement behind :func:`thread_memory`: the rows history shows
+    for every run of the thread (created before ``runs_before`` if given),
+    in history order. One statement: the thread's runs, then each run's rows
+    by its own index.
+
+    Without ``include_tools``: the ordinary rows only, as ``(id, is_user,
+    content, operation_id)``. With: also the tool carriers and the finished
+    tool rows of terminal runs, as ``(id, kind, content, tool_calls,
+    operation_id, turn, content_chars, execution_status, tool_name,
+    run_id)``: ``kind`` is ``_KIND_HUMAN``, ``_KIND_AI`` or ``_KIND_TOOL``;
+    ``turn`` (as text) only on rows that declare calls and on tool rows,
+    which it pairs; the last four on tool rows only: the content is cut to
+    the projection's length, ``content_chars`` is its full length and
+    ``run_id`` is text. Kept public for the read-path benchmark and the plan
+    test, which EXPLAIN it."""
+    sql, params = _memory_statement(include_tools, runs_before is not None)
+    values = {_THREAD: thread_id, _RUNS_BEFORE: runs_before, _HEAD_CHARS: _content_head_chars()}
+    return sql, [values.get(p, p) if type(p) is object else p for p in params]
+
+
+# Placeholders in _memory_statement's params for the values of each call.
+_THREAD, _RUNS_BEFORE, _HEAD_CHARS = object(), object(), object()
+
+
+@functools.cache
+def _memory_statement(include_tools: bool, runs_before: bool) -> tuple[str, tuple]:
+    """:func:`memory_sql`'s text and params, the values of a call as
+    placeholders: the same for every call, and compiling the row predicates
+    took longer than planning the statement."""
     from audit.models import AgentRun
 
     t = MESSAGE_TABLE
+    tool_type, user = Message.Type.TOOL_AUDIT, Message.Role.USER
     ordinary_sql, ordinary_params = predicate_sql(history_ordinary_q())
-    carrier_sql, carrier_params = predicate_sql(history_carrier_q())
-    tool_sql, tool_params = predicate_sql(
-        Q(message_type=Message.Type.TOOL_AUDIT) & ~Q(execution_status=Message.ExecutionStatus.RUNNING)
-    )
-    terminal = ", ".join(["%s"] * len(AgentRun.TERMINAL_STATUSES))
-    run_filter, run_params = ("AND created_at < %s", [runs_before]) if runs_before is not None else ("", [])
-    sql = f"""SELECT x.id, x.role, x.message_type, x.content, x.content_chars, x.tool_calls, x.operation_id,
-               x.execution_status, x.tool_name, x.run_id, r.turn_id, x.is_tool
-        FROM (SELECT id, created_at, turn_id, status FROM audit_agentrun WHERE thread_id = %s {run_filter}) r
-        CROSS JOIN LATERAL (
-            SELECT {t}.id, {t}.role, {t}.message_type, {t}.tool_calls, {t}.operation_id, {t}.execution_status,
-                   {t}.tool_name, {t}.run_id, {t}.sequence,
-                   CASE WHEN {t}.message_type = %s THEN substr({t}.content, 1, %s) ELSE {t}.content END AS content,
-                   CASE WHEN {t}.message_type = %s THEN length({t}.content) END AS content_chars,
-                   CASE WHEN {t}.role = %s THEN 0 ELSE 1 END AS position,
-                   {t}.message_type = %s AS is_tool
-            FROM {t}
-            WHERE {t}.run_id = r.id
-              AND ({ordinary_sql} OR (({carrier_sql}) OR ({tool_sql})) AND r.status IN ({terminal}))) x
-        ORDER BY r.created_at, r.id, x.position, x.sequence NULLS LAST, x.id"""
-    tool_type = Message.Type.TOOL_AUDIT
-    params = [
-        thread_id,
-        *run_params,
-        tool_type,
-        _content_head_chars(),
-        tool_type,
-        Message.Role.USER,
-        tool_type,
-        *ordinary_params,
-        *carrier_params,
-        *tool_params,
-        *AgentRun.TERMINAL_STATUSES,
-    ]
-    return sql, params
-
-
-def _memory_rows(thread_id: uuid.UUID, *, runs_before: Any) -> list[SimpleNamespace]:
-    """The rows of :func:`memory_sql` as plain objects, the stored escapes
-    decoded as the model fields decode them (R-RUN-11): no model instances,
-    whose construction would cost more than the whole statement on a long
-    thread."""
-    sql, params = memory_sql(thread_id, runs_before=runs_before)
-    # The text columns are StorableText/CharFields, whose from_db_value is
-    # decode_text on a string: called directly, and only on text that holds
-    # an escape (a thousand-turn thread has thousands of rows; issue 11).
-    for name in ("content", "operation_id", "tool_name"):
-        assert type(Message._meta.get_field(name)).from_db_value is _StorableText.from_db_value
-    decode_calls = Message._meta.get_field("tool_calls").from_db_value
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        fetched = cursor.fetchall()
-    rows = []
-    new = SimpleNamespace
-    for row_id, role, message_type, content, chars, tool_calls, op, status, tool_name, run_id, turn, is_tool in fetched:
-        if content is not None and "\\u" in content:
-            content = decode_text(content)
-        if op is not None and "\\u" in op:
-            op = decode_text(op)
-        if tool_name is not None and "\\u" in tool_name:
-            tool_name = decode_text(tool_name)
-        if tool_calls is not None:
-            tool_calls = decode_calls(tool_calls, None, connection)
-        row = new(
-            id=row_id,
-            role=role,
-            message_type=message_type,
-            content=content,
-            content_chars=chars,
-            tool_calls=tool_calls,
-            operation_id=op,
-            execution_status=status,
-            tool_name=tool_name,
-            run_id=run_id,
-            turn=turn,
-            is_tool=is_tool,
+    run_filter, run_params = ("AND created_at < %s", [_RUNS_BEFORE]) if runs_before else ("", [])
+    if include_tools:
+        carrier_sql, carrier_params = predicate_sql(history_carrier_q())
+        tool_sql, tool_params = predicate_sql(
+            Q(message_type=tool_type) & ~Q(execution_status=Message.ExecutionStatus.RUNNING)
         )
-        if is_tool:
-            row.thread_id, row.content_head = thread_id, content
-        rows.append(row)
-    return rows
+        terminal = ", ".join(["%s"] * len(AgentRun.TERMINAL_STATUSES))
+        assert (_KIND_HUMAN, _KIND_AI, _KIND_TOOL) == (0, 1, 2)
+        outer = f"""x.id, x.kind, x.content, x.tool_calls, x.operation_id,
+               CASE WHEN x.kind = {_KIND_TOOL} OR x.tool_calls IS NOT NULL THEN r.turn_id::text END,
+               x.content_chars, x.execution_status, x.tool_name, x.run_id"""
+        tool = f"{t}.message_type = %s"
+        columns = f"""{t}.id, {t}.tool_calls, {t}.operation_id,
+                   CASE WHEN {tool} THEN 2 WHEN {t}.role = %s THEN 0 ELSE 1 END AS kind,
+                   CASE WHEN {tool} THEN substr({t}.content, 1, %s) ELSE {t}.content END AS content,
+                   CASE WHEN {tool} THEN length({t}.content) END AS content_chars,
+                   CASE WHEN {tool} THEN {t}.execution_status END AS execution_status,
+                   CASE WHEN {tool} THEN {t}.tool_name END AS tool_name,
+                   CASE WHEN {tool} THEN {t}.run_id::text END AS run_id"""
+        column_params = [tool_type, user, tool_type, _HEAD_CHARS, tool_type, tool_type, tool_type, tool_type]
+        visible = f"({ordinary_sql} OR (({carrier_sql}) OR ({tool_sql})) AND r.status IN ({terminal}))"
+        visible_params = [*ordinary_params, *carrier_params, *tool_params, *AgentRun.TERMINAL_STATUSES]
+    else:
+        outer = "x.id, x.is_user, x.content, x.operation_id"
+        columns = f"{t}.id, {t}.role = %s AS is_user, {t}.content, {t}.operation_id"
+        column_params = [user]
+        visible, visible_params = ordinary_sql, ordinary_params
+    # OFFSET 0 keeps the run's rows a subquery of their own (PostgreSQL
+    # does not pull a subquery with an OFFSET up into the join), so the
+    # plan is always the walk: the thread's runs, and for each an index
+    # scan of its rows; pulled up, the join order and method were the
+    # planner's choice from sampled estimates. The runs come in order (a
+    # subquery's ORDER BY is kept too), so the rows are sorted run by run
+    # (an incremental sort), never all 3,400 of a long thread at once.
+    sql = f"""SELECT {outer}
+        FROM (SELECT id, created_at, turn_id, status FROM audit_agentrun WHERE thread_id = %s {run_filter}
+              ORDER BY created_at, id) r
+        CROSS JOIN LATERAL (
+            SELECT {columns}, {t}.sequence, CASE WHEN {t}.role = %s THEN 0 ELSE 1 END AS position
+            FROM {t}
+            WHERE {t}.run_id = r.id AND {visible}
+            OFFSET 0) x
+        ORDER BY r.created_at, r.id, x.position, x.sequence NULLS LAST, x.id"""
+    return sql, (_THREAD, *run_params, *column_params, user, *visible_params)
+
+
+def memory_rows(sql: str, params: list) -> list[tuple]:
+    """The rows of a :func:`memory_sql` statement (or of its ``EXPLAIN``) as
+    :func:`thread_memory` reads them: prepared once per connection
+    (planning the statement with tools took about 2 ms, a fifth of its
+    execution), and planned without parallel workers
+    (:func:`yuxi_project.db.serial_plans`), so every thread is read by the
+    walk over its runs whatever statistics the last ``ANALYZE`` sampled
+    (issue 11). Kept public for the plan test and the read-path benchmark."""
+    with serial_plans():
+        return execute_prepared_all(sql, params)
 
 
 _TOOL_ROW_FIELDS = ("id", "thread_id", "run_id", "operation_id", "tool_name", "execution_status", "sequence")
@@ -408,24 +524,31 @@ class ToolResultView:
 
 def tool_result_view(tool_row: Message) -> ToolResultView:
     """The projection of one tool row loaded by :func:`_with_tool_executions`
-    or :func:`_memory_rows` (anything with ``content_chars``,
-    ``content_head``, ``thread_id``, ``run_id`` and ``operation_id``),
-    shared by history and memory so both show exactly the same (R-TA-4,
-    R-READ-2, R-READ-7)."""
+    (anything with ``content_chars``, ``content_head``, ``thread_id``,
+    ``run_id`` and ``operation_id``), shared by history and memory so both
+    show exactly the same (R-TA-4, R-READ-2, R-READ-7)."""
+    return _tool_result(
+        thread_id=tool_row.thread_id,
+        run_id=tool_row.run_id,
+        tool_call_id=tool_row.operation_id,
+        head=tool_row.content_head,
+        size=tool_row.content_chars or 0,
+    )
+
+
+def _tool_result(*, thread_id, run_id, tool_call_id: str, head: str | None, size: int) -> ToolResultView:
+    """:func:`tool_result_view` of a tool row's values: ``head`` is its
+    content cut to :func:`_content_head_chars`, ``size`` its full length in
+    characters; ``run_id`` a UUID or its text."""
     from audit.agents.large_results import offloaded_summary
     from audit.agents.workspace import tool_row_large_result_path
     from yuxi_project.config import get_config
 
-    size = tool_row.content_chars or 0
     if size <= get_config().LARGE_TOOL_RESULT_CHARS:
-        return ToolResultView(content=tool_row.content_head or "", size_chars=size, workspace_path=None)
-    path = tool_row_large_result_path(
-        thread_id=tool_row.thread_id, run_id=tool_row.run_id, tool_call_id=tool_row.operation_id
-    )
+        return ToolResultView(content=head or "", size_chars=size, workspace_path=None)
+    path = tool_row_large_result_path(thread_id=thread_id, run_id=run_id, tool_call_id=tool_call_id)
     return ToolResultView(
-        content=offloaded_summary(path, tool_row.content_head or "", size),
-        size_chars=size,
-        workspace_path=path.as_posix(),
+        content=offloaded_summary(path, head or "", size), size_chars=size, workspace_path=path.as_posix()
     )
 
 

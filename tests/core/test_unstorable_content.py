@@ -9,6 +9,7 @@ cause, through the minimal fallback terminal transaction."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import pytest
@@ -377,3 +378,41 @@ def test_any_text_and_json_round_trip_through_postgresql_R_RUN_11(thread, text, 
     again = Message.objects.get(pk=row.pk)
     assert again.content == text and again.metadata == {"v": value}
     assert list(Message.objects.filter(pk=row.pk).values_list("metadata__v", flat=True)) == [value]
+
+
+@pytest.mark.django_db
+@settings(max_examples=40, deadline=None)
+@given(
+    values=st.lists(
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.integers(-(2**80), 2**80)
+            | st.floats(allow_nan=False, allow_infinity=False)
+            | _TEXT,
+            lambda children: st.lists(children, max_size=3) | st.dictionaries(_TEXT, children, max_size=3),
+            max_leaves=8,
+        ),
+        max_size=6,
+    )
+)
+def test_many_json_values_read_at_once_are_what_the_field_reads_one_by_one_R_RUN_11(values):
+    """The memory reader parses a thread's declared tool calls in one go
+    (``StorableJSONField.from_db_values``): the same values as
+    ``from_db_value`` on each, for the text PostgreSQL writes for jsonb."""
+    field = Message._meta.get_field("tool_calls")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT v::text FROM jsonb_array_elements(%s::jsonb) v",
+            [json.dumps([field.get_prep_value(v) for v in values])],
+        )
+        stored = [text for (text,) in cursor.fetchall()]
+    one_by_one = [field.from_db_value(text, None, connection) for text in stored]
+    assert field.from_db_values(stored, connection) == one_by_one
+
+
+def test_text_that_is_not_one_json_value_each_is_read_one_by_one():
+    field = Message._meta.get_field("tool_calls")
+    for texts in (["1, 2", "3"], ["{", "[]"], ['"a"', "1 2"]):
+        assert field.from_db_values(texts, None) == [field.from_db_value(t, None, None) for t in texts]
+    assert field.from_db_values([], None) == []

@@ -18,8 +18,9 @@ from django.db.models.functions import Coalesce
 from audit.selectors import _NO_SEQUENCE, _SCOPE, run_timeline, thread_timeline, timeline_sql
 from audit.services import StateMessage
 from conversations.models import Message
-from conversations.selectors import history_sql, thread_history, thread_memory
+from conversations.selectors import history_sql, memory_rows, memory_sql, thread_history, thread_memory
 from tests.admin.test_rough_edges import interrupted_run, rejected_resume
+from yuxi_project.db import serial_plans
 
 from .builders import RunDriver, tool_turn
 
@@ -179,6 +180,75 @@ def test_history_reads_runs_by_the_thread_index_then_rows_by_run_R_READ_1(thread
     assert "Nested Loop" in plan and "conversations_message_run_id" in plan, plan
     # No scan of the thread's messages by thread id: rows come run by run.
     assert "conversations_message_thread_id" not in plan and "message_thread_id_idx" not in plan, plan
+
+
+def _make_parallel_plans_free() -> None:
+    """For the rest of the test's transaction, price parallel workers and
+    page reads at nothing (and sequential scans out): on tiny tables the
+    planner then takes parallel workers wherever they are allowed — as a
+    large table's sampled statistics sometimes make it do for a long
+    thread's runs."""
+    with connection.cursor() as cursor:
+        for name in (
+            "parallel_setup_cost",
+            "parallel_tuple_cost",
+            "min_parallel_table_scan_size",
+            "min_parallel_index_scan_size",
+            "random_page_cost",
+            "seq_page_cost",
+        ):
+            cursor.execute(f"SET LOCAL {name} = 0")
+        cursor.execute("SET LOCAL enable_seqscan = off")
+
+
+@pytest.mark.parametrize("include_tools", [False, True])
+def test_memory_walks_the_runs_then_each_runs_rows_never_with_parallel_workers_R_READ_2(thread, include_tools):
+    tool_turn(thread)
+    tool_turn(thread, prefix="b")
+    sql, params = memory_sql(thread.id, include_tools=include_tools)
+    # The walk, as thread_memory reads it (prepared, in serial_plans): the
+    # thread's runs, then each run's rows, fetched for that run.
+    plan = "\n".join(row[0] for row in memory_rows("EXPLAIN " + sql, params))
+    assert "Nested Loop" in plan and "(run_id = audit_agentrun.id)" in plan, plan
+    assert re.search(r"Index Scan (using|on) (run_thread_created_idx|audit_agentrun_thread_id)", plan), plan
+    assert "Hash" not in plan and "Merge Join" not in plan, plan
+    assert "message_thread_id_idx" not in plan and "conversations_message_thread_id" not in plan, plan
+    # Parallel workers made free: allowed, the planner takes them for the
+    # runs (on a large table, the thread's runs' estimate sometimes does
+    # that); the walk never has any.
+    _make_parallel_plans_free()
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        allowed = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Gather" in allowed, allowed
+    plan = "\n".join(row[0] for row in memory_rows("EXPLAIN " + sql, params))
+    assert "Gather" not in plan and "Parallel" not in plan, plan
+
+
+def _parallel_workers() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('max_parallel_workers_per_gather')")
+        return cursor.fetchone()[0]
+
+
+def test_serial_plans_turn_parallel_workers_off_for_their_block_only_inside_a_transaction():
+    before = _parallel_workers()
+    assert before != "0"
+    with serial_plans():
+        assert _parallel_workers() == "0"
+    assert _parallel_workers() == before  # the outer transaction has its setting back
+    with pytest.raises(RuntimeError), serial_plans():
+        assert _parallel_workers() == "0"
+        raise RuntimeError("the block fails")
+    assert _parallel_workers() == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_serial_plans_own_transaction_ends_the_setting():
+    before = _parallel_workers()
+    with serial_plans():
+        assert connection.in_atomic_block and _parallel_workers() == "0"
+    assert not connection.in_atomic_block and _parallel_workers() == before
 
 
 def test_rows_read_by_raw_statements_carry_no_search_vector_R_READ_3(thread):

@@ -78,7 +78,8 @@ class Command(BaseCommand):
                 out(line)
             out(
                 "SQL ms: EXPLAIN ANALYZE execution time, median of 3; 'hand' = one hand-written statement for the "
-                "same answer, 'product' = the sum over the statements the endpoint ran (authentication excluded)."
+                "same answer, 'product' = the sum over the statements the endpoint ran (authentication excluded; "
+                "memory: its one prepared statement, planned as the endpoint plans it)."
             )
         finally:
             _use_database(original)
