@@ -142,3 +142,34 @@ def test_no_pooled_call_inside_an_orm_transaction_or_without_the_safety_net(monk
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with pytest.raises(NeedsThread):
         call_with_pooled_statements(lambda: None, {})
+
+
+def test_no_pooled_connection_at_hand_is_no_write_error_R_OPS_1(thread, hops):
+    """Every connection of the pool is in use (a burst, or the pool
+    refilling after PostgreSQL ended its idle connections): the call goes to
+    a thread before it did anything. That is no write error either, and the
+    write is made there once."""
+    lease = acquire(make_run(thread))
+    connection.close()
+    before = scrape()
+    pool = connections["default"].pool
+    held = [pool.getconn() for _ in range(pool.max_size)]
+    try:
+
+        async def go():
+            with pytest.raises(NeedsThread):
+                call_with_pooled_statements(
+                    services.model_call_start,
+                    {"lease": lease, "operation_id": "lc_run--d", "sequence": 1, "started_at": T0},
+                )
+
+        asyncio.run(go())
+    finally:
+        for conn in held:
+            pool.putconn(conn)
+    _on_loop(services.model_call_start, lease=lease, operation_id="lc_run--d", sequence=1, started_at=T0)
+    after = scrape()
+    errors = [key for key in after if key[0] == "yuxi_audit_write_errors_total" and after[key] != before.get(key, 0)]
+    assert errors == [], "a call sent to a thread is no write error"
+    assert delta(before, after, "yuxi_audit_write_duration_seconds_count", kind="model_start") == 1
+    assert Message.objects.audit().filter(operation_id="lc_run--d").count() == 1
