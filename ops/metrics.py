@@ -54,6 +54,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 
 from yuxi_project.config import get_config
+from yuxi_project.db import NeedsThread
 
 log = logging.getLogger(__name__)
 
@@ -238,9 +239,11 @@ def audit_write[F: Callable[..., Any]](kind: str) -> Callable[[F], F]:
             began = time.perf_counter()
             try:
                 result = fn(*args, **kwargs)
-            except SynchronousOnlyOperation:
-                # Not a write error: the worker makes the call again in a
-                # thread (yuxi_project.db.call_with_pooled_statements).
+            except (SynchronousOnlyOperation, NeedsThread):
+                # Not a write error: the call reached the ORM, or found no
+                # pooled connection at hand, on the event loop's thread; the
+                # worker makes it again in a thread
+                # (yuxi_project.db.call_with_pooled_statements).
                 raise
             except Exception as exc:
                 _count_write_error(kind, exc)

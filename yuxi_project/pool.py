@@ -25,4 +25,22 @@ def pool_check_connection(conn) -> None:
         raise psycopg.OperationalError("the connection is closed")
     readable, _, _ = select.select([conn.fileno()], [], [], 0)
     if readable:
-        ConnectionPool.check_connection(conn)
+        try:
+            ConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            _check_idle_connections(conn)
+            raise
+
+
+def _check_idle_connections(conn) -> None:
+    """The server ended ``conn``: in a restart it ended every idle
+    connection of the pool at once. Check them all now (a round trip each,
+    only on this rare path), so the broken ones are replaced together;
+    otherwise the checkout meets them one by one, and the pool backs off
+    1 s, 2 s, 4 s… after each failed check — a write after a restart waited
+    out the whole pool timeout and lost one of its attempts (R-RUN-8)."""
+    # psycopg_pool gives the check only the connection; the pool it came
+    # from is its ``_pool`` (what putconn() checks the connection against).
+    pool = getattr(conn, "_pool", None)
+    if isinstance(pool, ConnectionPool) and not pool.closed:
+        pool.check()

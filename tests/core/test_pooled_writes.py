@@ -142,3 +142,119 @@ def test_no_pooled_call_inside_an_orm_transaction_or_without_the_safety_net(monk
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with pytest.raises(NeedsThread):
         call_with_pooled_statements(lambda: None, {})
+
+
+def test_no_pooled_connection_at_hand_is_no_write_error_R_OPS_1(thread, hops):
+    """Every connection of the pool is in use (a burst, or the pool
+    refilling after PostgreSQL ended its idle connections): the call goes to
+    a thread before it did anything. That is no write error either, and the
+    write is made there once."""
+    lease = acquire(make_run(thread))
+    connection.close()
+    before = scrape()
+    pool = connections["default"].pool
+    held = [pool.getconn() for _ in range(pool.max_size)]
+    try:
+
+        async def go():
+            with pytest.raises(NeedsThread):
+                call_with_pooled_statements(
+                    services.model_call_start,
+                    {"lease": lease, "operation_id": "lc_run--d", "sequence": 1, "started_at": T0},
+                )
+
+        asyncio.run(go())
+    finally:
+        for conn in held:
+            pool.putconn(conn)
+    _on_loop(services.model_call_start, lease=lease, operation_id="lc_run--d", sequence=1, started_at=T0)
+    after = scrape()
+    errors = [key for key in after if key[0] == "yuxi_audit_write_errors_total" and after[key] != before.get(key, 0)]
+    assert errors == [], "a call sent to a thread is no write error"
+    assert delta(before, after, "yuxi_audit_write_duration_seconds_count", kind="model_start") == 1
+    assert Message.objects.audit().filter(operation_id="lc_run--d").count() == 1
+
+
+def test_a_run_whose_pooled_connections_the_server_ended_between_writes_ends_exactly_once_R_RUN_8(
+    user, replay_models, db_name, monkeypatch
+):
+    """PostgreSQL ends every idle connection of the pool (a restart, an
+    administrator) before each lifecycle write of a run: each write still
+    lands once — on a fresh pooled connection, or in a thread while the pool
+    refills — and the run completes with its rows, none twice, none left
+    running, and no write error counted for a call sent to a thread."""
+    from audit.runner import LeasedAuditSink, run_execute
+    from conversations.models import Conversation
+
+    ended: list[int] = []
+
+    def end_idle_pooled_connections() -> None:
+        ended.append(_end_idle_pooled_connections(db_name))
+
+    for name in ("model_open", "model_start", "model_finish", "tool_start", "tool_finish"):
+        write = getattr(LeasedAuditSink, name)
+
+        async def after_ending(self, _write=write, **kwargs):
+            end_idle_pooled_connections()
+            return await _write(self, **kwargs)
+
+        monkeypatch.setattr(LeasedAuditSink, name, after_ending)
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:tool_then_answer")
+    run = make_run(thread)
+    connection.close()
+    before = scrape()
+    assert run_execute(run_id=run.id, owner="in-process") == "completed"
+    after = scrape()
+    assert len(ended) == 8 and sum(ended) > 0
+    errors = {
+        dict(labels).get("error")
+        for key in after
+        if key[0] == "yuxi_audit_write_errors_total" and after[key] != before.get(key, 0)
+        for labels in [key[1]]
+    }
+    assert not errors & {"NeedsThread", "SynchronousOnlyOperation"}, errors
+    rows = list(Message.objects.filter(run=run).exclude(role="user").values_list("role", "execution_status"))
+    assert sorted(rows) == [("assistant", "completed"), ("assistant", "completed"), ("tool", "completed")]
+    run.refresh_from_db()
+    assert run.output_message_id is not None
+
+
+def _end_idle_pooled_connections(db_name: str) -> int:
+    """End every idle connection of the pool as PostgreSQL does in a restart
+    (or an administrator would), and wait until the server let them go (their
+    sockets then read end of file, which the pool's check sees). Returns how
+    many. The checkpointer's connections are not the pool's."""
+    import time
+
+    import psycopg
+
+    pids = [conn.info.backend_pid for conn in list(connections["default"].pool._pool)]
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres", autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [pids])
+        for _ in range(500):
+            if not admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids]).fetchone()[0]:
+                break
+            time.sleep(0.01)
+    return len(pids)
+
+
+def test_a_write_after_the_server_ended_the_pools_idle_connections_gets_a_new_one_at_once_R_RUN_8(thread, db_name):
+    """After a PostgreSQL restart every idle connection of a grown pool is
+    dead. The first checkout that meets one must not meet the others one by
+    one — the pool backs off 1 s, 2 s, 4 s… between failed checks, so the
+    write waited the whole pool timeout and failed an attempt (R-RUN-8
+    allows AUDIT_WRITE_ATTEMPTS of them for the whole run)."""
+    lease = acquire(make_run(thread))
+    connection.close()
+    pool = connections["default"].pool
+    held = [pool.getconn() for _ in range(pool.max_size)]
+    for conn in held:
+        pool.putconn(conn)
+    before = scrape()
+    connection.close()
+    assert _end_idle_pooled_connections(db_name) == pool.max_size
+    _on_loop(services.model_call_start, lease=lease, operation_id="lc_run--e", sequence=1, started_at=T0)
+    after = scrape()
+    errors = [key for key in after if key[0] == "yuxi_audit_write_errors_total" and after[key] != before.get(key, 0)]
+    assert errors == [], "the write met the dead connections one by one and waited for the pool"
+    assert Message.objects.audit().filter(operation_id="lc_run--e").count() == 1
