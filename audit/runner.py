@@ -519,7 +519,8 @@ def _error_type(exc: BaseException) -> str:
     """A stable error type naming the cause of a failed run. The chat model
     names provider faults itself (``audit_error_type``: ``model_unreachable``,
     ``model_http_error``, ``model_request_failed``, ``model_stream_broken``,
-    R-RUN-12); the rest by the exception's type."""
+    R-RUN-12); a database error in the graph is its checkpointer's
+    (``checkpoint_error:<type>``); the rest by the exception's type."""
     import openai
 
     named = getattr(exc, "audit_error_type", None)
@@ -533,4 +534,9 @@ def _error_type(exc: BaseException) -> str:
     module = type(exc).__module__
     if module.startswith(("httpx", "httpcore")):
         return "model_stream_error"
+    if module.startswith("psycopg"):
+        # The graph's own database work is its checkpointer's (LangGraph's
+        # AsyncPostgresSaver, one connection per run): a database fault,
+        # not the agent's.
+        return f"checkpoint_error:{name}"
     return "agent_error" if name == "Exception" else f"agent_error:{name}"

@@ -102,3 +102,40 @@ def test_a_replayed_start_keeps_the_original_monotonic_start_and_content_R_MA_3_
     assert finishes[0]["content"] == "Hello"
     assert finishes[0]["duration_ms"] == 10500, "duration from the first monotonic start"
     assert [kw["sequence"] for kind, kw in sink.calls if kind == "start"] == [2, 2]
+
+
+def test_a_run_whose_checkpointer_lost_its_connection_fails_naming_the_database_R_RUN_8(user, replay_models, db_name):
+    """The graph's own database work is its checkpointer's: when the server
+    ends that connection mid-run, the run fails as a checkpoint error, not
+    as the agent's, and no audit row stays running."""
+    import psycopg
+
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:slow_tool_then_answer")
+    run = make_run(thread)
+    result: dict = {}
+
+    def work():
+        try:
+            result["status"] = run_execute(run_id=run.id, owner="worker-a")
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    deadline = time.monotonic() + 30
+    # The second model call streams (for seconds): the checkpointer's
+    # connection waits idle for its next write.
+    while Message.objects.model_calls().filter(run=run).count() < 2:
+        assert time.monotonic() < deadline and worker.is_alive(), result
+        time.sleep(0.02)
+    connection.close()
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres", autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [db_name],
+        )
+    worker.join(60)
+    assert result["status"] == "failed"
+    run.refresh_from_db()
+    assert run.error_type == "checkpoint_error:OperationalError", run.error_message
+    assert not Message.objects.filter(run=run, execution_status="running").exists()
