@@ -70,9 +70,10 @@ def _summary(content: str) -> str:
     return text if len(text) <= 120 else truncatechars(content, 120)
 
 
-def _clock(value: dt.datetime) -> str:
-    """``{{ value|date:'H:i:s.u' }}`` (the filter sees the local time)."""
-    return (timezone.localtime(value) if timezone.is_aware(value) else value).strftime("%H:%M:%S.%f")
+def _clock(value: dt.datetime, zone: dt.tzinfo) -> str:
+    """``{{ value|date:'H:i:s.u' }}`` (the filter sees the local time in
+    ``zone``, the current one)."""
+    return (timezone.localtime(value, zone) if timezone.is_aware(value) else value).strftime("%H:%M:%S.%f")
 
 
 def rows_html(rows: list[dict], *, show_run: bool) -> list[str]:
@@ -80,6 +81,9 @@ def rows_html(rows: list[dict], *, show_run: bool) -> list[str]:
     :func:`audit.admin.timeline_page_context`, nested): its main row and
     its detail row, with the whitespace the template had around them."""
     number = _number_formatter()
+    # The current zone, looked up once: per time it was a context-local
+    # lookup (four times a row).
+    zone = timezone.get_current_timezone()
     colspan = "10" if show_run else "9"
     out = []
     for r in rows:
@@ -129,14 +133,16 @@ def rows_html(rows: list[dict], *, show_run: bool) -> list[str]:
                 f'<br><span class="yx-quiet">under <code>{v(r["parent_operation_id"])}</code> (on another page)</span>'
             )
         started, finished = r["started_at"], r["finished_at"]
-        parts.append(f'</td>\n        <td class="yx-num yx-started">{v(time_html(started, date=False))}</td>\n')
+        parts.append(
+            f'</td>\n        <td class="yx-num yx-started">{v(time_html(started, date=False, zone=zone))}</td>\n'
+        )
         bar = r["bar"]
         if bar:
-            end = _clock(finished) if finished else "…"
+            end = _clock(finished, zone) if finished else "…"
             parts.append(
                 '        <td class="yx-waterfall"><div class="yx-track">'
                 f'<div class="yx-bar yx-status-{status}" style="margin-left:{number(bar["left"])}%;'
-                f'width:{number(bar["width"])}%" title="{_clock(started)} → {end}"></div></div></td>\n'
+                f'width:{number(bar["width"])}%" title="{_clock(started, zone)} → {end}"></div></div></td>\n'
             )
         else:
             parts.append('        <td class="yx-waterfall"><span class="yx-not-started">never started</span></td>\n')
@@ -172,7 +178,7 @@ def rows_html(rows: list[dict], *, show_run: bool) -> list[str]:
         if r["raw_output_json"]:
             parts.append(f'<h4>raw tool output</h4><pre class="yx-pre yx-raw">{v(r["raw_output_json"])}</pre>')
         parts.append(
-            f'\n              <p class="yx-times">started {v(time_html(started))} · finished {v(time_html(finished))}'
+            f'\n              <p class="yx-times">started {v(time_html(started, zone=zone))} · finished {v(time_html(finished, zone=zone))}'
             "</p>\n            </div>\n          </details>\n        </td>\n      </tr>\n    "
         )
         out.append("".join(parts))

@@ -15,14 +15,17 @@ register = template.Library()
 _FORMATS = {"full": "%Y-%m-%d %H:%M:%S", "short": "%m-%d %H:%M:%S", "clock": "%H:%M:%S"}
 
 
-def time_html(value: dt.datetime | None, *, date: bool = True, form: str | None = None) -> str:
+def time_html(
+    value: dt.datetime | None, *, date: bool = True, form: str | None = None, zone: dt.tzinfo | None = None
+) -> str:
     """A time to the millisecond (``2026-11-30 06:23:41.517``; ``form``
     ``short`` drops the year, ``clock`` — or ``date=False`` — the date) in
-    the current zone, its exact ISO 8601 form in ``datetime`` and ``title``
-    for copying; ``—`` for none."""
+    ``zone`` (default: the current zone; a page of many times looks it up
+    once and passes it), its exact ISO 8601 form in ``datetime`` and
+    ``title`` for copying; ``—`` for none."""
     if value is None:
         return "—"
-    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    local = timezone.localtime(value, zone) if timezone.is_aware(value) else value
     pattern = _FORMATS[form or ("full" if date else "clock")]
     text = escape(local.strftime(pattern) + f".{local.microsecond // 1000:03d}")
     iso = escape(value.isoformat(timespec="microseconds"))
