@@ -123,8 +123,42 @@ def decode_json(value: Any) -> Any:
 
 def visible(value: Any) -> Any:
     """For HTML pages: ``value`` (a string or JSON value) in the escaped
-    form, which HTML can carry; other values unchanged."""
+    form, which HTML can carry; other values unchanged. A dict or list with
+    nothing to escape comes back as it is (not copied)."""
+    if type(value) in (dict, list) and not _may_need_escape(value):
+        return value
     return escape_json(value)
+
+
+def _may_need_escape(value: dict | list) -> bool:
+    """Whether a string or key anywhere in ``value`` may hold what
+    :func:`escape_text` changes (U+0000, a lone surrogate, a backslash),
+    answered by one encoding in C instead of a walk in Python: orjson
+    writes U+0000 as ``\u0000`` and a backslash as ``\\``, and refuses a
+    lone surrogate. Anything it cannot encode itself (a str or dict
+    subclass, a Decimal, an integer beyond 64 bits) says "may". For JSON
+    values as parsed (dicts, lists, strings, numbers): a tuple inside would
+    stay a tuple, where the walk makes it a list."""
+    import orjson
+
+    try:
+        options = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS
+        encoded = orjson.dumps(value, default=_refuse, option=options)
+    except orjson.JSONEncodeError:
+        return True
+    return _ENCODED_BACKSLASH in encoded or _ENCODED_NUL in encoded
+
+
+# How orjson writes a backslash and U+0000 inside a string.
+_ENCODED_BACKSLASH = b"\\\\"
+_ENCODED_NUL = b"\\u0000"
+
+
+def _refuse(value: Any) -> Any:
+    """orjson's ``default``: the value is not plain JSON; walk it instead.
+    Datetimes, UUIDs and numbers orjson writes itself (no string of theirs
+    can hold those characters)."""
+    raise TypeError(type(value).__name__)
 
 
 def visible_fields(instance: models.Model) -> models.Model:

@@ -23,7 +23,7 @@ from audit.models import AgentRun
 from audit.runner import run_execute, write_with_retry
 from conversations.models import Conversation, Message
 from tests.conftest import bearer, make_run
-from yuxi_project.storable import decode_json, decode_text, escape_json, escape_text, fit_text
+from yuxi_project.storable import decode_json, decode_text, escape_json, escape_text, fit_text, visible
 
 # Every code point, lone surrogates included, with the characters of the
 # escapes themselves over-represented.
@@ -416,3 +416,19 @@ def test_text_that_is_not_one_json_value_each_is_read_one_by_one():
     for texts in (["1, 2", "3"], ["{", "[]"], ['"a"', "1 2"]):
         assert field.from_db_values(texts, None) == [field.from_db_value(t, None, None) for t in texts]
     assert field.from_db_values([], None) == []
+
+
+_VISIBLE_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _TEXT,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_TEXT, children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_VISIBLE_JSON)
+def test_visible_is_the_escaped_form_of_any_json_value_R_RUN_11(value):
+    """The admin's display form: its shortcut (nothing to escape: the value
+    as it is) must give exactly what the full walk gives."""
+    assert visible(value) == escape_json(value)
+    assert json.dumps(visible(value)) == json.dumps(escape_json(value))
