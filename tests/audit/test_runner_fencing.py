@@ -21,23 +21,34 @@ from tests.conftest import make_run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_takeover_mid_stream_stops_the_run_before_any_further_model_step_R_RUN_4(user, replay_models):
+def _slow_run_in_a_thread(user, owner: str, *, until) -> tuple:
+    """A ``slow_tool_then_answer`` run executed by ``owner`` in a thread,
+    returned once ``until(run)`` holds: (run, the thread, its result dict)."""
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:slow_tool_then_answer")
     run = make_run(thread)
     result: dict = {}
 
     def work():
         try:
-            result["status"] = run_execute(run_id=run.id, owner="worker-old")
+            result["status"] = run_execute(run_id=run.id, owner=owner)
         finally:
             connection.close()
 
     worker = threading.Thread(target=work)
     worker.start()
     deadline = time.monotonic() + 30
-    while not Message.objects.model_calls().filter(run=run, execution_status="running").exists():
+    while not until(run):
         assert time.monotonic() < deadline and worker.is_alive(), result
         time.sleep(0.02)
+    return run, worker, result
+
+
+def test_a_takeover_mid_stream_stops_the_run_before_any_further_model_step_R_RUN_4(user, replay_models):
+    run, worker, result = _slow_run_in_a_thread(
+        user,
+        "worker-old",
+        until=lambda run: Message.objects.model_calls().filter(run=run, execution_status="running").exists(),
+    )
     # Another owner takes the run over (a newer fencing token).
     AgentRun.objects.filter(pk=run.id).update(lease_owner="worker-new", fencing_token=F("fencing_token") + 1)
     worker.join(30)
@@ -110,24 +121,11 @@ def test_a_run_whose_checkpointer_lost_its_connection_fails_naming_the_database_
     as the agent's, and no audit row stays running."""
     import psycopg
 
-    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:slow_tool_then_answer")
-    run = make_run(thread)
-    result: dict = {}
-
-    def work():
-        try:
-            result["status"] = run_execute(run_id=run.id, owner="worker-a")
-        finally:
-            connection.close()
-
-    worker = threading.Thread(target=work)
-    worker.start()
-    deadline = time.monotonic() + 30
-    # The second model call streams (for seconds): the checkpointer's
+    # Once the second model call streams (for seconds), the checkpointer's
     # connection waits idle for its next write.
-    while Message.objects.model_calls().filter(run=run).count() < 2:
-        assert time.monotonic() < deadline and worker.is_alive(), result
-        time.sleep(0.02)
+    run, worker, result = _slow_run_in_a_thread(
+        user, "worker-a", until=lambda run: Message.objects.model_calls().filter(run=run).count() >= 2
+    )
     connection.close()
     with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres", autocommit=True) as admin:
         admin.execute(
