@@ -281,6 +281,8 @@ def test_create_api_token_without_a_database_says_what_to_set_and_creates_no_fil
     if not embedded.exists():  # a fresh clone: DATABASE_URL unset means the embedded file
         done = _manage("create_api_token", "admin", env={"DATABASE_URL": "", "REDIS_URL": ""})
         assert done.returncode == 1 and "DATABASE_URL is not set" in done.stderr, done.stderr
+        # The quick start's embedded mode is a PostgreSQL server: the hint says how to reach it.
+        assert "bin/pg_embedded.py start var/pgdata yuxi" in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and not embedded.exists()
     # An existing but unmigrated database: one line too.
     empty = tmp_path / "empty.sqlite3"

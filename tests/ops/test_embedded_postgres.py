@@ -128,6 +128,7 @@ def test_ctrl_c_stops_the_quick_start_and_its_embedded_server_once(tmp_path):
             process.kill()
     data = Path(env["EMBEDDED_PGDATA"])
     assert not (data / "postmaster.pid").exists(), log.read_text()[-4000:]
+    assert "==> stopped (the embedded PostgreSQL too" in log.read_text(), log.read_text()[-2000:]
     assert _server_starts(data) == 1, (data / "log").read_text()[-3000:]
     # Stopping a stopped data directory starts nothing either.
     assert _run(str(SCRIPT), "stop", str(data)).returncode == 0

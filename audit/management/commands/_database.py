@@ -1,8 +1,9 @@
 """A clear refusal for commands run where no database is set up.
 
-Without ``DATABASE_URL`` the settings choose the embedded SQLite file
-``var/yuxi.sqlite3``; opening it creates it, empty, and the command then
-fails deep inside with ``no such table``. Commands that read or write data
+Without ``DATABASE_URL`` the settings choose a SQLite file
+``var/yuxi.sqlite3`` (the quick start's embedded mode is an embedded
+PostgreSQL now, reached by its own ``DATABASE_URL``); opening it creates it,
+empty, and the command then fails deep inside with ``no such table``. Commands that read or write data
 derive from :class:`DatabaseCommand`, which calls :func:`require_database`
 before anything else: one line saying what to set, and no file created.
 """
@@ -18,7 +19,8 @@ from yuxi_project.config import get_config
 
 HINT = (
     "set DATABASE_URL to the database bin/quickstart uses (by default "
-    "DATABASE_URL=postgres://postgres@127.0.0.1:5432/yuxi), or run bin/quickstart once to create the embedded one"
+    "DATABASE_URL=postgres://postgres@127.0.0.1:5432/yuxi; for the quick start's embedded PostgreSQL, "
+    'DATABASE_URL="$(.venv/bin/python bin/pg_embedded.py start var/pgdata yuxi)" starts it and prints its URL)'
 )
 
 
@@ -33,7 +35,7 @@ def require_database() -> None:
         if name != ":memory:" and not Path(name).exists():
             if get_config().DATABASE_URL:
                 raise CommandError(f"there is no SQLite database at {name}: {HINT}")
-            raise CommandError(f"DATABASE_URL is not set and there is no embedded database at {name}: {HINT}")
+            raise CommandError(f"DATABASE_URL is not set: {HINT}")
     try:
         tables = set(connection.introspection.table_names())
     except Exception as exc:  # unreachable server, bad credentials, ...

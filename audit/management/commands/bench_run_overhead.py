@@ -56,7 +56,7 @@ class Command(BaseCommand):
         out(
             f"  ratio product / checkpointer overhead: {med(result.round_ratio):.2f}x (median of the rounds; target <= 1.0x)"
         )
-        out("worker memory (RSS) after N product runs:")
+        out(f"worker memory (RSS) after N product runs (counting the {warmup} warm-up runs):")
         for count, rss in result.rss_mib:
             out(f"  {count:>6} runs: {rss:.1f} MiB")
         out("its runs were deleted and the dashboard's rollups of the days it ran recomputed (rebuild_rollups)")
