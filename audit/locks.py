@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError
 
 from yuxi_project.config import get_config
+from yuxi_project.db import local_setting
 
 from .errors import RunBusy
 
@@ -30,17 +31,15 @@ def lock_timed_out(exc: BaseException) -> bool:
 def web_lock_wait(timeout_ms: int | None = None) -> Iterator[None]:
     """Open a transaction (``transaction.atomic()``) whose lock waits give
     up after ``timeout_ms`` milliseconds (default ``WEB_LOCK_TIMEOUT_MS``;
-    ``SET LOCAL lock_timeout``, so it ends with the transaction).
+    :func:`~yuxi_project.db.local_setting`: it ends with the transaction, or
+    with the block inside an outer one).
 
     Raises:
         RunBusy: a lock was not granted in time (HTTP 503, nothing changed).
     """
     timeout_ms = timeout_ms or get_config().WEB_LOCK_TIMEOUT_MS
     try:
-        with transaction.atomic():
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(timeout_ms)}ms"])
+        with local_setting("lock_timeout", f"{int(timeout_ms)}ms"):
             yield
     except OperationalError as exc:
         if lock_timed_out(exc):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -169,16 +169,31 @@ def call_with_pooled_statements(fn: Callable[..., Any], kwargs: Mapping[str, Any
         call.close()
 
 
-_PARALLEL_SETTING = "max_parallel_workers_per_gather"
-
-
 @contextmanager
-def serial_plans() -> Iterator[None]:
-    """A transaction (``transaction.atomic()``) in which PostgreSQL plans
-    no parallel workers: ``max_parallel_workers_per_gather`` is 0 inside
-    (``set_config(…, true)``, so it ends with the transaction), and inside
-    an outer transaction it is set back to its previous value when the
-    block ends (a failed block's savepoint rollback undoes it anyway).
+def local_setting(name: str, value: str) -> Iterator[None]:
+    """A transaction (``transaction.atomic()``) in which the PostgreSQL
+    setting ``name`` is ``value`` (``set_config(…, true)``, so it ends with
+    the transaction); inside an outer transaction it is set back to its
+    previous value when the block ends (a failed block's savepoint rollback
+    undoes it anyway). The previous value is read in the same round trip.
+    Elsewhere than on PostgreSQL only the transaction."""
+    nested = connection.in_atomic_block
+    with transaction.atomic():
+        if connection.vendor != "postgresql":
+            yield
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting(%s), set_config(%s, %s, true)", [name, name, value])
+            (previous, _) = cursor.fetchone()
+        yield
+        if nested:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config(%s, %s, true)", [name, previous])
+
+
+def serial_plans() -> AbstractContextManager[None]:
+    """A transaction in which PostgreSQL plans no parallel workers
+    (:func:`local_setting` of ``max_parallel_workers_per_gather`` = 0).
 
     For reads whose right plan is a nested loop over the index of each step
     (a thread's runs, then each run's rows; issue 11): on a table of
@@ -186,21 +201,8 @@ def serial_plans() -> Iterator[None]:
     every ``ANALYZE``, sometimes tips the planner into a parallel plan,
     whose worker start-up and tuple queue cost more than the walk itself
     (20–24 ms instead of 6 ms for a 1,000-turn thread's memory). One round
-    trip more; elsewhere than on PostgreSQL only the transaction."""
-    nested = connection.in_atomic_block
-    with transaction.atomic():
-        if connection.vendor != "postgresql":
-            yield
-            return
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT current_setting(%s), set_config(%s, '0', true)", [_PARALLEL_SETTING, _PARALLEL_SETTING]
-            )
-            (previous, _) = cursor.fetchone()
-        yield
-        if nested:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT set_config(%s, %s, true)", [_PARALLEL_SETTING, previous])
+    trip more."""
+    return local_setting("max_parallel_workers_per_gather", "0")
 
 
 def field_converters(fields: Sequence[Any], table: str, db: Any) -> list[tuple[int, Any, list]]:

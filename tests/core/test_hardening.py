@@ -194,3 +194,22 @@ def test_memory_feeds_a_large_tool_result_back_as_path_and_preview_R_TA_4_R_READ
     assert path in tool["content"] and len(tool["content"]) < 1000
     # The audit row keeps the full result.
     assert Message.objects.get(operation_id="call_lookup_1").content == full
+
+
+def test_the_web_lock_limit_holds_for_its_block_only_inside_a_transaction_R_RUN_10(db):
+    """web_lock_wait shares yuxi_project.db.local_setting with serial_plans:
+    inside an outer transaction the limit is set back when the block ends."""
+    from django.db import connection, transaction
+
+    from audit.locks import web_lock_wait
+
+    def limit() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('lock_timeout')")
+            return cursor.fetchone()[0]
+
+    with transaction.atomic():
+        before = limit()
+        with web_lock_wait(1234):
+            assert limit() == "1234ms"
+        assert limit() == before
