@@ -27,7 +27,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from yuxi_project.db import convert_values, execute_prepared, execute_prepared_in_pipeline, field_converters
+from yuxi_project.db import execute_prepared, execute_prepared_in_pipeline, field_converters, model_from_values
 
 from .errors import LeaseError, LeaseExpired, LeaseLost, RunIdentityMismatch, RunTerminal
 from .models import AgentRun
@@ -118,7 +118,7 @@ def lock_run_then_read(
         raise RuntimeError("lock_run_then_read must be called inside transaction.atomic()")
     sql, fields, converters = _lock_only_sql(tuple(dict.fromkeys((*_LEASE_COLUMNS, *only))))
     locked, rows = execute_prepared_in_pipeline([(sql, [lease.run_id]), read])
-    run = _run_from_values(locked[0], fields, converters) if locked else None
+    run = model_from_values(AgentRun, fields, converters, locked[0]) if locked else None
     return _proved(lease, run, now=now), rows
 
 
@@ -137,13 +137,7 @@ def _lock_only(run_id: uuid.UUID, names: tuple[str, ...]) -> AgentRun | None:
     ``names`` loaded (a prepared statement per set of names)."""
     sql, fields, converters = _lock_only_sql(names)
     found = execute_prepared(sql, [run_id])
-    return None if found is None else _run_from_values(found, fields, converters)
-
-
-def _run_from_values(found: tuple, fields: list, converters: list) -> AgentRun:
-    return AgentRun.from_db(
-        connection.alias, [f.attname for f in fields], convert_values(found, converters, connection)
-    )
+    return None if found is None else model_from_values(AgentRun, fields, converters, found)
 
 
 @functools.cache

@@ -13,7 +13,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Length, Substr
 
 from yuxi_project.cursors import page_cursor, parse_cursor
-from yuxi_project.db import execute_prepared_all, serial_plans
+from yuxi_project.db import execute_prepared_all, serial_plans, stand_ins_bound
 from yuxi_project.errors import InvalidInput, NotFound
 from yuxi_project.storable import _StorableText, decode_text
 
@@ -420,7 +420,7 @@ def memory_sql(thread_id: uuid.UUID, *, runs_before: Any = None, include_tools: 
     test, which EXPLAIN it."""
     sql, params = _memory_statement(include_tools, runs_before is not None)
     values = {_THREAD: thread_id, _RUNS_BEFORE: runs_before, _HEAD_CHARS: _content_head_chars()}
-    return sql, [values.get(p, p) if type(p) is object else p for p in params]
+    return sql, stand_ins_bound(params, values)
 
 
 # Placeholders in _memory_statement's params for the values of each call.

@@ -35,7 +35,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from yuxi_project.config import get_config
-from yuxi_project.db import execute_prepared
+from yuxi_project.db import execute_prepared, stand_ins_bound, stand_ins_checked
 from yuxi_project.errors import ApplicationError
 
 from .models import Budget
@@ -146,11 +146,11 @@ def _budget_with_spend(user_id: int, *, now: dt.datetime | None = None) -> tuple
     now = now or timezone.now()
     sql, spend_params = _budget_with_spend_sql()
     values = {
-        id(_SPEND_USER): user_id,
-        id(_SPEND_SINCE_MONTH): period_start(Budget.Period.MONTH, now=now),
-        id(_SPEND_SINCE_DAY): period_start(Budget.Period.DAY, now=now),
+        _SPEND_USER: user_id,
+        _SPEND_SINCE_MONTH: period_start(Budget.Period.MONTH, now=now),
+        _SPEND_SINCE_DAY: period_start(Budget.Period.DAY, now=now),
     }
-    row = execute_prepared(sql, [*(values.get(id(p), p) for p in spend_params), user_id])
+    row = execute_prepared(sql, [*stand_ins_bound(spend_params, values), user_id])
     if row is None:
         return None
     limit_usd, period, spent = row
@@ -182,10 +182,7 @@ def _budget_with_spend_sql() -> tuple[str, tuple]:
     def spend(since: dt.datetime) -> tuple[str, tuple]:
         calls = spent_calls(user_id=_SPEND_USER, since=since).order_by().values("cost_usd")
         sql, params = calls.query.get_compiler(using=connection.alias).as_sql()
-        # The stand-ins must come through as the very objects given.
-        if sum(p is _SPEND_USER for p in params) != 1 or sum(p is since for p in params) != 1:
-            raise RuntimeError(f"the spend query's parameters changed shape: {params!r}")
-        return f"(SELECT SUM(s.cost_usd) FROM ({sql}) s)", tuple(params)
+        return f"(SELECT SUM(s.cost_usd) FROM ({sql}) s)", stand_ins_checked(params, _SPEND_USER, since)
 
     month_sql, month_params = spend(_SPEND_SINCE_MONTH)
     day_sql, day_params = spend(_SPEND_SINCE_DAY)

@@ -220,6 +220,33 @@ def field_converters(fields: Sequence[Any], table: str, db: Any) -> list[tuple[i
     return converters
 
 
+def model_from_values(
+    model: Any, fields: Sequence[Any], converters: list[tuple[int, Any, list]], values: Sequence[Any]
+):
+    """An instance of ``model`` loaded (``Model.from_db``) from one raw row
+    ``values`` of ``fields``, converted as the ORM converts them
+    (``converters``: :func:`field_converters` of those fields)."""
+    return model.from_db(connection.alias, [f.attname for f in fields], convert_values(values, converters, connection))
+
+
+def stand_ins_checked(params: Sequence[Any], *stand_ins: Any) -> tuple:
+    """``params`` of a statement compiled once by the ORM with ``stand_ins``
+    in place of a call's own values, checked to hold each stand-in exactly
+    once (the very object: a change in how the ORM passes them raises here
+    instead of binding a wrong value). Raises ``RuntimeError``."""
+    for stand_in in stand_ins:
+        if sum(p is stand_in for p in params) != 1:
+            raise RuntimeError(f"the compiled query's parameters changed shape: {params!r}")
+    return tuple(params)
+
+
+def stand_ins_bound(params: Sequence[Any], values: Mapping[Any, Any]) -> list:
+    """``params`` with each stand-in (a key of ``values``, found by
+    identity) replaced by this call's value."""
+    by_identity = {id(stand_in): value for stand_in, value in values.items()}
+    return [by_identity.get(id(p), p) for p in params]
+
+
 def convert_values(values: Sequence[Any], converters: list[tuple[int, Any, list]], db: Any) -> list:
     """``values`` (one raw row) with :func:`field_converters`' converters
     applied, as a new list."""

@@ -16,7 +16,7 @@ from django.utils import timezone
 from conversations.models import Conversation, Message
 from costs.budgets import budget_admit
 from ops import metrics
-from yuxi_project.db import convert_values, execute_prepared, field_converters
+from yuxi_project.db import execute_prepared, field_converters, model_from_values, stand_ins_bound, stand_ins_checked
 from yuxi_project.errors import Conflict, InvalidInput, NotFound
 
 from ..cancellation import cancel_signal_send
@@ -198,16 +198,14 @@ def _acquire_unheld(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now:
     check."""
     sql, candidate_params, fields, converters = _acquire_unheld_sql()
     params = [Status.RUNNING, owner, expires_at, now, timezone.now()]
-    params += [run_id if p is _RUN_STANDIN else p for p in candidate_params]
+    params += stand_ins_bound(candidate_params, {_RUN_STANDIN: run_id})
     # Prepared: planning this statement (its subqueries on the thread's
     # runs) took ten times its execution, at every run's start (issue 11).
     found = execute_prepared(sql, [*params, Status.PENDING])
     if found is None:
         return None
     *values, has_earlier = found
-    run = AgentRun.from_db(
-        connection.alias, [f.attname for f in fields], convert_values(values, converters, connection)
-    )
+    run = model_from_values(AgentRun, fields, converters, values)
     run.thread_has_earlier_run = has_earlier
     metrics.lease_acquired(run)
     return run
@@ -236,8 +234,7 @@ def _acquire_unheld_sql() -> tuple[str, tuple, list, list]:
         .values("pk", "thread_has_earlier_run")
     )
     candidate_sql, candidate_params = candidate.query.get_compiler(using=connection.alias).as_sql()
-    if sum(p is _RUN_STANDIN for p in candidate_params) != 1:
-        raise RuntimeError(f"the acquisition query's parameters changed shape: {candidate_params!r}")
+    candidate_params = stand_ins_checked(candidate_params, _RUN_STANDIN)
     q = connection.ops.quote_name
     table = q(AgentRun._meta.db_table)
     fields = list(AgentRun._meta.concrete_fields)
@@ -248,7 +245,7 @@ def _acquire_unheld_sql() -> tuple[str, tuple, list, list]:
         f"FROM ({candidate_sql}) c(id, thread_has_earlier_run) WHERE r.id = c.id AND r.status = %s "
         f"RETURNING {columns}, c.thread_has_earlier_run"
     )
-    return sql, tuple(candidate_params), fields, field_converters(fields, AgentRun._meta.db_table, connection)
+    return sql, candidate_params, fields, field_converters(fields, AgentRun._meta.db_table, connection)
 
 
 def _earlier_run_exists() -> Exists:
