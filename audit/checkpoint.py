@@ -4,12 +4,18 @@ defaults (a quick-start process only; it forgets on restart)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from django.db import connections
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg.conninfo import make_conninfo
+
+log = logging.getLogger(__name__)
 
 _memory_saver = InMemorySaver()
 
@@ -32,14 +38,124 @@ def postgres_conninfo(alias: str = "default") -> str | None:
 
 @contextlib.asynccontextmanager
 async def open_checkpointer(conninfo: str | None) -> AsyncIterator[object]:
-    """Yield a checkpointer for one run; closes its connection afterwards."""
+    """Yield a checkpointer for one run; closes its connection afterwards.
+
+    On PostgreSQL it is a :class:`ReconnectingPostgresSaver` (its
+    connection named ``CHECKPOINTER_APPLICATION_NAME`` in
+    ``pg_stat_activity``); its first connection is made with the same
+    retries as its writes.
+
+    Raises:
+        psycopg.OperationalError: the database stayed unreachable for every
+            attempt (``AUDIT_WRITE_ATTEMPTS``).
+    """
     if conninfo is None:
         yield _memory_saver
         return
-    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-
-    async with AsyncPostgresSaver.from_conn_string(conninfo) as saver:
+    saver = ReconnectingPostgresSaver(await _retried(lambda: _connect(conninfo)), conninfo=conninfo)
+    try:
         yield saver
+    finally:
+        await saver.conn.close()
+
+
+#: ``application_name`` of the checkpointer's connections: an operator
+#: tells them from the audit's in ``pg_stat_activity``.
+CHECKPOINTER_APPLICATION_NAME = "yuxi-checkpointer"
+
+
+async def _connect(conninfo: str):
+    import psycopg
+    from psycopg.rows import dict_row
+
+    # The options LangGraph's own from_conn_string uses.
+    return await psycopg.AsyncConnection.connect(
+        conninfo,
+        autocommit=True,
+        prepare_threshold=0,
+        row_factory=dict_row,
+        application_name=CHECKPOINTER_APPLICATION_NAME,
+    )
+
+
+async def _retried[T](
+    call: Callable[[], Awaitable[T]], *, before_retry: Callable[[], Awaitable[None]] | None = None
+) -> T:
+    """``await call()``, again after a connection failure (psycopg's
+    ``OperationalError``), with the audit writes' backoff, at most
+    ``AUDIT_WRITE_ATTEMPTS`` times; ``before_retry`` runs before each new
+    attempt (a failure there counts as that attempt's)."""
+    import psycopg
+
+    from yuxi_project.config import get_config
+
+    attempts = get_config().AUDIT_WRITE_ATTEMPTS
+    for attempt in range(1, attempts + 1):
+        try:
+            if attempt > 1 and before_retry is not None:
+                await before_retry()
+            return await call()
+        except psycopg.OperationalError as exc:
+            if attempt == attempts:
+                raise
+            log.warning("checkpointer: database unreachable (attempt %s/%s): %s", attempt, attempts, exc)
+            await asyncio.sleep(retry_delay(attempt))
+    raise AssertionError("unreachable")
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait after failed attempt ``attempt`` (1, 2, ...) of a
+    database write before the next: 0.2, 0.4, 0.8, 1.6, then 2."""
+    return min(2.0, 0.1 * 2**attempt)
+
+
+class ReconnectingPostgresSaver(AsyncPostgresSaver):
+    """LangGraph's ``AsyncPostgresSaver`` on one connection per run that is
+    replaced when it breaks: a database restart or a dropped connection in
+    the middle of a run costs a retry, not the run (R-RUN-8: only a fault
+    that lasts fails the run, then as ``checkpoint_error:<type>``).
+
+    The methods a run calls — ``aget_tuple`` (reading the thread's state),
+    ``aput`` and ``aput_writes`` (saving it) — are retried as the audit
+    writes are (``AUDIT_WRITE_ATTEMPTS``, the same backoff), each after a
+    new connection replaced a closed or broken one. Retrying is safe: a
+    read changes nothing, and LangGraph's writes are upserts keyed by
+    thread, namespace, checkpoint, task and index, so a write that did
+    commit before its connection broke is written again unchanged. Another
+    error (the connection still good) is raised at once. The other methods
+    (listing, pruning, deleting) are LangGraph's own, not retried.
+    """
+
+    def __init__(self, conn, *, conninfo: str, **kwargs: Any):
+        super().__init__(conn, **kwargs)
+        self._conninfo = conninfo
+
+    async def _reconnect_if_broken(self) -> None:
+        # Under the saver's own lock: writes of one run go out from several
+        # tasks, and none may use the connection while it is replaced.
+        async with self.lock:
+            if not (self.conn.closed or self.conn.broken):
+                return
+            old, self.conn = self.conn, await _connect(self._conninfo)
+        with contextlib.suppress(Exception):
+            await old.close()
+
+    async def aget_tuple(self, config):
+        return await _retried(
+            lambda: super(ReconnectingPostgresSaver, self).aget_tuple(config), before_retry=self._reconnect_if_broken
+        )
+
+    async def aput(self, config, checkpoint, metadata, new_versions):
+        return await _retried(
+            lambda: super(ReconnectingPostgresSaver, self).aput(config, checkpoint, metadata, new_versions),
+            before_retry=self._reconnect_if_broken,
+        )
+
+    async def aput_writes(self, config, writes, task_id, task_path=""):
+        return await _retried(
+            lambda: super(ReconnectingPostgresSaver, self).aput_writes(config, writes, task_id, task_path),
+            before_retry=self._reconnect_if_broken,
+        )
 
 
 def setup_postgres_checkpointer(conninfo: str) -> None:

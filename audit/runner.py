@@ -43,7 +43,7 @@ from .agents.models import model_http_client
 from .agents.tools import AgentContext
 from .cancellation import CancelSignalListener
 from .causes import failure_cause_send
-from .checkpoint import open_checkpointer, postgres_conninfo
+from .checkpoint import open_checkpointer, postgres_conninfo, retry_delay
 from .errors import (
     AuditWriteFailed,
     AuditWriteRejected,
@@ -124,7 +124,7 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
                     extra={"cause": type(exc).__name__},
                 ) from exc
             log.warning("audit write %s failed (attempt %s/%s): %s", fn.__name__, attempt, attempts, exc)
-            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+            await asyncio.sleep(retry_delay(attempt))
         except (DatabaseError, UnicodeError) as exc:
             raise AuditWriteRejected(
                 f"{fn.__name__} was refused by the database: {type(exc).__name__}: {exc}"[:2000],

@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 from django.db.models import F
 
+from audit.checkpoint import CHECKPOINTER_APPLICATION_NAME
 from audit.models import AgentRun
 from audit.recorder import LifecycleRecorder
 from audit.runner import run_execute
@@ -115,10 +116,10 @@ def test_a_replayed_start_keeps_the_original_monotonic_start_and_content_R_MA_3_
     assert [kw["sequence"] for kind, kw in sink.calls if kind == "start"] == [2, 2]
 
 
-def test_a_run_whose_checkpointer_lost_its_connection_fails_naming_the_database_R_RUN_8(user, replay_models, db_name):
-    """The graph's own database work is its checkpointer's: when the server
-    ends that connection mid-run, the run fails as a checkpoint error, not
-    as the agent's, and no audit row stays running."""
+def test_a_run_whose_checkpointer_lost_its_connection_reconnects_and_completes_R_RUN_8(user, replay_models, db_name):
+    """A dropped connection (a database restart) costs the checkpointer a
+    retry on a new connection, not the run: it completes, its State is
+    saved, and no audit row stays running."""
     import psycopg
 
     # Once the second model call streams (for seconds), the checkpointer's
@@ -128,10 +129,60 @@ def test_a_run_whose_checkpointer_lost_its_connection_fails_naming_the_database_
     )
     connection.close()
     with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres", autocommit=True) as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            [db_name],
-        )
+        ended = admin.execute(
+            "SELECT count(*) FILTER (WHERE application_name = %s), count(*) FROM ("
+            "  SELECT application_name, pg_terminate_backend(pid) FROM pg_stat_activity"
+            "  WHERE datname = %s AND pid <> pg_backend_pid()) AS ended",
+            [CHECKPOINTER_APPLICATION_NAME, db_name],
+        ).fetchone()
+    assert ended[0] == 1, f"the run's checkpointer connection was among those ended: {ended}"
+    worker.join(60)
+    assert result["status"] == "completed"
+    run.refresh_from_db()
+    assert (run.status, run.error_type) == ("completed", "")
+    assert not Message.objects.filter(run=run, execution_status="running").exists()
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as admin:
+        saved = admin.execute(
+            "SELECT count(*) FROM checkpoints WHERE thread_id = %s AND metadata->>'step' = %s",
+            [str(run.thread_id), str(_last_step(admin, run.thread_id))],
+        ).fetchone()[0]
+    assert saved == 1
+
+
+def _last_step(admin, thread_id) -> int:
+    return admin.execute(
+        "SELECT max((metadata->>'step')::int) FROM checkpoints WHERE thread_id = %s", [str(thread_id)]
+    ).fetchone()[0]
+
+
+def test_a_run_whose_checkpointer_stays_unable_to_write_fails_naming_the_database_R_RUN_8(
+    user, replay_models, db_name, monkeypatch
+):
+    """A checkpointer fault that outlasts the retries fails the run as a
+    checkpoint error, not as the agent's, and no audit row stays running.
+    The checkpoint table is locked and every checkpointer connection that
+    waits on it is ended, again and again, while the audit still writes."""
+    import psycopg
+
+    from yuxi_project.config import get_config
+
+    monkeypatch.setattr(get_config(), "AUDIT_WRITE_ATTEMPTS", 3)
+    run, worker, result = _slow_run_in_a_thread(
+        user, "worker-a", until=lambda run: Message.objects.model_calls().filter(run=run).count() >= 2
+    )
+    connection.close()
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as holder:
+        holder.execute("LOCK TABLE checkpoints, checkpoint_writes, checkpoint_blobs IN ACCESS EXCLUSIVE MODE")
+        with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres", autocommit=True) as admin:
+            deadline = time.monotonic() + 30
+            while worker.is_alive() and time.monotonic() < deadline:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND application_name = %s AND pid <> pg_backend_pid()",
+                    [db_name, CHECKPOINTER_APPLICATION_NAME],
+                )
+                time.sleep(0.02)
+        holder.rollback()
     worker.join(60)
     assert result["status"] == "failed"
     run.refresh_from_db()
