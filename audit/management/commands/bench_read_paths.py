@@ -66,6 +66,7 @@ class Command(BaseCommand):
             except CommandError as exc:
                 if "Unknown command" not in str(exc):
                     raise
+            bench_reads.settle(log=out)
             out(
                 f"dataset: {dataset.audit_rows:,} audit rows, {dataset.runs:,} runs, {dataset.threads:,} threads, "
                 f"{dataset.users:,} users, {dataset.first_day} to {dataset.last_day}"
