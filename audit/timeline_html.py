@@ -26,7 +26,7 @@ from django.utils.formats import get_format, localize
 from django.utils.html import conditional_escape
 from django.utils.safestring import SafeData
 
-from .templatetags.yx_admin import time_html
+from .templatetags.yx_admin import local_time, time_html
 
 
 def _value(value: Any) -> str:
@@ -73,7 +73,7 @@ def _summary(content: str) -> str:
 def _clock(value: dt.datetime, zone: dt.tzinfo) -> str:
     """``{{ value|date:'H:i:s.u' }}`` (the filter sees the local time in
     ``zone``, the current one)."""
-    return (timezone.localtime(value, zone) if timezone.is_aware(value) else value).strftime("%H:%M:%S.%f")
+    return local_time(value, zone).isoformat(timespec="microseconds")[11:26]
 
 
 def rows_html(rows: list[dict], *, show_run: bool) -> list[str]:

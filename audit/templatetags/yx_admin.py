@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from html import escape
 
 from django import template
 from django.utils import timezone
@@ -12,7 +11,9 @@ from django.utils.safestring import mark_safe
 register = template.Library()
 
 
-_FORMATS = {"full": "%Y-%m-%d %H:%M:%S", "short": "%m-%d %H:%M:%S", "clock": "%H:%M:%S"}
+# Where each form lies in ``isoformat(" ", "milliseconds")``
+# (``2026-11-30 06:23:41.517+08:00``).
+_FORMS = {"full": slice(0, 23), "short": slice(5, 23), "clock": slice(11, 23)}
 
 
 def time_html(
@@ -25,13 +26,21 @@ def time_html(
     ``title`` for copying; ``—`` for none."""
     if value is None:
         return "—"
-    local = timezone.localtime(value, zone) if timezone.is_aware(value) else value
-    pattern = _FORMATS[form or ("full" if date else "clock")]
-    text = escape(local.strftime(pattern) + f".{local.microsecond // 1000:03d}")
-    iso = escape(value.isoformat(timespec="microseconds"))
-    # format_html's output, without its per-argument lazy-string checks:
-    # a timeline page calls this 1,500 times (issue 11).
+    local = local_time(value, zone)
+    text = local.isoformat(" ", "milliseconds")[_FORMS[form or ("full" if date else "clock")]]
+    iso = value.isoformat(timespec="microseconds")
+    # format_html's output without its escaping and per-argument checks:
+    # both texts are digits and "-:.T+ " only, and a timeline page calls
+    # this 1,500 times (issue 11).
     return mark_safe(f'<time datetime="{iso}" title="{iso}">{text}</time>')  # noqa: S308
+
+
+def local_time(value: dt.datetime, zone: dt.tzinfo | None = None) -> dt.datetime:
+    """``value`` in ``zone`` (default: the current zone); a naive value as
+    it is. Django's ``localtime`` with the check it needs only."""
+    if value.utcoffset() is None:
+        return value
+    return value.astimezone(zone or timezone.get_current_timezone())
 
 
 @register.filter
