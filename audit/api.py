@@ -111,9 +111,11 @@ def run_timeline(request, run_id: uuid.UUID, query: Query[TimelineQuery]):
     raw tool output; the newest ``limit`` (≤ 500), ``truncated`` when older
     rows exist. Readable while the run is running."""
     _require_staff(request)
-    if not AgentRun.objects.filter(pk=run_id).exists():
+    page = selectors.run_timeline(run_id=run_id, limit=query.limit, before=query.before)
+    # A page with rows has its run; only an empty one asks whether it exists.
+    if not page.items and not AgentRun.objects.filter(pk=run_id).exists():
         raise NotFound("run not found")
-    return json_response(timeline_body(selectors.run_timeline(run_id=run_id, limit=query.limit, before=query.before)))
+    return json_response(timeline_body(page))
 
 
 @router.get("/audit/threads/{thread_id}/timeline", response={200: TimelineOut, **STAFF_ERRORS}, tags=["audit"])
@@ -121,9 +123,9 @@ def thread_timeline(request, thread_id: uuid.UUID, query: Query[TimelineQuery]):
     """Staff only (R-READ-3): every run of the thread in creation order,
     each run's rows by sequence; the newest ``limit`` (≤ 500) rows."""
     _require_staff(request)
-    if not Conversation.objects.filter(pk=thread_id).exists():
-        raise NotFound("thread not found")
     page = selectors.thread_timeline(thread_id=thread_id, limit=query.limit, before=query.before)
+    if not page.items and not Conversation.objects.filter(pk=thread_id).exists():
+        raise NotFound("thread not found")
     return json_response(timeline_body(page))
 
 

@@ -126,3 +126,31 @@ def test_timeline_query_count_does_not_grow_with_rows_R_READ_3(thread, staff_use
         body = Client().get(f"/api/audit/threads/{thread.id}/timeline", headers=headers).json()
     assert len(body["items"]) == 21
     assert len(many) == len(few) <= 4, [q["sql"] for q in many]
+
+
+def test_timeline_of_an_unknown_run_or_thread_is_not_found_and_of_an_empty_one_is_empty_R_READ_3(
+    thread, staff_user
+):
+    """A page with rows proves its run or thread exists (one statement
+    fewer); only an empty page asks whether it exists."""
+    import uuid
+
+    from django.test import Client
+
+    from conversations.models import Conversation
+    from tests.conftest import make_run
+
+    headers = bearer(staff_user)
+    for path in (f"/api/audit/runs/{uuid.uuid4()}/timeline", f"/api/audit/threads/{uuid.uuid4()}/timeline"):
+        missing = Client().get(path, headers=headers)
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found", missing.content
+    quiet = Conversation.objects.create(user=thread.user, agent_id=thread.agent_id, model=thread.model)
+    empty_run = make_run(quiet)
+    for path in (f"/api/audit/runs/{empty_run.id}/timeline", f"/api/audit/threads/{quiet.id}/timeline"):
+        empty = Client().get(path, headers=headers)
+        assert empty.status_code == 200 and empty.json() == {"items": [], "truncated": False, "next_before": None}
+    run = tool_turn(thread)
+    Client().get(f"/api/audit/runs/{run.id}/timeline", headers=headers)  # token first use
+    with CaptureQueriesContext(connection) as queries:
+        assert Client().get(f"/api/audit/runs/{run.id}/timeline", headers=headers).status_code == 200
+    assert len(queries) == 2, [q["sql"] for q in queries]  # the token, the page
