@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote
 
 from django.db import connection
@@ -397,8 +398,12 @@ def _is_data_statement(sql: str) -> bool:
     return not any(t in sql for t in ('"django_session"', '"conversations_apitoken"', 'FROM "auth_user"'))
 
 
-def captured_sql_ms(statements: list[str]) -> float:
-    return sum(explain_ms(sql, []) for sql in statements if _is_data_statement(sql))
+def captured_sql_ms(statements: list[tuple[str, Any]]) -> float:
+    """The summed EXPLAIN ANALYZE time of the data statements among
+    ``statements`` (``(sql, params)``: params for a prepared statement,
+    which the query log keeps as sent; empty for Django's, whose SQL it
+    keeps with the values in)."""
+    return sum(explain_ms(sql, params) for sql, params in statements if _is_data_statement(sql))
 
 
 def endpoints(ds: Dataset) -> list[Endpoint]:
@@ -553,7 +558,7 @@ def measure(
         token = owner_token if point.path.startswith("/api/threads/") else staff_token
         return api.get(point.path, headers={"Authorization": f"Bearer {token}"})
 
-    statements: dict[str, list[str]] = {}
+    statements: dict[str, list[tuple[str, Any]]] = {}
     for point in points:  # warm-up, and the statements each endpoint runs
         with CaptureQueriesContext(connection) as queries:
             response = call(point)
@@ -561,7 +566,7 @@ def measure(
             raise RuntimeError(f"{point.name}: HTTP {response.status_code} {response.content[:300]!r}")
         if response.streaming:
             b"".join(response.streaming_content)
-        statements[point.name] = [q["sql"] for q in queries.captured_queries]
+        statements[point.name] = [(q["sql"], q.get("params") or []) for q in queries.captured_queries]
     for n in range(rounds):
         for point in points:
             times = 2 if point.samples_ms and max(point.samples_ms) > 1000 else repeat

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
@@ -45,7 +46,7 @@ def _prepared(sql: str, params: Sequence[Any] | Mapping[str, Any], fetch: Callab
 
     pooled = _pooled_call.get()
     if pooled is not None:
-        with connection.wrap_database_errors, psycopg.Cursor(pooled.connection()) as cursor:
+        with _logged((sql, params)), connection.wrap_database_errors, psycopg.Cursor(pooled.connection()) as cursor:
             cursor.execute(sql, params, prepare=True)
             return fetch(cursor)
     connection.ensure_connection()
@@ -53,9 +54,27 @@ def _prepared(sql: str, params: Sequence[Any] | Mapping[str, Any], fetch: Callab
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return fetch(cursor)
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+    with _logged((sql, params)), connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(sql, params, prepare=True)
         return fetch(cursor)
+
+
+@contextmanager
+def _logged(*statements: tuple[str, Any]) -> Iterator[None]:
+    """Record ``statements`` (``(sql, params)``) in Django's query log when
+    it keeps one (``DEBUG``, or a test's ``CaptureQueriesContext``), as its
+    debug cursor records what goes through it — statements sent past
+    Django's cursor then still count in the query-count guards. The entry
+    keeps the statement as sent (psycopg placeholders) and its ``params``."""
+    if not connection.queries_logged:
+        yield
+        return
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        took = f"{time.monotonic() - started:.3f}"
+        connection.queries_log.extend({"sql": sql, "params": params, "time": took} for sql, params in statements)
 
 
 def execute_prepared_in_pipeline(statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple]]:
@@ -77,7 +96,7 @@ def execute_prepared_in_pipeline(statements: Sequence[tuple[str, Sequence[Any]]]
     raw = connection.connection
     cursors = [psycopg.Cursor(raw) for _ in statements]
     try:
-        with connection.wrap_database_errors, raw.pipeline():
+        with _logged(*statements), connection.wrap_database_errors, raw.pipeline():
             for cursor, (sql, params) in zip(cursors, statements, strict=True):
                 cursor.execute(sql, params, prepare=True)
             return [cursor.fetchall() for cursor in cursors]

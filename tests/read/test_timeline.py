@@ -153,5 +153,4 @@ def test_timeline_of_an_unknown_run_or_thread_is_not_found_and_of_an_empty_one_i
     Client().get(f"/api/audit/runs/{run.id}/timeline", headers=headers)  # token first use
     with CaptureQueriesContext(connection) as queries:
         assert Client().get(f"/api/audit/runs/{run.id}/timeline", headers=headers).status_code == 200
-    # The page only (the token's statement is prepared: Django's cursor does not see it).
-    assert len(queries) == 1, [q["sql"] for q in queries]
+    assert len(queries) == 2, [q["sql"] for q in queries]  # the token, the page
