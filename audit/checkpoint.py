@@ -56,7 +56,7 @@ async def open_checkpointer(conninfo: str | None) -> AsyncIterator[object]:
     try:
         yield saver
     finally:
-        await saver.conn.close()
+        await saver.aclose()
 
 
 #: ``application_name`` of the checkpointer's connections: an operator
@@ -129,14 +129,27 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
     def __init__(self, conn, *, conninfo: str, **kwargs: Any):
         super().__init__(conn, **kwargs)
         self._conninfo = conninfo
+        self._closed = False
+
+    async def aclose(self) -> None:
+        """Close the connection for good (the run is over): a call that
+        comes later — a background write still retrying when its run's
+        checkpointer was closed — fails as on a closed connection and opens
+        no new one, which nobody would close."""
+        self._closed = True
+        await self.conn.close()
 
     async def _reconnect_if_broken(self) -> None:
         # Under the saver's own lock: writes of one run go out from several
         # tasks, and none may use the connection while it is replaced.
         async with self.lock:
-            if not (self.conn.closed or self.conn.broken):
+            if self._closed or not (self.conn.closed or self.conn.broken):
                 return
-            old, self.conn = self.conn, await _connect(self._conninfo)
+            new = await _connect(self._conninfo)
+            if self._closed:  # closed while connecting
+                await new.close()
+                return
+            old, self.conn = self.conn, new
         with contextlib.suppress(Exception):
             await old.close()
 
