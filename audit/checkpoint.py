@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -52,7 +54,7 @@ async def open_checkpointer(conninfo: str | None) -> AsyncIterator[object]:
     if conninfo is None:
         yield _memory_saver
         return
-    saver = ReconnectingPostgresSaver(await _retried(lambda: _connect(conninfo)), conninfo=conninfo)
+    saver = ReconnectingPostgresSaver(await _retried(lambda: _connect_waiting(conninfo)), conninfo=conninfo)
     try:
         yield saver
     finally:
@@ -64,7 +66,7 @@ async def open_checkpointer(conninfo: str | None) -> AsyncIterator[object]:
 CHECKPOINTER_APPLICATION_NAME = "yuxi-checkpointer"
 
 
-async def _connect(conninfo: str):
+async def _connect(conninfo: str, **kwargs: Any):
     import psycopg
     from psycopg.rows import dict_row
 
@@ -75,7 +77,31 @@ async def _connect(conninfo: str):
         prepare_threshold=0,
         row_factory=dict_row,
         application_name=CHECKPOINTER_APPLICATION_NAME,
+        **kwargs,
     )
+
+
+async def _connect_waiting(conninfo: str):
+    """A new connection, tried again for as long as an audit write waits for
+    one at each attempt (:func:`yuxi_project.db.worker_connection_wait`):
+    without this wait a refused connection fails at once, and the
+    checkpointer would give up on an outage (a restart) after its backoff
+    alone (0.6 s with three attempts) where the audit writes of the same
+    run outlast it."""
+    import psycopg
+
+    from yuxi_project.config import get_config
+    from yuxi_project.db import worker_connection_wait
+
+    wait = worker_connection_wait(get_config())
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return await _connect(conninfo, connect_timeout=max(2, math.ceil(wait)))
+        except psycopg.OperationalError:
+            if time.monotonic() + 0.1 >= deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 async def _retried[T](
@@ -145,7 +171,7 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
         async with self.lock:
             if self._closed or not (self.conn.closed or self.conn.broken):
                 return
-            new = await _connect(self._conninfo)
+            new = await _connect_waiting(self._conninfo)
             if self._closed:  # closed while connecting
                 await new.close()
                 return

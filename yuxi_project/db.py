@@ -303,5 +303,15 @@ def configure_worker_database(settings_dict: dict, config) -> None:
     existing = options.get("options", "")
     options["options"] = f"{existing} {worker_session_options(config)}".strip()
     pool = options["pool"] if isinstance(options["pool"], dict) else {}
+    options["pool"] = {**pool, "timeout": worker_connection_wait(config)}
+
+
+def worker_connection_wait(config) -> float:
+    """Seconds one attempt of a worker's database write may wait for a
+    connection: at most a sixth of the lease with the default attempts
+    (``LEASE_TTL_SECONDS / (2 * AUDIT_WRITE_ATTEMPTS)``), at most
+    ``DB_POOL_TIMEOUT_SECONDS``, at least 0.5. The audit writes' pool wait
+    and the checkpointer's reconnection (audit.checkpoint) both use it, so
+    both outlast the same outage."""
     bounded = config.LEASE_TTL_SECONDS / (2 * config.AUDIT_WRITE_ATTEMPTS)
-    options["pool"] = {**pool, "timeout": max(0.5, min(config.DB_POOL_TIMEOUT_SECONDS, bounded))}
+    return max(0.5, min(config.DB_POOL_TIMEOUT_SECONDS, bounded))

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _admin(db_name):
-    return psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres", autocommit=True)
+    # On the server's own database: the tests may close theirs to connections.
+    return psycopg.connect(dbname="postgres", host="127.0.0.1", user="postgres", autocommit=True)
 
 
 def _checkpointer_pids(db_name) -> list[int]:
@@ -212,3 +213,44 @@ def test_a_run_stopped_by_a_failed_audit_write_leaves_no_checkpointer_connection
         holder.rollback()
     time.sleep(2.0)
     assert _checkpointer_pids(db_name) == [], "a checkpointer connection outlived its run"
+
+
+def test_a_checkpointer_write_outlasts_an_outage_an_audit_write_outlasts_R_RUN_8(db_name, monkeypatch):
+    """The database refuses connections for 1.5 s (a restart) just as the
+    checkpointer writes: an audit write waits up to its pool timeout
+    (LEASE_TTL / (2 * AUDIT_WRITE_ATTEMPTS), 1.33 s here) at each of its
+    attempts, so it outlasts such an outage; the checkpointer's write, made
+    "as the audit writes are", must too, not fail after its 0.6 s of
+    backoff."""
+    import threading
+    import time
+
+    from yuxi_project.config import get_config
+
+    monkeypatch.setattr(get_config(), "AUDIT_WRITE_ATTEMPTS", 3)
+    monkeypatch.setattr(get_config(), "LEASE_TTL_SECONDS", 8.0)
+    monkeypatch.setattr(get_config(), "DB_POOL_TIMEOUT_SECONDS", 3.0)
+    conninfo = postgres_conninfo()
+    connection.close()
+    thread_id = str(uuid.uuid4())
+
+    def allow(allowed: bool) -> None:
+        with psycopg.connect(dbname="postgres", host="127.0.0.1", user="postgres", autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{db_name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+
+    async def scenario():
+        async with open_checkpointer(conninfo) as saver:
+            saved = await saver.aput(_config(thread_id), empty_checkpoint(), {"step": 0}, {})
+            await asyncio.to_thread(allow, False)
+            await asyncio.to_thread(_kill, db_name, _checkpointer_pids(db_name))
+            threading.Timer(1.5, allow, [True]).start()
+            began = time.monotonic()
+            await saver.aput(saved, empty_checkpoint(), {"step": 1}, {})
+            return time.monotonic() - began
+
+    try:
+        took = asyncio.run(scenario())
+    finally:
+        time.sleep(1.6)
+        allow(True)
+    assert took >= 1.4
