@@ -105,12 +105,16 @@ async def _connect_waiting(conninfo: str):
 
 
 async def _retried[T](
-    call: Callable[[], Awaitable[T]], *, before_retry: Callable[[], Awaitable[None]] | None = None
+    call: Callable[[], Awaitable[T]],
+    *,
+    before_retry: Callable[[], Awaitable[None]] | None = None,
+    lost: Callable[[], bool] = lambda: True,
 ) -> T:
     """``await call()``, again after a connection failure (psycopg's
-    ``OperationalError``), with the audit writes' backoff, at most
-    ``AUDIT_WRITE_ATTEMPTS`` times; ``before_retry`` runs before each new
-    attempt (a failure there counts as that attempt's)."""
+    ``OperationalError`` while ``lost()`` says the connection is gone), with
+    the audit writes' backoff, at most ``AUDIT_WRITE_ATTEMPTS`` times;
+    ``before_retry`` runs before each new attempt (a failure there counts as
+    that attempt's). Any other error is raised at once."""
     import psycopg
 
     from yuxi_project.config import get_config
@@ -122,7 +126,7 @@ async def _retried[T](
                 await before_retry()
             return await call()
         except psycopg.OperationalError as exc:
-            if attempt == attempts:
+            if attempt == attempts or not lost():
                 raise
             log.warning("checkpointer: database unreachable (attempt %s/%s): %s", attempt, attempts, exc)
             await asyncio.sleep(retry_delay(attempt))
@@ -179,21 +183,27 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
         with contextlib.suppress(Exception):
             await old.close()
 
+    def _lost(self) -> bool:
+        """Whether the last error came from a connection that is gone (and
+        the run still needs one): only then is a call made again. A lock or
+        statement timeout, a refused value, a call after :meth:`aclose` are
+        raised as they are."""
+        return not self._closed and (self.conn.closed or self.conn.broken)
+
+    async def _again(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        return await _retried(call, before_retry=self._reconnect_if_broken, lost=self._lost)
+
     async def aget_tuple(self, config):
-        return await _retried(
-            lambda: super(ReconnectingPostgresSaver, self).aget_tuple(config), before_retry=self._reconnect_if_broken
-        )
+        return await self._again(lambda: super(ReconnectingPostgresSaver, self).aget_tuple(config))
 
     async def aput(self, config, checkpoint, metadata, new_versions):
-        return await _retried(
-            lambda: super(ReconnectingPostgresSaver, self).aput(config, checkpoint, metadata, new_versions),
-            before_retry=self._reconnect_if_broken,
+        return await self._again(
+            lambda: super(ReconnectingPostgresSaver, self).aput(config, checkpoint, metadata, new_versions)
         )
 
     async def aput_writes(self, config, writes, task_id, task_path=""):
-        return await _retried(
-            lambda: super(ReconnectingPostgresSaver, self).aput_writes(config, writes, task_id, task_path),
-            before_retry=self._reconnect_if_broken,
+        return await self._again(
+            lambda: super(ReconnectingPostgresSaver, self).aput_writes(config, writes, task_id, task_path)
         )
 
 

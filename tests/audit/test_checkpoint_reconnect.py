@@ -102,6 +102,34 @@ def test_a_call_after_the_checkpointer_was_closed_opens_no_connection(db_name):
     assert not leaked and pids == [], f"a connection was opened after close: {pids} (error {error!r})"
 
 
+def test_an_error_on_a_good_connection_is_raised_at_once_not_retried(db_name, caplog):
+    """Only a lost connection is worth another attempt: a lock timeout (the
+    connection still good) and a call after close are raised at once."""
+    import logging
+
+    conninfo = postgres_conninfo()
+    connection.close()
+    thread_id = str(uuid.uuid4())
+
+    async def scenario():
+        async with open_checkpointer(conninfo) as saver:
+            saved = await saver.aput(_config(thread_id), empty_checkpoint(), {"step": 0}, {})
+            await saver.conn.execute("SET lock_timeout = '50ms'")
+            with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as holder:
+                holder.execute("LOCK TABLE checkpoint_writes IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(psycopg.errors.LockNotAvailable):
+                    await saver.aput_writes(saved, [("blocked", 1)], task_id="blocked")
+            good = saver.conn
+        with pytest.raises(psycopg.OperationalError):
+            await saver.aput_writes(saved, [("late", 1)], task_id="late")
+        return good
+
+    with caplog.at_level(logging.WARNING, logger="audit.checkpoint"):
+        good = asyncio.run(scenario())
+    assert good.closed  # the connection it had, closed by the run's end, not replaced
+    assert not [r for r in caplog.records if "attempt" in r.getMessage()], "no call was made again"
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="the checkpointer's connection has no lock or statement timeout: a cancel waits for a blocked"
