@@ -4,6 +4,7 @@ one run meeting a killed connection, and what it does once closed (R-RUN-8)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 
 import psycopg
@@ -36,6 +37,51 @@ def _kill(db_name, pids) -> None:
     with _admin(db_name) as admin:
         for pid in pids:
             admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+@contextlib.contextmanager
+def _state_write_blocked(user, db_name, model: str, *, owner: str | None):
+    """A run of ``model`` executed (by ``owner``) in a thread, yielded as
+    ``(run, worker thread, result dict)`` once LangGraph's write of its
+    State waits on a lock of the checkpoint tables (taken while its first
+    model call streams); the lock is released when the block ends."""
+    import threading
+    import time
+
+    from audit.runner import run_execute
+    from conversations.models import Conversation, Message
+    from tests.conftest import make_run
+
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model=model)
+    run = make_run(thread)
+    result: dict = {}
+
+    def work():
+        try:
+            result["status"] = run_execute(run_id=run.id, owner=owner)
+        finally:
+            connection.close()
+
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as holder:
+        worker = threading.Thread(target=work)
+        worker.start()
+        deadline = time.monotonic() + 30
+        while not Message.objects.model_calls().filter(run=run).exists():
+            assert time.monotonic() < deadline and worker.is_alive(), result
+            time.sleep(0.01)
+        holder.execute("LOCK TABLE checkpoints, checkpoint_writes, checkpoint_blobs IN ACCESS EXCLUSIVE MODE")
+        with _admin(db_name) as admin:
+            while not admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
+                " AND wait_event_type = 'Lock'",
+                [db_name, CHECKPOINTER_APPLICATION_NAME],
+            ).fetchone():
+                assert time.monotonic() < deadline and worker.is_alive(), result
+                time.sleep(0.01)
+        try:
+            yield run, worker, result
+        finally:
+            holder.rollback()
 
 
 def _config(thread_id: str, checkpoint_id: str | None = None) -> dict:
@@ -142,45 +188,14 @@ def test_a_cancel_is_honoured_while_a_checkpoint_write_waits_on_a_lock_R_RUN_6(
     waits on a lock of the checkpoint tables (a VACUUM FULL, a prune, a
     migration). The cancel must end the run within seconds, not leave its
     worker waiting on the lock while the lease runs out."""
-    import threading
-    import time
 
     from audit import services
     from audit.models import AgentRun
-    from audit.runner import run_execute
-    from conversations.models import Conversation, Message
-    from tests.conftest import make_run
 
-    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:tool_then_slow_answer")
-    run = make_run(thread)
-    result: dict = {}
-
-    def work():
-        try:
-            result["status"] = run_execute(run_id=run.id)
-        finally:
-            connection.close()
-
-    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as holder:
-        worker = threading.Thread(target=work)
-        worker.start()
-        deadline = time.monotonic() + 30
-        while not Message.objects.model_calls().filter(run=run).exists():
-            assert time.monotonic() < deadline and worker.is_alive(), result
-            time.sleep(0.01)
-        holder.execute("LOCK TABLE checkpoints, checkpoint_writes, checkpoint_blobs IN ACCESS EXCLUSIVE MODE")
-        with _admin(db_name) as admin:
-            while not admin.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
-                " AND wait_event_type = 'Lock'",
-                [db_name, CHECKPOINTER_APPLICATION_NAME],
-            ).fetchone():
-                assert time.monotonic() < deadline and worker.is_alive(), result
-                time.sleep(0.01)
+    with _state_write_blocked(user, db_name, "replay:tool_then_slow_answer", owner=None) as (run, worker, result):
         services.run_request_cancel(user=user, run_id=run.id)
         worker.join(10)
         ended_in_time = not worker.is_alive()
-        holder.rollback()
     worker.join(60)
     assert ended_in_time, "the cancelled run's worker still waited on the checkpoint lock after 10 s"
     assert result["status"] == "cancelled"
@@ -196,49 +211,19 @@ def test_a_run_stopped_by_a_failed_audit_write_leaves_no_checkpointer_connection
     run's checkpointer is closed as the drive ends; the write, failing on
     the closed connection, must not reopen one — which nobody would close,
     and through which the State of an ended run would still be written."""
-    import threading
     import time
 
     from django.db.models import F
 
     from audit.models import AgentRun
-    from audit.runner import run_execute
-    from conversations.models import Conversation, Message
-    from tests.conftest import make_run
 
-    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:slow_tool_then_answer")
-    run = make_run(thread)
-    result: dict = {}
-
-    def work():
-        try:
-            result["status"] = run_execute(run_id=run.id, owner="worker-old")
-        finally:
-            connection.close()
-
-    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as holder:
-        worker = threading.Thread(target=work)
-        worker.start()
-        deadline = time.monotonic() + 30
-        # While the first model call streams: its State write will wait.
-        while not Message.objects.model_calls().filter(run=run).exists():
-            assert time.monotonic() < deadline and worker.is_alive(), result
-            time.sleep(0.01)
-        holder.execute("LOCK TABLE checkpoints, checkpoint_writes, checkpoint_blobs IN ACCESS EXCLUSIVE MODE")
-        with _admin(db_name) as admin:
-            while not admin.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
-                " AND wait_event_type = 'Lock'",
-                [db_name, CHECKPOINTER_APPLICATION_NAME],
-            ).fetchone():
-                assert time.monotonic() < deadline and worker.is_alive(), result
-                time.sleep(0.01)
+    blocked = _state_write_blocked(user, db_name, "replay:slow_tool_then_answer", owner="worker-old")
+    with blocked as (run, worker, result):
         # Taken over: the next fenced audit write raises in the drive.
         AgentRun.objects.filter(pk=run.id).update(lease_owner="worker-new", fencing_token=F("fencing_token") + 1)
         worker.join(30)
         assert result.get("status") == "lease_lost", result
         time.sleep(1.0)
-        holder.rollback()
     time.sleep(2.0)
     assert _checkpointer_pids(db_name) == [], "a checkpointer connection outlived its run"
 
