@@ -128,9 +128,7 @@ def test_timeline_query_count_does_not_grow_with_rows_R_READ_3(thread, staff_use
     assert len(many) == len(few) <= 4, [q["sql"] for q in many]
 
 
-def test_timeline_of_an_unknown_run_or_thread_is_not_found_and_of_an_empty_one_is_empty_R_READ_3(
-    thread, staff_user
-):
+def test_timeline_of_an_unknown_run_or_thread_is_not_found_and_of_an_empty_one_is_empty_R_READ_3(thread, staff_user):
     """A page with rows proves its run or thread exists (one statement
     fewer); only an empty page asks whether it exists."""
     import uuid
