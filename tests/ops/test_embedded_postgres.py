@@ -114,7 +114,13 @@ def test_ctrl_c_stops_the_quick_start_and_its_embedded_server_once(tmp_path):
     env = _quickstart_env(tmp_path)
     log = tmp_path / "quickstart.log"
     with log.open("w") as out:
-        process = subprocess.Popen(["bin/quickstart"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        # Ctrl-C as a terminal sends it, to a quick start whose SIGINT has
+        # its default action: one started from a run in the background of a
+        # non-interactive shell inherits it ignored, and bash cannot trap a
+        # signal ignored on entry (GNU env resets it).
+        process = subprocess.Popen(
+            ["env", "--default-signal=INT", "bin/quickstart"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 300
         while "Serving on" not in log.read_text() and time.monotonic() < deadline:
