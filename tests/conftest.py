@@ -122,3 +122,31 @@ def replay_models(replay_server_url, monkeypatch):
 
     monkeypatch.setattr(get_config(), "REPLAY_MODEL_URL", replay_server_url)
     return replay_server_url
+
+
+def run_in_a_thread(user, owner: str | None, *, model: str, until) -> tuple:
+    """A run of ``model`` on a new thread of ``user``, executed by ``owner``
+    (``run_execute``) in a thread, returned once ``until(run)`` holds:
+    (run, the thread, its result dict with ``status`` once it ends)."""
+    import threading
+    import time
+
+    from audit.runner import run_execute
+
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model=model)
+    run = make_run(thread)
+    result: dict = {}
+
+    def work():
+        try:
+            result["status"] = run_execute(run_id=run.id, owner=owner)
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not until(run):
+        assert time.monotonic() < deadline and worker.is_alive(), result
+        time.sleep(0.02)
+    return run, worker, result

@@ -45,30 +45,16 @@ def _state_write_blocked(user, db_name, model: str, *, owner: str | None):
     ``(run, worker thread, result dict)`` once LangGraph's write of its
     State waits on a lock of the checkpoint tables (taken while its first
     model call streams); the lock is released when the block ends."""
-    import threading
     import time
 
-    from audit.runner import run_execute
-    from conversations.models import Conversation, Message
-    from tests.conftest import make_run
-
-    thread = Conversation.objects.create(user=user, agent_id="assistant", model=model)
-    run = make_run(thread)
-    result: dict = {}
-
-    def work():
-        try:
-            result["status"] = run_execute(run_id=run.id, owner=owner)
-        finally:
-            connection.close()
+    from conversations.models import Message
+    from tests.conftest import run_in_a_thread
 
     with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as holder:
-        worker = threading.Thread(target=work)
-        worker.start()
+        run, worker, result = run_in_a_thread(
+            user, owner, model=model, until=lambda run: Message.objects.model_calls().filter(run=run).exists()
+        )
         deadline = time.monotonic() + 30
-        while not Message.objects.model_calls().filter(run=run).exists():
-            assert time.monotonic() < deadline and worker.is_alive(), result
-            time.sleep(0.01)
         holder.execute("LOCK TABLE checkpoints, checkpoint_writes, checkpoint_blobs IN ACCESS EXCLUSIVE MODE")
         with _admin(db_name) as admin:
             while not admin.execute(

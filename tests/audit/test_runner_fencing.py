@@ -5,7 +5,6 @@ and the old owner writes nothing more (R-RUN-4, R-MA-3)."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import pytest
@@ -15,33 +14,15 @@ from django.db.models import F
 from audit.checkpoint import CHECKPOINTER_APPLICATION_NAME
 from audit.models import AgentRun
 from audit.recorder import LifecycleRecorder
-from audit.runner import run_execute
-from conversations.models import Conversation, Message
-from tests.conftest import make_run
+from conversations.models import Message
+from tests.conftest import run_in_a_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _slow_run_in_a_thread(user, owner: str, *, until) -> tuple:
-    """A ``slow_tool_then_answer`` run executed by ``owner`` in a thread,
-    returned once ``until(run)`` holds: (run, the thread, its result dict)."""
-    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:slow_tool_then_answer")
-    run = make_run(thread)
-    result: dict = {}
-
-    def work():
-        try:
-            result["status"] = run_execute(run_id=run.id, owner=owner)
-        finally:
-            connection.close()
-
-    worker = threading.Thread(target=work)
-    worker.start()
-    deadline = time.monotonic() + 30
-    while not until(run):
-        assert time.monotonic() < deadline and worker.is_alive(), result
-        time.sleep(0.02)
-    return run, worker, result
+    """A ``slow_tool_then_answer`` run: :func:`tests.conftest.run_in_a_thread`."""
+    return run_in_a_thread(user, owner, model="replay:slow_tool_then_answer", until=until)
 
 
 def test_a_takeover_mid_stream_stops_the_run_before_any_further_model_step_R_RUN_4(user, replay_models):
