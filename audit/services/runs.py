@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, Min, OuterRef, Q
+from django.db.models import Exists, Max, Min, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
@@ -229,9 +229,9 @@ def _acquire_unheld_sql() -> tuple[str, tuple, list, list]:
     candidate = (
         AgentRun.objects.filter(pk=_RUN_STANDIN)
         .filter(~Exists(_holding_runs(OuterRef("thread_id"), OuterRef("turn_id"))))
-        .annotate(thread_has_earlier_run=_earlier_run_exists())
+        .annotate(thread_has_earlier_run=_earlier_run_exists(), others_finished=_other_turns_finished())
         .order_by()
-        .values("pk", "thread_has_earlier_run")
+        .values("pk", "thread_has_earlier_run", "others_finished")
     )
     candidate_sql, candidate_params = candidate.query.get_compiler(using=connection.alias).as_sql()
     candidate_params = stand_ins_checked(candidate_params, _RUN_STANDIN)
@@ -241,8 +241,10 @@ def _acquire_unheld_sql() -> tuple[str, tuple, list, list]:
     columns = ", ".join(f"r.{q(f.column)}" for f in fields)
     sql = (
         f"UPDATE {table} AS r SET status = %s, lease_owner = %s, fencing_token = r.fencing_token + 1, "
-        "lease_expires_at = %s, started_at = COALESCE(r.started_at, %s), updated_at = %s "
-        f"FROM ({candidate_sql}) c(id, thread_has_earlier_run) WHERE r.id = c.id AND r.status = %s "
+        "lease_expires_at = %s, started_at = COALESCE(r.started_at, GREATEST(%s, c.others_finished)), "
+        "updated_at = %s "
+        f"FROM ({candidate_sql}) c(id, thread_has_earlier_run, others_finished) "
+        "WHERE r.id = c.id AND r.status = %s "
         f"RETURNING {columns}, c.thread_has_earlier_run"
     )
     return sql, candidate_params, fields, field_converters(fields, AgentRun._meta.db_table, connection)
@@ -258,6 +260,23 @@ def _earlier_run_exists() -> Exists:
     )
 
 
+def _other_turns_finished() -> Subquery:
+    """When the last run of the outer run's thread's other turns ended (null
+    if none has). A run's recorded start is never before it: the clock is
+    read before the run row is reached (a connection, a lock may be waited
+    for meanwhile), and a run it waited for may end in between; the
+    recorded times then still show the thread's turns one after the other
+    (R-RUN-2)."""
+    return Subquery(
+        AgentRun.objects.filter(thread_id=OuterRef("thread_id"))
+        .exclude(turn_id=OuterRef("turn_id"))
+        .order_by()
+        .values("thread_id")
+        .annotate(last=Max("finished_at"))
+        .values("last")
+    )
+
+
 def _acquire_checked(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now: datetime) -> AgentRun:
     """The full acquisition: lock the row, check it is pending and that no
     earlier turn holds the thread (R-RUN-2), take the lease. Raises
@@ -265,7 +284,7 @@ def _acquire_checked(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now
     with transaction.atomic():
         run = (
             AgentRun.objects.select_for_update(no_key=True, of=("self",))
-            .annotate(thread_has_earlier_run=_earlier_run_exists())
+            .annotate(thread_has_earlier_run=_earlier_run_exists(), others_finished=_other_turns_finished())
             .filter(pk=run_id)
             .first()
         )
@@ -280,7 +299,7 @@ def _acquire_checked(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now
         run.lease_owner = owner
         run.fencing_token += 1
         run.lease_expires_at = expires_at
-        run.started_at = run.started_at or now
+        run.started_at = run.started_at or max(now, run.others_finished or now)
         run.save(
             update_fields=["status", "lease_owner", "fencing_token", "lease_expires_at", "started_at", "updated_at"]
         )

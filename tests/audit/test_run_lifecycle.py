@@ -21,7 +21,7 @@ from audit.cancellation import CancelSignalListener, cancel_key, cancel_signal_s
 from audit.errors import LeaseLost, RunNotStartable, RunTerminal
 from audit.lease import Lease
 from audit.models import AgentRun
-from audit.services.runs import run_acquire_with_row
+from audit.services.runs import _acquire_checked, run_acquire_with_row
 from conversations.models import Message
 from tests.conftest import acquire, make_run, prepared_executed_since, prepared_executions
 
@@ -210,6 +210,31 @@ def test_the_usual_acquisition_is_one_statement_and_tells_a_threads_first_run_R_
     # Not pending any more: the full check names the reason.
     with pytest.raises(RunNotStartable):
         acquire(second)
+
+
+@pytest.mark.parametrize("path", ["one statement", "full check"])
+def test_a_later_turn_is_never_recorded_as_started_before_the_turn_it_waited_for_ended_R_RUN_2(thread, path):
+    """The worker reads its clock before it reaches the run row (a pool
+    connection, a row lock may be waited for meanwhile): the turn it waited
+    for may end in that gap. Seen in the fault suite: a later turn's
+    ``started_at`` a few ms before the earlier turn's ``finished_at``."""
+    first, second = make_run(thread, text="first"), make_run(thread, text="second")
+    started = timezone.now() - dt.timedelta(seconds=5)
+    lease, row = run_acquire_with_row(run_id=first.id, owner="worker-a", ttl_seconds=60, now=started)
+    # With no other turn's end after it, the start is the clock's reading.
+    assert row.started_at == started
+    clock_read = timezone.now()
+    services.run_finish(lease=lease, status="completed")
+    first.refresh_from_db()
+    assert first.finished_at > clock_read
+    if path == "one statement":
+        _, row = run_acquire_with_row(run_id=second.id, owner="worker-b", ttl_seconds=60, now=clock_read)
+    else:
+        row = _acquire_checked(
+            run_id=second.id, owner="worker-b", expires_at=clock_read + dt.timedelta(seconds=60), now=clock_read
+        )
+    row.refresh_from_db()
+    assert row.status == "running" and row.started_at == first.finished_at
 
 
 def test_runs_of_different_threads_proceed_in_parallel_R_RUN_2(thread):
