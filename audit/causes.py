@@ -10,8 +10,11 @@ here: when it is down too, the run still ends, as ``lease_expired``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 from yuxi_project.config import get_config
 
@@ -24,42 +27,51 @@ def cause_key(run_id: uuid.UUID | str) -> str:
     return f"yuxi:run:{run_id}:failure-cause"
 
 
-def failure_cause_send(*, run_id: uuid.UUID | str, error_type: str, message: str) -> None:
-    """Leave ``error_type`` and ``message`` for the sweeper. Never raises."""
+@contextlib.contextmanager
+def _redis(failure: str) -> Iterator[Any]:
+    """A short-lived Redis client, or None without ``REDIS_URL``; a Redis
+    error inside is logged with ``failure`` and not raised."""
     redis_url = get_config().REDIS_URL
     if not redis_url:
+        yield None
         return
     import redis
 
     try:
         client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
         try:
-            client.set(cause_key(run_id), f"{error_type}\n{message[:2000]}", ex=CAUSE_TTL_SECONDS)
+            yield client
         finally:
             client.close()
     except redis.RedisError as exc:
-        log.warning("failure cause of run %s not left in Redis: %s", run_id, exc)
+        log.warning("%s: %s", failure, exc)
+
+
+def failure_cause_send(*, run_id: uuid.UUID | str, error_type: str, message: str) -> None:
+    """Leave ``error_type`` and ``message`` for the sweeper. Never raises."""
+    with _redis(f"failure cause of run {run_id} not left in Redis") as client:
+        if client is not None:
+            client.set(cause_key(run_id), f"{error_type}\n{message[:2000]}", ex=CAUSE_TTL_SECONDS)
+
+
+def failure_cause_clear(*, run_id: uuid.UUID | str) -> None:
+    """Take back the cause left for ``run_id`` (its worker reached the
+    database again in time). Never raises."""
+    with _redis(f"failure cause of run {run_id} not taken back from Redis") as client:
+        if client is not None:
+            client.delete(cause_key(run_id))
 
 
 def failure_causes(run_ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[str, str]]:
     """``{run_id: (error_type, message)}`` for the runs whose worker left a
     cause. Never raises (an unreachable Redis gives ``{}``)."""
-    redis_url = get_config().REDIS_URL
-    if not redis_url or not run_ids:
-        return {}
-    import redis
-
-    try:
-        client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
-        try:
-            values = client.mget([cause_key(run_id) for run_id in run_ids])
-        finally:
-            client.close()
-    except redis.RedisError as exc:
-        log.warning("failure causes not read from Redis: %s", exc)
-        return {}
+    values: list = []
+    if run_ids:
+        with _redis("failure causes not read from Redis") as client:
+            if client is not None:
+                values = client.mget([cause_key(run_id) for run_id in run_ids])
     causes = {}
-    for run_id, value in zip(run_ids, values, strict=True):
+    for run_id, value in zip(run_ids, values, strict=False):
         if value:
             error_type, _, message = value.decode(errors="replace").partition("\n")
             causes[run_id] = (error_type[:100], message)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import socket
@@ -34,7 +35,7 @@ from conversations.selectors import thread_memory_messages
 from costs.budgets import budget_check_running
 from ops import logcontext
 from yuxi_project.config import get_config
-from yuxi_project.db import NeedsThread, call_with_pooled_statements, release_connection
+from yuxi_project.db import NeedsThread, call_with_pooled_statements, release_connection, worker_connection_wait
 from yuxi_project.errors import ApplicationError, NotFound
 
 from . import services
@@ -42,7 +43,7 @@ from .agents.assistant import build_agent
 from .agents.models import model_http_client
 from .agents.tools import AgentContext
 from .cancellation import CancelSignalListener
-from .causes import failure_cause_send
+from .causes import failure_cause_clear, failure_cause_send
 from .checkpoint import open_checkpointer, postgres_conninfo, retry_delay
 from .errors import (
     AuditWriteFailed,
@@ -89,6 +90,11 @@ _RETRYABLE = (OperationalError, InterfaceError, IntegrityError)
 # that expired while the database was unreachable names that cause.
 _last_database_error: dict[str, Any] = {"at": float("-inf"), "text": ""}
 
+# The run whose audit writes this task makes (set by RunExecutor.execute;
+# its tasks and threads inherit it): a write that meets an unreachable
+# database while the run's lease runs out leaves the cause first.
+_current_run: contextvars.ContextVar[RunExecutor | None] = contextvars.ContextVar("yuxi_current_run", default=None)
+
 
 async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     """Run one audit service call in its own short transaction, awaited.
@@ -118,6 +124,9 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
         except _RETRYABLE as exc:
             if not isinstance(exc, IntegrityError):
                 _last_database_error.update(at=time.monotonic(), text=f"{type(exc).__name__}: {exc}")
+                executor = _current_run.get()
+                if executor is not None:
+                    await executor.database_lost(exc, retry_in=retry_delay(attempt))
             if attempt == attempts:
                 raise AuditWriteFailed(
                     f"{fn.__name__} failed {attempts} times: {type(exc).__name__}: {exc}",
@@ -254,8 +263,11 @@ class RunExecutor:
         self._drive_task: asyncio.Task | None = None
         # Monotonic time until which the lease is known to hold.
         self.lease_deadline = time.monotonic() + self.config.LEASE_TTL_SECONDS
+        # Whether a failure cause waits in Redis for the sweeper.
+        self._cause_left = False
 
     async def execute(self) -> str:
+        _current_run.set(self)
         await self.publisher.publish("run.status", {"status": Status.RUNNING})
         try:
             self._drive_task = asyncio.create_task(self._drive())
@@ -379,6 +391,11 @@ class RunExecutor:
                         status = await write_with_retry(services.lease_renew, lease=self.lease, ttl_seconds=ttl)
                         renewed_at = time.monotonic()
                         self.lease_deadline = renewed_at + ttl
+                        if self._cause_left:
+                            # The database is back in time: a later expiry
+                            # (this worker killed) is not this outage's.
+                            await asyncio.to_thread(failure_cause_clear, run_id=self.run.id)
+                            self._cause_left = False
                     else:
                         status = await write_with_retry(_run_status, lease=self.lease)
                 except LeaseError as exc:
@@ -395,6 +412,24 @@ class RunExecutor:
                 self._drive_task.cancel()
         finally:
             await listener.close()
+
+    async def database_lost(self, exc: BaseException, *, retry_in: float) -> None:
+        """An audit write of this run met an unreachable database and is
+        retried in ``retry_in`` seconds. When the lease may run out before
+        that retry can end (it waits up to one connection wait), leave the
+        cause now, while the run still holds its lease: the database may be
+        back and the sweeper first once it has expired, and it would then
+        say ``lease_expired`` (R-RUN-8). Taken back if a renewal succeeds."""
+        horizon = retry_in + worker_connection_wait(self.config) + 1.0
+        if self._cause_left or time.monotonic() + horizon < self.lease_deadline:
+            return
+        self._cause_left = True
+        await asyncio.to_thread(
+            failure_cause_send,
+            run_id=self.run.id,
+            error_type=AuditWriteFailed.code,
+            message=f"the database was unreachable while the lease ran out: {type(exc).__name__}: {exc}",
+        )
 
     def _leave_cause_if_database_was_lost(self, code: str) -> None:
         """The lease expired while the database was unreachable: leave the
