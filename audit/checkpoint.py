@@ -169,6 +169,23 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
         self._closed = True
         await self.conn.close()
 
+    async def interrupt(self) -> None:
+        """Cancel the statement the connection is running, if any, and close
+        it for good (the run was stopped while a write of its State waits,
+        on a lock say). That write fails (``QueryCanceled``) and so do the
+        writes queued behind it, at once, none made again: the run ends now
+        instead of when the lock is released. Cancelled before it is closed:
+        a closed client alone leaves the server's statement waiting, to
+        write the State of an ended run once the lock is released. Never
+        raises."""
+        self._closed = True
+        try:
+            await self.conn.cancel_safe(timeout=5)
+        except Exception as exc:  # a broken or closed connection: nothing runs
+            log.warning("checkpointer: the running statement could not be cancelled: %s", exc)
+        with contextlib.suppress(Exception):
+            await self.conn.close()
+
     async def _reconnect_if_broken(self) -> None:
         # Under the saver's own lock: writes of one run go out from several
         # tasks, and none may use the connection while it is replaced.

@@ -44,7 +44,7 @@ from .agents.models import model_http_client
 from .agents.tools import AgentContext
 from .cancellation import CancelSignalListener
 from .causes import failure_cause_clear, failure_cause_send
-from .checkpoint import open_checkpointer, postgres_conninfo, retry_delay
+from .checkpoint import ReconnectingPostgresSaver, open_checkpointer, postgres_conninfo, retry_delay
 from .errors import (
     AuditWriteFailed,
     AuditWriteRejected,
@@ -70,6 +70,10 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="The v3 streaming protocol on Pregel is experimental")
 
 Status = AgentRun.Status
+
+#: Seconds a stopped run's drive may take to end before the statement its
+#: checkpointer is waiting on is cancelled.
+STOP_GRACE_SECONDS = 2.0
 
 
 def worker_identity() -> str:
@@ -261,6 +265,10 @@ class RunExecutor:
         self.seed_messages: list = []
         self._stop: _Outcome | None = None
         self._drive_task: asyncio.Task | None = None
+        # The run's checkpointer while the drive has one open, and whether
+        # its running statement was cancelled to stop the drive.
+        self._saver: Any = None
+        self._interrupted = False
         # Monotonic time until which the lease is known to hold.
         self.lease_deadline = time.monotonic() + self.config.LEASE_TTL_SECONDS
         # Whether a failure cause waits in Redis for the sweeper.
@@ -274,6 +282,9 @@ class RunExecutor:
             keeper = asyncio.create_task(self._keep_lease())
             try:
                 outcome = await self._drive_task
+                if self._interrupted:
+                    # It failed because it was stopped: the stop's reason.
+                    outcome = self._stop
             except asyncio.CancelledError:
                 if self._stop is None:
                     raise
@@ -294,6 +305,7 @@ class RunExecutor:
     async def _drive(self) -> _Outcome:
         try:
             async with open_checkpointer(self.conninfo) as saver, model_http_client() as http_client:
+                self._saver = saver
                 graph = build_agent(
                     self.run.agent_id, model=self.run.model, checkpointer=saver, http_async_client=http_client
                 )
@@ -410,8 +422,23 @@ class RunExecutor:
                         log.info("run %s: cancel signal without cancel_requested in the database", self.run.id)
             if self._drive_task is not None:
                 self._drive_task.cancel()
+                await self._interrupt_if_stuck()
         finally:
             await listener.close()
+
+    async def _interrupt_if_stuck(self) -> None:
+        """The drive was cancelled (R-RUN-6) or lost its lease; a statement
+        of its checkpointer can still hold it, a State write waiting on a
+        lock of the checkpoint tables (a VACUUM FULL, a migration): after
+        :data:`STOP_GRACE_SECONDS` that statement is cancelled, so the run
+        ends now, not when the lock is released (its lease would expire
+        meanwhile, and the worker's slot stay taken)."""
+        done, _ = await asyncio.wait({self._drive_task}, timeout=STOP_GRACE_SECONDS)
+        if done or not isinstance(self._saver, ReconnectingPostgresSaver):
+            return
+        log.warning("run %s: still waiting on its checkpointer after the stop; cancelling its statement", self.run.id)
+        self._interrupted = True
+        await self._saver.interrupt()
 
     async def database_lost(self, exc: BaseException, *, retry_in: float) -> None:
         """An audit write of this run met an unreachable database and is

@@ -162,11 +162,6 @@ def test_an_error_on_a_good_connection_is_raised_at_once_not_retried(db_name, ca
     assert not [r for r in caplog.records if "attempt" in r.getMessage()], "no call was made again"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the checkpointer's connection has no lock or statement timeout: a cancel waits for a blocked"
-    " State write until the lock is released (the lease meanwhile expires); not fixed here",
-)
 def test_a_cancel_is_honoured_while_a_checkpoint_write_waits_on_a_lock_R_RUN_6(
     user, replay_models, db_name, monkeypatch
 ):
