@@ -269,6 +269,8 @@ class RunExecutor:
         # its running statement was cancelled to stop the drive.
         self._saver: Any = None
         self._interrupted = False
+        # Set once the drive has ended: the run is being finished.
+        self._ending = False
         # Monotonic time until which the lease is known to hold.
         self.lease_deadline = time.monotonic() + self.config.LEASE_TTL_SECONDS
         # Whether a failure cause waits in Redis for the sweeper.
@@ -277,6 +279,7 @@ class RunExecutor:
     async def execute(self) -> str:
         _current_run.set(self)
         await self.publisher.publish("run.status", {"status": Status.RUNNING})
+        keeper = None
         try:
             self._drive_task = asyncio.create_task(self._drive())
             keeper = asyncio.create_task(self._keep_lease())
@@ -289,12 +292,15 @@ class RunExecutor:
                 if self._stop is None:
                     raise
                 outcome = self._stop
-            finally:
+            # The keeper renews the lease until the terminal write is done,
+            # and acts on nothing it reads any more.
+            self._ending = True
+            return await self._finish(outcome)
+        finally:
+            if keeper is not None:
                 keeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await keeper
-            return await self._finish(outcome)
-        finally:
             # Sends the events still batched (the terminal one, published by
             # _finish after its transaction committed, last).
             await self.publisher.close()
@@ -390,14 +396,19 @@ class RunExecutor:
         cancel signal arrives (R-RUN-6; the database is the source of
         truth, the signal only wakes this loop). Stops the drive task —
         which aborts the model stream — when the run is to be cancelled,
-        the lease is gone (R-RUN-4) or the database keeps failing (R-RUN-8)."""
+        the lease is gone (R-RUN-4) or the database keeps failing (R-RUN-8).
+        Then, and once the drive has ended, it goes on renewing the lease
+        until it is cancelled after the terminal write
+        (:meth:`_hold_lease`)."""
         ttl = self.config.LEASE_TTL_SECONDS
         poll = min(1.0, ttl / 3)
         renewed_at = time.monotonic()
         listener = CancelSignalListener(self.lease.run_id, client=self.redis)
         try:
-            while self._stop is None:
+            while self._stop is None and not self._ending:
                 signalled = await listener.wait(poll)
+                if self._ending:
+                    break
                 try:
                     if time.monotonic() - renewed_at >= ttl / 3:
                         status = await write_with_retry(services.lease_renew, lease=self.lease, ttl_seconds=ttl)
@@ -410,6 +421,8 @@ class RunExecutor:
                             self._cause_left = False
                     else:
                         status = await write_with_retry(_run_status, lease=self.lease)
+                    if self._ending:
+                        break  # the drive ended meanwhile: its outcome stands
                 except LeaseError as exc:
                     self._stop = _Outcome(None, exc.code, str(exc))
                 except (AuditWriteFailed, AuditWriteRejected) as exc:
@@ -420,11 +433,34 @@ class RunExecutor:
                         await self.publisher.publish("run.status", {"status": Status.CANCEL_REQUESTED})
                     elif signalled:
                         log.info("run %s: cancel signal without cancel_requested in the database", self.run.id)
-            if self._drive_task is not None:
-                self._drive_task.cancel()
-                await self._interrupt_if_stuck()
         finally:
             await listener.close()
+        if self._stop is not None and self._drive_task is not None:
+            self._drive_task.cancel()
+            await asyncio.gather(self._interrupt_if_stuck(), self._hold_lease(renewed_at))
+        else:
+            await self._hold_lease(renewed_at)
+
+    async def _hold_lease(self, renewed_at: float) -> None:
+        """Renew the lease every third of its TTL while the run ends — its
+        drive winding down after a stop, its terminal write (retried while
+        the lease lasts) — so that it does not lapse meanwhile and leave the
+        run to the sweeper, without its final State (R-RUN-7). Ends at the
+        first failure: a lease that is gone (the terminal transaction
+        released it, or another owner holds it) or a database that does not
+        answer, which the terminal write's own retries then meet."""
+        if self._stop is not None and self._stop.status is None:
+            return  # the lease is gone
+        ttl = self.config.LEASE_TTL_SECONDS
+        while True:
+            await asyncio.sleep(max(0.0, renewed_at + ttl / 3 - time.monotonic()))
+            try:
+                await write_with_retry(services.lease_renew, lease=self.lease, ttl_seconds=ttl)
+            except (LeaseError, AuditWriteFailed, AuditWriteRejected) as exc:
+                log.info("run %s: lease no longer renewed while it ends: %s", self.run.id, exc)
+                return
+            renewed_at = time.monotonic()
+            self.lease_deadline = renewed_at + ttl
 
     async def _interrupt_if_stuck(self) -> None:
         """The drive was cancelled (R-RUN-6) or lost its lease; a statement
