@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import math
 import os
 import socket
 import time
@@ -269,8 +270,9 @@ class RunExecutor:
         # its running statement was cancelled to stop the drive.
         self._saver: Any = None
         self._interrupted = False
-        # Set once the drive has ended: the run is being finished.
+        # Set once the drive has ended: the run is being finished (since).
         self._ending = False
+        self._finish_began = math.inf
         # Monotonic time until which the lease is known to hold.
         self.lease_deadline = time.monotonic() + self.config.LEASE_TTL_SECONDS
         # Whether a failure cause waits in Redis for the sweeper.
@@ -506,7 +508,15 @@ class RunExecutor:
                 message=f"the database was unreachable until the lease expired: {_last_database_error['text']}",
             )
 
+    def _terminal_retries_over(self) -> bool:
+        """Whether a failed terminal write may not be tried again: the lease
+        ends within a second, or one lease TTL has passed since the first
+        try (the keeper renews the lease meanwhile, so the lease alone would
+        not bound a write that keeps failing while the database answers)."""
+        return time.monotonic() + 1.0 >= min(self.lease_deadline, self._finish_began + self.config.LEASE_TTL_SECONDS)
+
     async def _finish(self, outcome: _Outcome) -> str:
+        self._finish_began = time.monotonic()
         if outcome.status is None:
             self._leave_cause_if_database_was_lost(outcome.error_type)
             return "lease_lost"
@@ -533,7 +543,7 @@ class RunExecutor:
                 # The terminal write is the one that must not be lost: keep
                 # trying while the lease lasts (bounded), then leave the run
                 # to the lease sweeper (R-RUN-7, R-RUN-8).
-                if time.monotonic() + 1.0 >= self.lease_deadline:
+                if self._terminal_retries_over():
                     log.error("run %s terminal write failed; the lease sweeper will end it: %s", self.run.id, exc)
                     # The sweeper names this cause, not lease_expired.
                     failure_cause_send(run_id=self.run.id, error_type=exc.code, message=exc.message)
@@ -589,7 +599,7 @@ class RunExecutor:
                 log.error("run %s fallback write refused; the sweeper will end it: %s", self.run.id, refused)
                 return None
             except AuditWriteFailed as write_exc:
-                if time.monotonic() + 1.0 >= self.lease_deadline:
+                if self._terminal_retries_over():
                     log.error("run %s fallback write failed; the sweeper will end it: %s", self.run.id, write_exc)
                     return None
                 await asyncio.sleep(0.5)
