@@ -260,6 +260,11 @@ def _earlier_run_exists() -> Exists:
     )
 
 
+def _other_turns(thread_id, turn_id):
+    """The runs of the thread's other turns."""
+    return AgentRun.objects.filter(thread_id=thread_id).exclude(turn_id=turn_id).order_by()
+
+
 def _other_turns_finished() -> Subquery:
     """When the last run of the outer run's thread's other turns ended (null
     if none has). A run's recorded start is never before it: the clock is
@@ -268,9 +273,7 @@ def _other_turns_finished() -> Subquery:
     recorded times then still show the thread's turns one after the other
     (R-RUN-2)."""
     return Subquery(
-        AgentRun.objects.filter(thread_id=OuterRef("thread_id"))
-        .exclude(turn_id=OuterRef("turn_id"))
-        .order_by()
+        _other_turns(OuterRef("thread_id"), OuterRef("turn_id"))
         .values("thread_id")
         .annotate(last=Max("finished_at"))
         .values("last")
@@ -284,7 +287,7 @@ def _acquire_checked(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now
     with transaction.atomic():
         run = (
             AgentRun.objects.select_for_update(no_key=True, of=("self",))
-            .annotate(thread_has_earlier_run=_earlier_run_exists(), others_finished=_other_turns_finished())
+            .annotate(thread_has_earlier_run=_earlier_run_exists())
             .filter(pk=run_id)
             .first()
         )
@@ -299,7 +302,11 @@ def _acquire_checked(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now
         run.lease_owner = owner
         run.fencing_token += 1
         run.lease_expires_at = expires_at
-        run.started_at = run.started_at or max(now, run.others_finished or now)
+        # Read once the row is locked: the statement that locked it saw the
+        # snapshot taken before it waited for the lock, the blocking check
+        # above a later one (a turn that ended meanwhile is over for it).
+        others_finished = _other_turns(run.thread_id, run.turn_id).aggregate(last=Max("finished_at"))["last"]
+        run.started_at = run.started_at or max(now, others_finished or now)
         run.save(
             update_fields=["status", "lease_owner", "fencing_token", "lease_expires_at", "started_at", "updated_at"]
         )

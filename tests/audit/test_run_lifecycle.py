@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 
+import psycopg
 import pytest
 import redis
 from django.conf import settings
@@ -235,6 +236,39 @@ def test_a_later_turn_is_never_recorded_as_started_before_the_turn_it_waited_for
         )
     row.refresh_from_db()
     assert row.status == "running" and row.started_at == first.finished_at
+
+
+def test_a_run_whose_row_lock_was_waited_for_never_starts_before_the_turn_that_ended_meanwhile_R_RUN_2(thread, db_name):
+    """The full check locks the pending run's row; its statement reads the
+    snapshot taken before it waited for the lock, the blocking check after
+    it a later one. A turn that ends while the lock is waited for is over
+    for the check, and must be over for the recorded start too."""
+    first, second = make_run(thread, text="first"), make_run(thread, text="second")
+    lease = acquire(first)
+    clock_read = timezone.now()
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as holder:
+        # Someone holds the second run's row (the dispatcher, a cancel...).
+        holder.execute("SELECT 1 FROM audit_agentrun WHERE id = %s FOR NO KEY UPDATE", [second.id])
+        waiter, result = _in_thread(
+            _acquire_checked,
+            run_id=second.id,
+            owner="worker-b",
+            expires_at=clock_read + dt.timedelta(seconds=60),
+            now=clock_read,
+        )
+        deadline = time.monotonic() + 10
+        while not holder.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone():
+            assert time.monotonic() < deadline and waiter.is_alive(), result
+            time.sleep(0.01)
+        services.run_finish(lease=lease, status="completed")  # the first turn ends meanwhile
+        holder.rollback()
+    waiter.join(10)
+    assert "value" in result, result
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert second.status == "running" and second.started_at == first.finished_at
 
 
 def test_runs_of_different_threads_proceed_in_parallel_R_RUN_2(thread):
