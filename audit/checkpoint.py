@@ -165,24 +165,35 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
         """Close the connection for good (the run is over): a call that
         comes later — a background write still retrying when its run's
         checkpointer was closed — fails as on a closed connection and opens
-        no new one, which nobody would close."""
+        no new one, which nobody would close. A statement still running is
+        ended first (:meth:`interrupt`)."""
+        import psycopg
+
+        if not self.conn.closed and self.conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE:
+            # A State write still runs (its run ended on its own, say on a
+            # takeover, while the write waits on a lock).
+            await self.interrupt()
+            return
         self._closed = True
         await self.conn.close()
 
     async def interrupt(self) -> None:
-        """Cancel the statement the connection is running, if any, and close
-        it for good (the run was stopped while a write of its State waits,
-        on a lock say). That write fails (``QueryCanceled``) and so do the
-        writes queued behind it, at once, none made again: the run ends now
-        instead of when the lock is released. Cancelled before it is closed:
-        a closed client alone leaves the server's statement waiting, to
-        write the State of an ended run once the lock is released. Never
-        raises."""
+        """End the connection's server session, then close it for good (the
+        run was stopped, or ended, while a write of its State waits — on a
+        lock say). That write fails and so do the writes queued behind it,
+        at once, none made again: the run ends now instead of when the lock
+        is released. The session is ended, not only its statement cancelled
+        nor the client closed: LangGraph pipelines a State write as several
+        statements, each committed on its own, and a cancel stops only the
+        running one, a closed client none — the others would still write
+        the State of an ended run once the lock goes. Never raises."""
         self._closed = True
         try:
-            await self.conn.cancel_safe(timeout=5)
-        except Exception as exc:  # a broken or closed connection: nothing runs
-            log.warning("checkpointer: the running statement could not be cancelled: %s", exc)
+            pid = self.conn.info.backend_pid
+            async with await _connect(self._conninfo, connect_timeout=5) as other:
+                await other.execute("SELECT pg_terminate_backend(%s)", [pid])
+        except Exception as exc:  # a broken connection, or the database down: nothing runs
+            log.warning("checkpointer: its session could not be ended: %s", exc)
         with contextlib.suppress(Exception):
             await self.conn.close()
 

@@ -42,9 +42,10 @@ def _kill(db_name, pids) -> None:
 @contextlib.contextmanager
 def _state_write_blocked(user, db_name, model: str, *, owner: str | None):
     """A run of ``model`` executed (by ``owner``) in a thread, yielded as
-    ``(run, worker thread, result dict)`` once LangGraph's write of its
-    State waits on a lock of the checkpoint tables (taken while its first
-    model call streams); the lock is released when the block ends."""
+    ``(run, worker thread, result dict, the connection holding the lock)``
+    once LangGraph's write of its State waits on a lock of the checkpoint
+    tables (taken while its first model call streams); the lock is
+    released when the block ends."""
     import time
 
     from conversations.models import Message
@@ -72,9 +73,28 @@ def _state_write_blocked(user, db_name, model: str, *, owner: str | None):
                 assert time.monotonic() < deadline and worker.is_alive(), result
                 time.sleep(0.01)
         try:
-            yield run, worker, result
+            yield run, worker, result, holder
         finally:
             holder.rollback()
+
+
+def _state_rows(conn, thread_id) -> tuple[int, int, int]:
+    """The thread's rows in the checkpoint tables (checkpoints, writes,
+    blobs), read on ``conn`` (the lock holder's, while it holds them)."""
+    return tuple(
+        conn.execute(f"SELECT count(*) FROM {table} WHERE thread_id = %s", [str(thread_id)]).fetchone()[0]
+        for table in ("checkpoints", "checkpoint_writes", "checkpoint_blobs")
+    )
+
+
+def _state_rows_once_unlocked(db_name, thread_id) -> tuple[int, int, int]:
+    """:func:`_state_rows` after the lock went, once a State write it held
+    would have had time to commit."""
+    import time
+
+    time.sleep(3.0)
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres", autocommit=True) as conn:
+        return _state_rows(conn, thread_id)
 
 
 def _config(thread_id: str, checkpoint_id: str | None = None) -> dict:
@@ -178,20 +198,26 @@ def test_a_cancel_is_honoured_while_a_checkpoint_write_waits_on_a_lock_R_RUN_6(
     worker waiting on the lock while the lease runs out. The lease here is
     shorter than the wait before the stuck write is cancelled: the worker
     keeps renewing it while the run ends, so its own terminal write ends
-    the run (no sweeper runs here), not an expiry (R-RUN-7)."""
+    the run (no sweeper runs here), not an expiry (R-RUN-7). No State of
+    the ended run is written once the lock goes: LangGraph pipelines a
+    State write as several statements committed one by one, and cancelling
+    the running one let the next commit (1 run in 3)."""
     from audit import services
     from audit.models import AgentRun
     from audit.runner import STOP_GRACE_SECONDS
     from yuxi_project.config import get_config
 
     monkeypatch.setattr(get_config(), "LEASE_TTL_SECONDS", STOP_GRACE_SECONDS * 0.75)
-    with _state_write_blocked(user, db_name, "replay:tool_then_slow_answer", owner=None) as (run, worker, result):
+    blocked = _state_write_blocked(user, db_name, "replay:tool_then_slow_answer", owner=None)
+    with blocked as (run, worker, result, holder):
         services.run_request_cancel(user=user, run_id=run.id)
         worker.join(10)
         ended_in_time = not worker.is_alive()
+        at_end = _state_rows(holder, run.thread_id)
     worker.join(60)
     assert ended_in_time, "the cancelled run's worker still waited on the checkpoint lock after 10 s"
     assert result["status"] == "cancelled", result
+    assert _state_rows_once_unlocked(db_name, run.thread_id) == at_end, "State written after the run ended"
     run = AgentRun.objects.get(pk=run.id)
     assert (run.status, run.error_type, run.error_message) == ("cancelled", "cancelled", "cancelled on request")
 
@@ -204,21 +230,22 @@ def test_a_run_stopped_by_a_failed_audit_write_leaves_no_checkpointer_connection
     write of its State still waits (a lock on the checkpoint tables). The
     run's checkpointer is closed as the drive ends; the write, failing on
     the closed connection, must not reopen one — which nobody would close,
-    and through which the State of an ended run would still be written."""
-    import time
-
+    and through which the State of an ended run would still be written. Nor
+    may the waiting write itself commit once the lock goes: closing the
+    client leaves the server's statement waiting (R-RUN-4: the old owner
+    writes nothing after the takeover)."""
     from django.db.models import F
 
     from audit.models import AgentRun
 
     blocked = _state_write_blocked(user, db_name, "replay:slow_tool_then_answer", owner="worker-old")
-    with blocked as (run, worker, result):
+    with blocked as (run, worker, result, holder):
         # Taken over: the next fenced audit write raises in the drive.
         AgentRun.objects.filter(pk=run.id).update(lease_owner="worker-new", fencing_token=F("fencing_token") + 1)
         worker.join(30)
         assert result.get("status") == "lease_lost", result
-        time.sleep(1.0)
-    time.sleep(2.0)
+        at_end = _state_rows(holder, run.thread_id)
+    assert _state_rows_once_unlocked(db_name, run.thread_id) == at_end, "the old owner's State written after its end"
     assert _checkpointer_pids(db_name) == [], "a checkpointer connection outlived its run"
 
 
