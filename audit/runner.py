@@ -277,6 +277,7 @@ class RunExecutor:
         self.lease_deadline = time.monotonic() + self.config.LEASE_TTL_SECONDS
         # Whether a failure cause waits in Redis for the sweeper.
         self._cause_left = False
+        self._cause_lock = asyncio.Lock()
 
     async def execute(self) -> str:
         _current_run.set(self)
@@ -414,13 +415,7 @@ class RunExecutor:
                 try:
                     if time.monotonic() - renewed_at >= ttl / 3:
                         status = await write_with_retry(services.lease_renew, lease=self.lease, ttl_seconds=ttl)
-                        renewed_at = time.monotonic()
-                        self.lease_deadline = renewed_at + ttl
-                        if self._cause_left:
-                            # The database is back in time: a later expiry
-                            # (this worker killed) is not this outage's.
-                            await asyncio.to_thread(failure_cause_clear, run_id=self.run.id)
-                            self._cause_left = False
+                        renewed_at = await self._renewed()
                     else:
                         status = await write_with_retry(_run_status, lease=self.lease)
                     if self._ending:
@@ -454,15 +449,34 @@ class RunExecutor:
         if self._stop is not None and self._stop.status is None:
             return  # the lease is gone
         ttl = self.config.LEASE_TTL_SECONDS
+        # A stopped drive that does not end (held by something no interrupt
+        # frees) must not keep the run from ending: the lease is then left
+        # to expire, and the sweeper ends the run.
+        wind_down_until = time.monotonic() + STOP_GRACE_SECONDS + ttl
         while True:
             await asyncio.sleep(max(0.0, renewed_at + ttl / 3 - time.monotonic()))
+            if not self._ending and time.monotonic() > wind_down_until:
+                log.error("run %s: its drive did not end after the stop; its lease is left to expire", self.run.id)
+                return
             try:
                 await write_with_retry(services.lease_renew, lease=self.lease, ttl_seconds=ttl)
             except (LeaseError, AuditWriteFailed, AuditWriteRejected) as exc:
                 log.info("run %s: lease no longer renewed while it ends: %s", self.run.id, exc)
                 return
-            renewed_at = time.monotonic()
-            self.lease_deadline = renewed_at + ttl
+            renewed_at = await self._renewed()
+
+    async def _renewed(self) -> float:
+        """After a successful renewal: the lease's new deadline, and the
+        failure cause left during an outage taken back — the database came
+        back in time, so a later expiry (this worker killed) is not the
+        outage's. Returns the renewal's time (monotonic)."""
+        renewed_at = time.monotonic()
+        self.lease_deadline = renewed_at + self.config.LEASE_TTL_SECONDS
+        if self._cause_left:
+            async with self._cause_lock:
+                await asyncio.to_thread(failure_cause_clear, run_id=self.run.id)
+                self._cause_left = False
+        return renewed_at
 
     async def _interrupt_if_stuck(self) -> None:
         """The drive was cancelled (R-RUN-6) or lost its lease; a statement
@@ -488,13 +502,16 @@ class RunExecutor:
         horizon = retry_in + worker_connection_wait(self.config) + 1.0
         if self._cause_left or time.monotonic() + horizon < self.lease_deadline:
             return
-        self._cause_left = True
-        await asyncio.to_thread(
-            failure_cause_send,
-            run_id=self.run.id,
-            error_type=AuditWriteFailed.code,
-            message=f"the database was unreachable while the lease ran out: {type(exc).__name__}: {exc}",
-        )
+        # One at a time with the taking back (:meth:`_renewed`): a cause sent
+        # after it was taken back would stay.
+        async with self._cause_lock:
+            await asyncio.to_thread(
+                failure_cause_send,
+                run_id=self.run.id,
+                error_type=AuditWriteFailed.code,
+                message=f"audit writes were failing while the lease ran out: {type(exc).__name__}: {exc}",
+            )
+            self._cause_left = True
 
     def _leave_cause_if_database_was_lost(self, code: str) -> None:
         """The lease expired while the database was unreachable: leave the

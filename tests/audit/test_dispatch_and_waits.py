@@ -4,27 +4,21 @@ The same faults on real processes: ``tests/faults``."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime as dt
 import threading
 import time
 
 import pytest
-from django.db import connections, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from audit import services
-from audit.causes import failure_cause_send, failure_causes
-from audit.checkpoint import postgres_conninfo
+from audit.causes import failure_cause_send
 from audit.dispatch import runs_dispatch
-from audit.errors import AuditWriteFailed, RunBusy
+from audit.errors import RunBusy
 from audit.models import AgentRun, RunCancelRequest
-from audit.runner import RunExecutor, _current_run, write_with_retry
-from audit.services.runs import run_acquire_with_row
 from conversations.models import Conversation
 from tests.conftest import acquire, make_run
-from tests.e2e.stack import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -141,55 +135,3 @@ def test_the_sweeper_names_the_cause_the_worker_left_and_honours_a_cancel_R_RUN_
     assert ended[lost.id] == ("failed", "audit_write_failed")
     assert ended[cancelled.id] == ("cancelled", "cancelled")
     assert ended[crashed.id] == ("failed", "lease_expired")
-
-
-def _unreachable_write(**_kwargs) -> None:
-    """An audit write whose database does not answer: a connection to a
-    port nobody listens on (Django's OperationalError, as in an outage)."""
-    default = connections["default"]
-    options = {k: v for k, v in default.settings_dict["OPTIONS"].items() if k != "pool"}
-    dead = type(default)({**default.settings_dict, "PORT": free_port(), "OPTIONS": options}, alias="unreachable")
-    try:
-        dead.ensure_connection()
-    finally:
-        dead.close()
-
-
-def test_a_write_failing_while_the_lease_runs_out_leaves_the_cause_before_it_expires_R_RUN_8(thread):
-    """A short outage: the database is back after the lease expired, and the
-    sweeper may reach the run before its worker's next attempt does. The
-    worker left the cause while it still held the lease, so the run ends
-    ``audit_write_failed``, not ``lease_expired``; a renewal that succeeds
-    in time takes the cause back (a later expiry is not this outage's)."""
-    run = make_run(thread)
-    lease, row = run_acquire_with_row(run_id=run.id, owner="worker-a", ttl_seconds=60)
-    executor = RunExecutor(lease=lease, run=row, conninfo=postgres_conninfo())
-
-    async def failing_write(*, lease_left: float) -> None:
-        _current_run.set(executor)
-        executor.lease_deadline = time.monotonic() + lease_left
-        with pytest.raises(AuditWriteFailed):
-            await write_with_retry(_unreachable_write)
-
-    asyncio.run(failing_write(lease_left=600))
-    assert failure_causes([run.id]) == {}, "far from expiry: nothing left yet"
-    asyncio.run(failing_write(lease_left=1))
-    assert failure_causes([run.id])[run.id][0] == "audit_write_failed"
-
-    async def renew_once() -> None:
-        executor.config = executor.config.model_copy(update={"LEASE_TTL_SECONDS": 0.9})
-        keeper = asyncio.create_task(executor._keep_lease())
-        await asyncio.sleep(0.8)
-        keeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await keeper
-        await executor.redis.aclose()
-
-    asyncio.run(renew_once())
-    assert failure_causes([run.id]) == {}, "the renewal succeeded: the cause is taken back"
-    asyncio.run(failing_write(lease_left=1))
-    swept = services.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(seconds=120))
-    assert swept == [run.id]
-    run.refresh_from_db()
-    assert (run.status, run.error_type) == ("failed", "audit_write_failed")
-    assert "unreachable while the lease ran out" in run.error_message
