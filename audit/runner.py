@@ -72,8 +72,8 @@ warnings.filterwarnings("ignore", message="The v3 streaming protocol on Pregel i
 
 Status = AgentRun.Status
 
-#: Seconds a stopped run's drive may take to end before the statement its
-#: checkpointer is waiting on is cancelled.
+#: Seconds a stopped run's drive may take to end before its checkpointer's
+#: session, a State write of which holds it, is ended.
 STOP_GRACE_SECONDS = 2.0
 
 
@@ -267,7 +267,7 @@ class RunExecutor:
         self._stop: _Outcome | None = None
         self._drive_task: asyncio.Task | None = None
         # The run's checkpointer while the drive has one open, and whether
-        # its running statement was cancelled to stop the drive.
+        # its session was ended to stop the drive.
         self._saver: Any = None
         self._interrupted = False
         # Set once the drive has ended: the run is being finished (since).
@@ -482,19 +482,20 @@ class RunExecutor:
         """The drive was cancelled (R-RUN-6) or lost its lease; a statement
         of its checkpointer can still hold it, a State write waiting on a
         lock of the checkpoint tables (a VACUUM FULL, a migration): after
-        :data:`STOP_GRACE_SECONDS` that statement is cancelled, so the run
-        ends now, not when the lock is released (its lease would expire
-        meanwhile, and the worker's slot stay taken)."""
+        :data:`STOP_GRACE_SECONDS` the checkpointer's session is ended
+        (:meth:`ReconnectingPostgresSaver.interrupt`), so the run ends now,
+        not when the lock is released (the worker's slot would stay taken
+        until then)."""
         done, _ = await asyncio.wait({self._drive_task}, timeout=STOP_GRACE_SECONDS)
         if done or not isinstance(self._saver, ReconnectingPostgresSaver):
             return
-        log.warning("run %s: still waiting on its checkpointer after the stop; cancelling its statement", self.run.id)
+        log.warning("run %s: still waiting on its checkpointer after the stop; ending its session", self.run.id)
         self._interrupted = True
         await self._saver.interrupt()
 
     async def database_lost(self, exc: BaseException, *, retry_in: float) -> None:
-        """An audit write of this run met an unreachable database and is
-        retried in ``retry_in`` seconds. When the lease may run out before
+        """An audit write of this run failed on a database error that is
+        retried (unreachable, a lock timeout), in ``retry_in`` seconds. When the lease may run out before
         that retry can end (it waits up to one connection wait), leave the
         cause now, while the run still holds its lease: the database may be
         back and the sweeper first once it has expired, and it would then
