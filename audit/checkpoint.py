@@ -139,6 +139,40 @@ def retry_delay(attempt: int) -> float:
     return min(2.0, 0.1 * 2**attempt)
 
 
+#: How long closing a connection waits for the statement running on it to
+#: end (seconds); its session was ended first, so it ends at once unless
+#: the database is unreachable.
+CLOSE_WAIT_SECONDS = 2.0
+
+
+def _active(conn) -> bool:
+    import psycopg
+
+    return conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE
+
+
+async def _close_when_free(conn) -> None:
+    """Close ``conn`` once no statement runs on it, waiting at most
+    :data:`CLOSE_WAIT_SECONDS`. Never raises.
+
+    A connection may not be closed under a statement that waits on it:
+    psycopg holds the connection's lock while it waits for results, and
+    its C fetch keeps libpq's connection pointer across the wait, so
+    freeing the connection (``close``) under it makes the resumed fetch
+    read freed memory — the worker process dies of a segmentation fault.
+    A statement that does not end in time keeps its connection, freed when
+    the statement gives it up."""
+    if conn.closed:
+        return
+    try:
+        async with asyncio.timeout(CLOSE_WAIT_SECONDS), conn.lock:
+            await conn.close()
+    except TimeoutError:
+        log.warning("checkpointer: a statement still runs on its connection; left to end on its own")
+    except Exception as exc:  # noqa: BLE001 - closing a broken connection
+        log.warning("checkpointer: closing its connection failed: %s", exc)
+
+
 class ReconnectingPostgresSaver(AsyncPostgresSaver):
     """LangGraph's ``AsyncPostgresSaver`` on one connection per run that is
     replaced when it breaks: a database restart or a dropped connection in
@@ -165,17 +199,14 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
         """Close the connection for good (the run is over): a call that
         comes later — a background write still retrying when its run's
         checkpointer was closed — fails as on a closed connection and opens
-        no new one, which nobody would close. A statement still running is
-        ended first (:meth:`interrupt`)."""
-        import psycopg
-
-        if not self.conn.closed and self.conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE:
-            # A State write still runs (its run ended on its own, say on a
-            # takeover, while the write waits on a lock).
-            await self.interrupt()
-            return
+        no new one, which nobody would close. A statement still running (a
+        State write of a run that ended on its own, say on a takeover, while
+        the write waits on a lock) is ended first, as by :meth:`interrupt`.
+        Never raises."""
         self._closed = True
-        await self.conn.close()
+        if not self.conn.closed and (self.conn.lock.locked() or _active(self.conn)):
+            await self._end_session()
+        await _close_when_free(self.conn)
 
     async def interrupt(self) -> None:
         """End the connection's server session, then close it for good (the
@@ -188,14 +219,17 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
         running one, a closed client none — the others would still write
         the State of an ended run once the lock goes. Never raises."""
         self._closed = True
+        if not self.conn.closed:
+            await self._end_session()
+        await _close_when_free(self.conn)
+
+    async def _end_session(self) -> None:
         try:
             pid = self.conn.info.backend_pid
             async with await _connect(self._conninfo, connect_timeout=5) as other:
                 await other.execute("SELECT pg_terminate_backend(%s)", [pid])
         except Exception as exc:  # a broken connection, or the database down: nothing runs
             log.warning("checkpointer: its session could not be ended: %s", exc)
-        with contextlib.suppress(Exception):
-            await self.conn.close()
 
     async def _reconnect_if_broken(self) -> None:
         # Under the saver's own lock: writes of one run go out from several
@@ -208,8 +242,7 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
                 await new.close()
                 return
             old, self.conn = self.conn, new
-        with contextlib.suppress(Exception):
-            await old.close()
+        await _close_when_free(old)
 
     def _lost(self) -> bool:
         """Whether the last error came from a connection that is gone (and

@@ -288,3 +288,37 @@ def test_a_checkpointer_write_outlasts_an_outage_an_audit_write_outlasts_R_RUN_8
         time.sleep(1.6)
         allow(True)
     assert took >= 1.4
+
+
+@pytest.mark.parametrize("close", ["interrupt", "aclose"])
+def test_closing_a_checkpointer_under_a_waiting_state_write_does_not_kill_the_process_R_RUN_6(db_name, close):
+    """A stopped run's checkpointer is interrupted, an ended run's closed,
+    while a write of its State waits on a lock: the connection must not be
+    freed under the waiting fetch (psycopg's C fetch keeps libpq's pointer
+    across the wait), which killed the worker — and CI's pytest — with a
+    segmentation fault. In a process of its own, with freed memory
+    overwritten (``MALLOC_PERTURB_``) so a use after free crashes every
+    time."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    conninfo = postgres_conninfo()
+    connection.close()
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.audit.close_under_a_wait", close, conninfo, "3"],
+        cwd=Path(__file__).resolve().parents[2],
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "yuxi_project.settings",
+            "MALLOC_PERTURB_": "165",
+            "PYTHONFAULTHANDLER": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-3000:]}"
+    assert _checkpointer_pids(db_name) == []
