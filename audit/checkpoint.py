@@ -160,8 +160,10 @@ async def _close_when_free(conn) -> None:
     its C fetch keeps libpq's connection pointer across the wait, so
     freeing the connection (``close``) under it makes the resumed fetch
     read freed memory — the worker process dies of a segmentation fault.
-    A statement that does not end in time keeps its connection, freed when
-    the statement gives it up."""
+    A statement that does not end in time (its session could not be
+    ended: the database unreachable) keeps its connection open; the saver
+    stays marked closed, so nothing reconnects, and ``aclose`` at the run's
+    end tries again."""
     if conn.closed:
         return
     try:
