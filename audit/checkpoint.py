@@ -12,12 +12,25 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import psycopg
 from django.db import connections
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg.conninfo import make_conninfo
 
 log = logging.getLogger(__name__)
+
+
+class CheckpointerClosed(psycopg.OperationalError):
+    """Raised by a call of a :class:`ReconnectingPostgresSaver` that was
+    closed (:meth:`~ReconnectingPostgresSaver.aclose`) or interrupted
+    (:meth:`~ReconnectingPostgresSaver.interrupt`): the run is over, its
+    State is written no more. A psycopg ``OperationalError``, as a call on
+    a closed connection raises, so callers handle both alike (R-RUN-6)."""
+
+    def __init__(self) -> None:
+        super().__init__("the run's checkpointer is closed")
+
 
 _memory_saver = InMemorySaver()
 
@@ -67,7 +80,6 @@ CHECKPOINTER_APPLICATION_NAME = "yuxi-checkpointer"
 
 
 async def _connect(conninfo: str, **kwargs: Any):
-    import psycopg
     from psycopg.rows import dict_row
 
     # The options LangGraph's own from_conn_string uses.
@@ -88,7 +100,6 @@ async def _connect_waiting(conninfo: str):
     checkpointer would give up on an outage (a restart) after its backoff
     alone (0.6 s with three attempts) where the audit writes of the same
     run outlast it."""
-    import psycopg
 
     from yuxi_project.config import get_config
     from yuxi_project.db import worker_connection_wait
@@ -115,7 +126,6 @@ async def _retried[T](
     the audit writes' backoff, at most ``AUDIT_WRITE_ATTEMPTS`` times;
     ``before_retry`` runs before each new attempt (a failure there counts as
     that attempt's). Any other error is raised at once."""
-    import psycopg
 
     from yuxi_project.config import get_config
 
@@ -146,7 +156,6 @@ CLOSE_WAIT_SECONDS = 2.0
 
 
 def _active(conn) -> bool:
-    import psycopg
 
     return conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE
 
@@ -161,16 +170,33 @@ async def _close_when_free(conn) -> None:
     freeing the connection (``close``) under it makes the resumed fetch
     read freed memory — the worker process dies of a segmentation fault.
     A statement that does not end in time (its session could not be
-    ended: the database unreachable) keeps its connection open; the saver
-    stays marked closed, so nothing reconnects, and ``aclose`` at the run's
-    end tries again."""
+    ended: the database unreachable) keeps its connection until it ends:
+    a task closes the connection then, before any call queued behind it
+    (psycopg's lock is first come, first served), and the saver refuses
+    new calls meanwhile (:class:`CheckpointerClosed`)."""
     if conn.closed:
         return
     try:
         async with asyncio.timeout(CLOSE_WAIT_SECONDS), conn.lock:
             await conn.close()
     except TimeoutError:
-        log.warning("checkpointer: a statement still runs on its connection; left to end on its own")
+        log.warning("checkpointer: a statement still runs on its connection; it is closed once that ends")
+        task = asyncio.get_running_loop().create_task(_close_once_free(conn))
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+    except Exception as exc:  # noqa: BLE001 - closing a broken connection
+        log.warning("checkpointer: closing its connection failed: %s", exc)
+
+
+#: Connections being closed in the background (a strong reference each, so
+#: the tasks are not collected before they ran).
+_closing: set[asyncio.Task] = set()
+
+
+async def _close_once_free(conn) -> None:
+    try:
+        async with conn.lock:
+            await conn.close()
     except Exception as exc:  # noqa: BLE001 - closing a broken connection
         log.warning("checkpointer: closing its connection failed: %s", exc)
 
@@ -190,6 +216,10 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
     commit before its connection broke is written again unchanged. Another
     error (the connection still good) is raised at once. The other methods
     (listing, pruning, deleting) are LangGraph's own, not retried.
+
+    Once closed or interrupted, every call raises
+    :class:`CheckpointerClosed` at once, even while a statement that could
+    not be ended still holds the connection.
     """
 
     def __init__(self, conn, *, conninfo: str, **kwargs: Any):
@@ -254,7 +284,12 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
         return not self._closed and (self.conn.closed or self.conn.broken)
 
     async def _again(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        return await _retried(call, before_retry=self._reconnect_if_broken, lost=self._lost)
+        async def unless_closed() -> Any:
+            if self._closed:
+                raise CheckpointerClosed
+            return await call()
+
+        return await _retried(unless_closed, before_retry=self._reconnect_if_broken, lost=self._lost)
 
     async def aget_tuple(self, config):
         return await self._again(lambda: super(ReconnectingPostgresSaver, self).aget_tuple(config))

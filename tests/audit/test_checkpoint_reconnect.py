@@ -33,6 +33,17 @@ def _checkpointer_pids(db_name) -> list[int]:
         ]
 
 
+def _waiting_on_a_lock(db_name) -> bool:
+    with _admin(db_name) as admin:
+        return bool(
+            admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
+                " AND wait_event_type = 'Lock'",
+                [db_name, CHECKPOINTER_APPLICATION_NAME],
+            ).fetchone()
+        )
+
+
 def _kill(db_name, pids) -> None:
     with _admin(db_name) as admin:
         for pid in pids:
@@ -322,3 +333,69 @@ def test_closing_a_checkpointer_under_a_waiting_state_write_does_not_kill_the_pr
     )
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-3000:]}"
     assert _checkpointer_pids(db_name) == []
+
+
+def test_an_interrupted_checkpointer_refuses_calls_while_a_statement_it_could_not_end_runs_R_RUN_6(db_name):
+    """``interrupt()`` cannot end the session of a State write waiting on a
+    lock when the database refuses connections (a restart, a partition):
+    after its wait the statement keeps its connection. A call made after
+    ``interrupt()`` must fail at once (the run is over) instead of queueing
+    behind that statement and writing once the lock goes; and the
+    connection is closed as soon as the statement ends, not left open."""
+    import time
+
+    from audit.checkpoint import CheckpointerClosed
+
+    conninfo = postgres_conninfo()
+    connection.close()
+    thread_id = str(uuid.uuid4())
+
+    def allow(allowed: bool) -> None:
+        with _admin(db_name) as admin:
+            admin.execute(f'ALTER DATABASE "{db_name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+
+    async def scenario():
+        async with open_checkpointer(conninfo) as saver:
+            saved = await saver.aput(_config(thread_id), empty_checkpoint(), {"step": 0}, {})
+            holder = await psycopg.AsyncConnection.connect(dbname=db_name, host="127.0.0.1", user="postgres")
+            await holder.execute("LOCK TABLE checkpoint_writes IN ACCESS EXCLUSIVE MODE")
+            waiting = asyncio.create_task(saver.aput_writes(saved, [("waiting", 1)], task_id="waiting"))
+            while not await asyncio.to_thread(_waiting_on_a_lock, db_name):
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(allow, False)
+            try:
+                await saver.interrupt()
+                began = time.monotonic()
+                late_error = None
+                try:
+                    await asyncio.wait_for(saver.aput_writes(saved, [("late", 1)], task_id="late"), 1.0)
+                except (CheckpointerClosed, TimeoutError) as exc:
+                    late_error = exc
+                refused_in = time.monotonic() - began
+                open_while_waiting = not saver.conn.closed
+            finally:
+                await asyncio.to_thread(allow, True)
+            await holder.rollback()
+            await holder.close()
+            with contextlib.suppress(psycopg.OperationalError):
+                await waiting
+            for _ in range(100):
+                if saver.conn.closed:
+                    break
+                await asyncio.sleep(0.02)
+            closed_after = saver.conn.closed
+        return late_error, refused_in, open_while_waiting, closed_after
+
+    try:
+        late_error, refused_in, open_while_waiting, closed_after = asyncio.run(scenario())
+    finally:
+        allow(True)
+    assert open_while_waiting, "the statement's session was ended after all: the case is not the one tested"
+    assert isinstance(late_error, CheckpointerClosed) and refused_in < 0.5, (late_error, refused_in)
+    assert closed_after, "the connection stayed open after its statement ended"
+    assert _checkpointer_pids(db_name) == []
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as conn:
+        late = conn.execute(
+            "SELECT count(*) FROM checkpoint_writes WHERE thread_id = %s AND task_id = 'late'", [thread_id]
+        ).fetchone()[0]
+    assert late == 0, "a write made after interrupt() reached the database"
