@@ -33,7 +33,6 @@ from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
 from conversations.selectors import thread_memory_messages
-from costs.budgets import budget_check_running
 from ops import logcontext
 from yuxi_project.config import get_config
 from yuxi_project.db import NeedsThread, call_with_pooled_statements, release_connection, worker_connection_wait
@@ -147,23 +146,15 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     raise AssertionError("unreachable")
 
 
-def budget_check_then_model_open(*, budget_user_id: int | None, **kwargs: Any) -> None:
-    """Before a model request is sent: the budget check, then the call's
-    row opens (R-MA-10) — one hop and one connection checkout for both. A
-    run over its budget opens no row and sends no request (R-COST-3)."""
-    if budget_user_id is not None:
-        budget_check_running(user_id=budget_user_id)
-    services.model_call_open(**kwargs)
-
-
 # The lifecycle writes whose usual path is one prepared statement fenced by
-# the lease (audit.services.fenced; the budget check before a model row is
-# one too): made on the event loop's thread, without a thread hop (issue
-# 11); their locked path, when the statement wrote nothing, is made in a
-# thread (yuxi_project.db.call_with_pooled_statements).
+# the lease (audit.services.fenced; a model row opens only while the budget
+# has room, checked in the same statement): made on the event loop's
+# thread, without a thread hop (issue 11); their locked path, when the
+# statement wrote nothing, is made in a thread
+# (yuxi_project.db.call_with_pooled_statements).
 _ON_LOOP_FIRST = frozenset(
     {
-        budget_check_then_model_open,
+        services.model_call_open,
         services.model_call_start,
         services.model_call_finish,
         services.tool_call_start,
@@ -175,8 +166,8 @@ _ON_LOOP_FIRST = frozenset(
 
 class LeasedAuditSink:
     """The recorder's sink: every fact goes through a lease-checked service.
-    With ``budget_user_id``, every model row opens only after that user's
-    budget check passed (R-COST-3)."""
+    With ``budget_user_id``, every model row opens only while that user's
+    budget has room (R-COST-3)."""
 
     def __init__(self, lease: Lease, *, budget_user_id: int | None = None):
         self._lease = lease
@@ -184,7 +175,7 @@ class LeasedAuditSink:
 
     async def model_open(self, **kwargs: Any) -> None:
         await write_with_retry(
-            budget_check_then_model_open, budget_user_id=self._budget_user_id, lease=self._lease, **kwargs
+            services.model_call_open, budget_user_id=self._budget_user_id, lease=self._lease, **kwargs
         )
 
     async def model_retry(self, **kwargs: Any) -> None:

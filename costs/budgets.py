@@ -13,13 +13,15 @@ user (their own, else the default, else none):
   what makes "fits" meaningful before any call has a cost: a budget with
   room for one more run admits one, not every submission that arrives at
   the same moment.
-* **Before each model call** (:func:`budget_check_running`, which the
-  worker calls in the same short transaction hop that then opens the call's
-  model row, before the request is sent — ``audit.runner``): when the spend
-  has reached the limit, no row opens and the call is not made; the run
-  ends ``failed`` with error type ``budget_exceeded`` and its rows are
-  closed as for any failure. One statement reads the budget that applies
-  and the spend, so a budget set while a run runs counts at its next call.
+* **Before each model call**, in the statement that opens the call's
+  model row before the request is sent (:func:`budget_allows_sql`, the
+  condition of that insert — ``audit.services.model_call_open``), and when
+  that statement opened nothing, by :func:`budget_check_running`, which
+  names the limit and the spend: when the spend has reached the limit, no
+  row opens and the call is not made; the run ends ``failed`` with error
+  type ``budget_exceeded`` and its rows are closed as for any failure. The
+  budget that applies and the spend are read at each call, so a budget set
+  while a run runs counts at its next call.
 """
 
 from __future__ import annotations
@@ -143,6 +145,30 @@ def _budget_with_spend(user_id: int, *, now: dt.datetime | None = None) -> tuple
     and what they spent in its current period (the sum of
     :func:`costs.selectors.spent_calls`), in one statement of fixed text
     (prepared once per connection); None when no budget applies."""
+    row = execute_prepared(*_budget_with_spend_bound(user_id, now=now))
+    if row is None:
+        return None
+    limit_usd, period, spent = row
+    budget = Budget(user_id=user_id, limit_usd=_decimal(limit_usd), period=period)
+    return budget, _decimal(spent or 0)
+
+
+def budget_allows_sql(user_id: int, *, now: dt.datetime | None = None) -> tuple[str, list]:
+    """An SQL condition, with its parameters, that holds while the budget
+    that applies to the user (if any) has room: its period's spend below
+    its limit (R-COST-3). Made part of the statement that opens a model
+    row, so the check costs no round trip of its own; a statement that
+    opened nothing then learns why from :func:`budget_check_running`.
+    ``now`` (default: now) picks the period."""
+    sql, params = _budget_with_spend_bound(user_id, now=now)
+    return (
+        f"NOT EXISTS (SELECT FROM ({sql}) AS b(limit_usd, period, spent) WHERE COALESCE(b.spent, 0) >= b.limit_usd)",
+        params,
+    )
+
+
+def _budget_with_spend_bound(user_id: int, *, now: dt.datetime | None) -> tuple[str, list]:
+    """:func:`_budget_with_spend_sql` with this call's values bound."""
     now = now or timezone.now()
     sql, spend_params = _budget_with_spend_sql()
     values = {
@@ -150,12 +176,7 @@ def _budget_with_spend(user_id: int, *, now: dt.datetime | None = None) -> tuple
         _SPEND_SINCE_MONTH: period_start(Budget.Period.MONTH, now=now),
         _SPEND_SINCE_DAY: period_start(Budget.Period.DAY, now=now),
     }
-    row = execute_prepared(sql, [*stand_ins_bound(spend_params, values), user_id])
-    if row is None:
-        return None
-    limit_usd, period, spent = row
-    budget = Budget(user_id=user_id, limit_usd=_decimal(limit_usd), period=period)
-    return budget, _decimal(spent or 0)
+    return sql, [*stand_ins_bound(spend_params, values), user_id]
 
 
 def _decimal(value: Any) -> Decimal:

@@ -111,6 +111,7 @@ def write_operation_row(
     update_when: tuple[str, list] = ("TRUE", []),
     insert: Message | None = None,
     insert_sql: dict[str, tuple[str, list]] | None = None,
+    insert_when: tuple[str, list] | None = None,
 ) -> Message | None:
     """Write the row ``(lease.run_id, role, operation_id)`` in one statement
     fenced by the lease (see the module docstring) and return it, or None
@@ -127,6 +128,9 @@ def write_operation_row(
             (``ON CONFLICT … DO NOTHING``).
         insert_sql: SQL for some inserted columns instead of the row's
             value, ``{column: (sql, params)}``; it may name ``leased_run``.
+        insert_when: a further condition of the insert, ``(sql, params)``
+            (the user's budget has room, say): when it does not hold,
+            nothing is inserted.
 
     Must not be inside a failed transaction; raises what the database
     raises (a lock timeout, a value the column refuses).
@@ -165,7 +169,11 @@ def write_operation_row(
             value = getattr(insert, f.attname)
             exprs.append(f"CAST(%s AS {cast})")
             params.append(None if value is None else f.get_db_prep_save(value, db))
-        guard = " WHERE NOT EXISTS (SELECT FROM updated)" if update is not None else ""
+        conditions = ["NOT EXISTS (SELECT FROM updated)"] if update is not None else []
+        if insert_when is not None:
+            conditions.append(f"({insert_when[0]})")
+            params += insert_when[1]
+        guard = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         parts.append(
             f", inserted AS (INSERT INTO {table.name} AS m ({', '.join(table.columns)}) "
             f"SELECT {', '.join(exprs)} FROM leased_run{guard} "

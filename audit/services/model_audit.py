@@ -22,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from conversations.models import Message
+from costs.budgets import budget_allows_sql, budget_check_running
 from costs.pricing import price_depends_on_time, price_row
 from ops import metrics
 
@@ -51,9 +52,11 @@ def model_call_open(
     metadata: dict[str, Any] | None = None,
     namespace: list[str] | None = None,
     parent_operation_id: str | None = None,
+    budget_user_id: int | None = None,
 ) -> Message:
     """Open the ``model_audit`` row of one model call when its request is
-    sent, before any chunk (R-MA-10).
+    sent, before any chunk (R-MA-10) — with ``budget_user_id``, only while
+    that user's budget has room (R-COST-3).
 
     Args:
         operation_id: ``lc_run--<model run id>``, the id message-start will
@@ -67,6 +70,10 @@ def model_call_open(
         namespace: the call's stream namespace (``[]`` at the root; default
             ``metadata["namespace"]``) and ``parent_operation_id`` the tool
             call id of the ``task`` call whose subagent makes it (R-SUB-1).
+        budget_user_id: the user whose budget must have room (the run's):
+            checked in the statement that opens the row (no round trip of
+            its own), and by :func:`~costs.budgets.budget_check_running`
+            before the locked path when that statement opened nothing.
 
     The row is ``running`` with ``metadata.awaiting_first_chunk = true`` and
     ``metadata.attempts = 1``. Opening the same operation again returns the
@@ -74,6 +81,8 @@ def model_call_open(
 
     Raises:
         LeaseError: see :func:`lock_run`.
+        BudgetExceeded: the budget's spend reached its limit; no row
+            opens (nor is an existing one returned).
     """
     row = _new_model_row(
         sequence=sequence,
@@ -81,11 +90,19 @@ def model_call_open(
         metadata={**(metadata or {}), "awaiting_first_chunk": True, "attempts": 1},
         **subagent_fields(namespace, parent_operation_id, metadata),
     )
+    now = timezone.now()
     opened = write_operation_row(
-        lease, role=Message.Role.ASSISTANT, operation_id=operation_id, now=timezone.now(), insert=row
+        lease,
+        role=Message.Role.ASSISTANT,
+        operation_id=operation_id,
+        now=now,
+        insert=row,
+        insert_when=None if budget_user_id is None else budget_allows_sql(budget_user_id, now=now),
     )
     if opened is not None:
         return opened
+    if budget_user_id is not None:
+        budget_check_running(user_id=budget_user_id, now=now)
     with transaction.atomic():
         lock_run(lease)
         existing = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)

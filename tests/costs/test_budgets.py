@@ -248,3 +248,38 @@ def test_one_default_budget_only_R_COST_3(user):
     budget_set(user=None, limit_usd="1", period="day")
     with pytest.raises(IntegrityError):
         Budget.objects.create(user=None, limit_usd=Decimal("2"), period="day")
+
+
+def test_a_model_row_opens_only_while_the_budget_has_room_in_one_statement_R_COST_3(user, monkeypatch):
+    """The check before a model call is part of the statement that opens
+    its row (no round trip of its own, issue 11): within the budget the
+    row opens in one statement; over it, no row opens and the refusal
+    names the figures, also when the row was already open."""
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.conftest import acquire, make_run
+
+    monkeypatch.setattr(get_config(), "BUDGET_RUN_RESERVE_USD", Decimal("0"))
+    budget_set(user=user, limit_usd="3", period="day")
+    lease = acquire(make_run(_thread(user)))
+    now = dt.datetime.now(dt.UTC)
+
+    def open_call(operation_id: str):
+        return services.model_call_open(
+            lease=lease, operation_id=operation_id, sequence=1, started_at=now, budget_user_id=user.pk
+        )
+
+    _spend(user, "2")
+    with CaptureQueriesContext(connection) as queries:
+        opened = open_call("lc_run--a")
+    assert opened.execution_status == "running"
+    assert len(queries) == 1, [q["sql"][:80] for q in queries]
+    _spend(user, "1")  # 3 of 3 spent today
+    with pytest.raises(BudgetExceeded) as refused:
+        open_call("lc_run--b")
+    assert (refused.value.extra["spent_usd"], refused.value.extra["limit_usd"]) == ("3", "3")
+    assert not Message.objects.filter(run_id=lease.run_id, operation_id="lc_run--b").exists()
+    with pytest.raises(BudgetExceeded):
+        open_call("lc_run--a")  # already open: refused all the same
+    budget_set(user=user, limit_usd="4", period="day")
+    assert open_call("lc_run--b").operation_id == "lc_run--b"
