@@ -100,7 +100,6 @@ async def _connect_waiting(conninfo: str):
     checkpointer would give up on an outage (a restart) after its backoff
     alone (0.6 s with three attempts) where the audit writes of the same
     run outlast it."""
-
     from yuxi_project.config import get_config
     from yuxi_project.db import worker_connection_wait
 
@@ -126,7 +125,6 @@ async def _retried[T](
     the audit writes' backoff, at most ``AUDIT_WRITE_ATTEMPTS`` times;
     ``before_retry`` runs before each new attempt (a failure there counts as
     that attempt's). Any other error is raised at once."""
-
     from yuxi_project.config import get_config
 
     attempts = get_config().AUDIT_WRITE_ATTEMPTS
@@ -156,7 +154,6 @@ CLOSE_WAIT_SECONDS = 2.0
 
 
 def _active(conn) -> bool:
-
     return conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE
 
 

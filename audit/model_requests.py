@@ -10,8 +10,8 @@ goes out, and langchain-core names the streamed message
 feeds those callbacks to the run's :class:`~audit.recorder.LifecycleRecorder`:
 
 - ``on_chat_model_start`` → the row opens (``running``,
-  ``awaiting_first_chunk``), awaited before the request is sent; the
-  worker's sink checks the user's budget first, in the same hop, and a run
+  ``awaiting_first_chunk``), awaited before the request is sent, only
+  while the user's budget has room (checked in the same statement): a run
   over its budget opens no row and sends no request (R-COST-3);
 - ``on_retry`` with ``attempt_failure`` (sent by
   :class:`~audit.agents.provider.AuditedChatOpenAI`) → the attempt is counted

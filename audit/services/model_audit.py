@@ -73,7 +73,7 @@ def model_call_open(
         budget_user_id: the user whose budget must have room (the run's):
             checked in the statement that opens the row (no round trip of
             its own), and by :func:`~costs.budgets.budget_check_running`
-            before the locked path when that statement opened nothing.
+            under the run lock when that statement opened nothing.
 
     The row is ``running`` with ``metadata.awaiting_first_chunk = true`` and
     ``metadata.attempts = 1``. Opening the same operation again returns the
@@ -101,10 +101,10 @@ def model_call_open(
     )
     if opened is not None:
         return opened
-    if budget_user_id is not None:
-        budget_check_running(user_id=budget_user_id, now=now)
     with transaction.atomic():
-        lock_run(lease)
+        lock_run(lease)  # a lease error names the cause before the budget
+        if budget_user_id is not None:
+            budget_check_running(user_id=budget_user_id, now=now)
         existing = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
         return existing if existing is not None else _insert_model_row(lease, operation_id, row)
 

@@ -283,3 +283,26 @@ def test_a_model_row_opens_only_while_the_budget_has_room_in_one_statement_R_COS
         open_call("lc_run--a")  # already open: refused all the same
     budget_set(user=user, limit_usd="4", period="day")
     assert open_call("lc_run--b").operation_id == "lc_run--b"
+
+
+def test_a_lost_lease_is_named_before_the_budget_when_a_model_row_would_open_R_RUN_4(user, monkeypatch):
+    """A run taken over while its user's budget is spent: opening a model
+    row raises the lease error (R-RUN-4), not the budget's."""
+    from django.db.models import F
+
+    from audit.errors import LeaseError
+    from tests.conftest import acquire, make_run
+
+    run = make_run(_thread(user))
+    lease = acquire(run)
+    budget_set(user=user, limit_usd="1", period="day")
+    _spend(user, "2")
+    AgentRun.objects.filter(pk=run.id).update(lease_owner="worker-new", fencing_token=F("fencing_token") + 1)
+    with pytest.raises(LeaseError):
+        services.model_call_open(
+            lease=lease,
+            operation_id="lc_run--a",
+            sequence=1,
+            started_at=dt.datetime.now(dt.UTC),
+            budget_user_id=user.pk,
+        )
