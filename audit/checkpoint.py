@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -89,6 +91,7 @@ async def _connect(conninfo: str, **kwargs: Any):
         prepare_threshold=0,
         row_factory=dict_row,
         application_name=CHECKPOINTER_APPLICATION_NAME,
+        options=f"-c client_connection_check_interval={CLIENT_CHECK_INTERVAL_MS}",
         **kwargs,
     )
 
@@ -149,53 +152,102 @@ def retry_delay(attempt: int) -> float:
 
 #: How long closing a connection waits for the statement running on it to
 #: end (seconds); its session was ended first, so it ends at once unless
-#: the database is unreachable.
+#: the database is unreachable. Past it the connection is cut (:func:`_cut`).
 CLOSE_WAIT_SECONDS = 2.0
+
+#: How often the server of a checkpointer connection checks, while a
+#: statement runs, that its client is still there (milliseconds,
+#: PostgreSQL's ``client_connection_check_interval``): a cut connection
+#: (:func:`_cut`) ends the statement it waits on — a State write held by a
+#: lock — within this time, uncommitted, with no new connection needed. (A
+#: lock released before that check lets the statement commit, as it would
+#: on a connection left open.)
+CLIENT_CHECK_INTERVAL_MS = 250
 
 
 def _active(conn) -> bool:
     return conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.ACTIVE
 
 
+def _cut(conn) -> None:
+    """Shut the connection's socket down both ways, freeing nothing. A
+    fetch waiting on it wakes at once and fails as on a connection the
+    server closed (libpq drops it), releasing psycopg's lock; the server
+    sees its client gone at its next check (:data:`CLIENT_CHECK_INTERVAL_MS`)
+    and ends the session, its statement rolled back. The way to end a
+    statement whose session could not be ended (the database refusing new
+    connections, so no ``pg_terminate_backend``). Never raises."""
+    try:
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except Exception as exc:  # noqa: BLE001 - already closed, or never connected
+        log.warning("checkpointer: cutting its connection failed: %s", exc)
+
+
 async def _close_when_free(conn) -> None:
-    """Close ``conn`` once no statement runs on it, waiting at most
-    :data:`CLOSE_WAIT_SECONDS`. Never raises.
+    """Close ``conn`` once no statement runs on it; if one still runs after
+    :data:`CLOSE_WAIT_SECONDS`, cut the connection (:func:`_cut`) and close
+    it then. Never raises but the caller's own cancellation.
 
     A connection may not be closed under a statement that waits on it:
     psycopg holds the connection's lock while it waits for results, and
     its C fetch keeps libpq's connection pointer across the wait, so
     freeing the connection (``close``) under it makes the resumed fetch
     read freed memory — the worker process dies of a segmentation fault.
-    A statement that does not end in time (its session could not be
-    ended: the database unreachable) keeps its connection until it ends:
-    a task closes the connection then, before any call queued behind it
-    (psycopg's lock is first come, first served), and the saver refuses
-    new calls meanwhile (:class:`CheckpointerClosed`)."""
+    The close runs as a task of its own that the caller awaits shielded:
+    a caller cancelled meanwhile (the drive stopped while it closes its
+    checkpointer) does not cancel the close, and a close cancelled itself
+    (``asyncio.run`` cancels what is left when its run ends) cuts the
+    connection and closes it before it ends, so no connection outlives
+    its run."""
     if conn.closed:
         return
-    try:
-        async with asyncio.timeout(CLOSE_WAIT_SECONDS), conn.lock:
-            await conn.close()
-    except TimeoutError:
-        log.warning("checkpointer: a statement still runs on its connection; it is closed once that ends")
-        task = asyncio.get_running_loop().create_task(_close_once_free(conn))
-        _closing.add(task)
-        task.add_done_callback(_closing.discard)
-    except Exception as exc:  # noqa: BLE001 - closing a broken connection
-        log.warning("checkpointer: closing its connection failed: %s", exc)
+    task = asyncio.get_running_loop().create_task(_close_once_free(conn))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+    await asyncio.shield(task)
 
 
-#: Connections being closed in the background (a strong reference each, so
-#: the tasks are not collected before they ran).
+#: Connections being closed (a strong reference to each task, so that none
+#: is collected before it ran).
 _closing: set[asyncio.Task] = set()
 
 
 async def _close_once_free(conn) -> None:
+    cancelled = False
+    if not await _acquire_within(conn.lock, CLOSE_WAIT_SECONDS):
+        cancelled = asyncio.current_task().cancelling() > 0
+        log.warning("checkpointer: a statement still runs on its connection; cutting the connection")
+        _cut(conn)
+        if not await _acquire_within(conn.lock, CLOSE_WAIT_SECONDS):
+            log.error("checkpointer: its connection could not be closed: a statement still holds it")
+            if cancelled:
+                raise asyncio.CancelledError
+            return
     try:
-        async with conn.lock:
-            await conn.close()
+        await conn.close()
     except Exception as exc:  # noqa: BLE001 - closing a broken connection
         log.warning("checkpointer: closing its connection failed: %s", exc)
+    finally:
+        conn.lock.release()
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+async def _acquire_within(lock: asyncio.Lock, seconds: float) -> bool:
+    """Whether ``lock`` was acquired within ``seconds``; False also when the
+    wait was cancelled (the caller sees that in ``cancelling()``)."""
+    acquired = False
+
+    async def acquire() -> None:
+        nonlocal acquired
+        await lock.acquire()
+        acquired = True
+
+    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+        async with asyncio.timeout(seconds):
+            await acquire()
+    return acquired
 
 
 class ReconnectingPostgresSaver(AsyncPostgresSaver):
@@ -233,9 +285,11 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
         the write waits on a lock) is ended first, as by :meth:`interrupt`.
         Never raises."""
         self._closed = True
-        if not self.conn.closed and (self.conn.lock.locked() or _active(self.conn)):
-            await self._end_session()
-        await _close_when_free(self.conn)
+        try:
+            if not self.conn.closed and (self.conn.lock.locked() or _active(self.conn)):
+                await self._end_session()
+        finally:
+            await _close_when_free(self.conn)
 
     async def interrupt(self) -> None:
         """End the connection's server session, then close it for good (the
@@ -248,9 +302,11 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
         running one, a closed client none — the others would still write
         the State of an ended run once the lock goes. Never raises."""
         self._closed = True
-        if not self.conn.closed:
-            await self._end_session()
-        await _close_when_free(self.conn)
+        try:
+            if not self.conn.closed:
+                await self._end_session()
+        finally:
+            await _close_when_free(self.conn)
 
     async def _end_session(self) -> None:
         try:

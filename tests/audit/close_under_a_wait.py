@@ -1,10 +1,12 @@
 """Run as a process by test_checkpoint_reconnect: a run's checkpointer is
 closed (``aclose``) or interrupted while a write of its State waits on a
-lock of the checkpoint tables, a few times over. Exits 0 when the process
+lock of the checkpoint tables, a few times over; ``cut``: interrupted while
+the database refuses connections, so the session cannot be ended and the
+connection is cut under the waiting fetch. Exits 0 when the process
 survives; a close that frees the connection under the waiting fetch makes
 it die of a segmentation fault (certain under ``MALLOC_PERTURB_``).
 
-Arguments: ``aclose|interrupt <conninfo> <times>``."""
+Arguments: ``aclose|interrupt|cut <conninfo> <times>``."""
 
 from __future__ import annotations
 
@@ -35,12 +37,27 @@ async def _once(close: str, conninfo: str) -> None:
                 await asyncio.sleep(0.005)
             if close == "interrupt":
                 await saver.interrupt()
+            elif close == "cut":
+                await _allow_connections(conninfo, False)
+                try:
+                    await saver.interrupt()
+                finally:
+                    await _allow_connections(conninfo, True)
         # open_checkpointer's exit closed the saver (aclose).
         try:
             await write
         except psycopg.OperationalError:
             pass  # the State write of an ended run fails: expected
         await holder.rollback()
+
+
+async def _allow_connections(conninfo: str, allowed: bool) -> None:
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    name = conninfo_to_dict(conninfo)["dbname"]
+    async with await psycopg.AsyncConnection.connect(make_conninfo(conninfo, dbname="postgres"), autocommit=True) as a:
+        await a.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
 
 
 async def _main(close: str, conninfo: str, times: int) -> None:

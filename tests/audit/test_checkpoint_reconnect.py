@@ -301,11 +301,12 @@ def test_a_checkpointer_write_outlasts_an_outage_an_audit_write_outlasts_R_RUN_8
     assert took >= 1.4
 
 
-@pytest.mark.parametrize("close", ["interrupt", "aclose"])
+@pytest.mark.parametrize("close", ["interrupt", "aclose", "cut"])
 def test_closing_a_checkpointer_under_a_waiting_state_write_does_not_kill_the_process_R_RUN_6(db_name, close):
     """A stopped run's checkpointer is interrupted, an ended run's closed,
-    while a write of its State waits on a lock: the connection must not be
-    freed under the waiting fetch (psycopg's C fetch keeps libpq's pointer
+    while a write of its State waits on a lock (``cut``: interrupted while
+    the database refuses connections, so its connection is cut under the
+    wait): the connection must not be freed under the waiting fetch (psycopg's C fetch keeps libpq's pointer
     across the wait), which killed the worker — and CI's pytest — with a
     segmentation fault. In a process of its own, with freed memory
     overwritten (``MALLOC_PERTURB_``) so a use after free crashes every
@@ -335,67 +336,184 @@ def test_closing_a_checkpointer_under_a_waiting_state_write_does_not_kill_the_pr
     assert _checkpointer_pids(db_name) == []
 
 
-def test_an_interrupted_checkpointer_refuses_calls_while_a_statement_it_could_not_end_runs_R_RUN_6(db_name):
-    """``interrupt()`` cannot end the session of a State write waiting on a
-    lock when the database refuses connections (a restart, a partition):
-    after its wait the statement keeps its connection. A call made after
-    ``interrupt()`` must fail at once (the run is over) instead of queueing
-    behind that statement and writing once the lock goes; and the
-    connection is closed as soon as the statement ends, not left open."""
+def _allow_connections(db_name, allowed: bool) -> None:
+    with _admin(db_name) as admin:
+        admin.execute(f'ALTER DATABASE "{db_name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+
+
+def _writes_of(db_name, thread_id, task_id: str) -> int:
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as conn:
+        return conn.execute(
+            "SELECT count(*) FROM checkpoint_writes WHERE thread_id = %s AND task_id = %s", [thread_id, task_id]
+        ).fetchone()[0]
+
+
+async def _pids_gone_within(db_name, seconds: float) -> list[int]:
+    """The checkpointer's server sessions still there after at most
+    ``seconds`` (read on the server's own database)."""
     import time
 
-    from audit.checkpoint import CheckpointerClosed
+    deadline = time.monotonic() + seconds
+    while (pids := await asyncio.to_thread(_checkpointer_pids, db_name)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return pids
+
+
+@contextlib.asynccontextmanager
+async def _write_waiting_while_connections_refused(db_name, conninfo, thread_id):
+    """A checkpointer whose write (task ``waiting``) waits on a lock of
+    ``checkpoint_writes`` while the database refuses new connections, so
+    its session cannot be ended (no ``pg_terminate_backend``): yields
+    ``(saver, saved config, the waiting task, the lock holder)``; on exit
+    connections are allowed again and the lock released."""
+    saver = None
+    holder = await psycopg.AsyncConnection.connect(dbname=db_name, host="127.0.0.1", user="postgres")
+    try:
+        async with open_checkpointer(conninfo) as saver:
+            saved = await saver.aput(_config(thread_id), empty_checkpoint(), {"step": 0}, {})
+            await holder.execute("LOCK TABLE checkpoint_writes IN ACCESS EXCLUSIVE MODE")
+            waiting = asyncio.create_task(saver.aput_writes(saved, [("waiting", 1)], task_id="waiting"))
+            while not await asyncio.to_thread(_waiting_on_a_lock, db_name):
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(_allow_connections, db_name, False)
+            try:
+                yield saver, saved, waiting, holder
+            finally:
+                await asyncio.to_thread(_allow_connections, db_name, True)
+                await holder.rollback()
+                with contextlib.suppress(psycopg.OperationalError):
+                    await waiting
+    finally:
+        await holder.close()
+
+
+def test_an_interrupted_checkpointer_refuses_calls_and_cuts_a_statement_it_could_not_end_R_RUN_6(db_name):
+    """``interrupt()`` cannot end the session of a State write waiting on a
+    lock when the database refuses connections (a restart, a full
+    ``max_connections``, a partition). A call made meanwhile must fail at
+    once (the run is over) instead of queueing behind that statement; and
+    after the close wait the connection is cut: closed on the client, and
+    the server, seeing its client gone, ends the session while the lock is
+    still held, so neither write reaches the database once the lock goes."""
+    import time
+
+    from audit.checkpoint import CLOSE_WAIT_SECONDS, CheckpointerClosed
 
     conninfo = postgres_conninfo()
     connection.close()
     thread_id = str(uuid.uuid4())
 
-    def allow(allowed: bool) -> None:
-        with _admin(db_name) as admin:
-            admin.execute(f'ALTER DATABASE "{db_name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+    async def scenario():
+        async with _write_waiting_while_connections_refused(db_name, conninfo, thread_id) as (saver, saved, _, _):
+            interrupting = asyncio.create_task(saver.interrupt())
+            await asyncio.sleep(0.2)
+            open_while_waiting = not saver.conn.closed
+            began = time.monotonic()
+            late_error = None
+            try:
+                await asyncio.wait_for(saver.aput_writes(saved, [("late", 1)], task_id="late"), 1.0)
+            except (CheckpointerClosed, TimeoutError) as exc:
+                late_error = exc
+            refused_in = time.monotonic() - began
+            await interrupting
+            closed_under_the_lock = saver.conn.closed
+            sessions_under_the_lock = await _pids_gone_within(db_name, 3.0)
+        return late_error, refused_in, open_while_waiting, closed_under_the_lock, sessions_under_the_lock
+
+    try:
+        late_error, refused_in, open_while_waiting, closed, sessions = asyncio.run(scenario())
+    finally:
+        _allow_connections(db_name, True)
+    assert open_while_waiting, "the statement's session was ended after all: the case is not the one tested"
+    assert isinstance(late_error, CheckpointerClosed) and refused_in < 0.5, (late_error, refused_in)
+    assert closed, f"the connection was still open {CLOSE_WAIT_SECONDS} s after interrupt() under the lock"
+    assert sessions == [], "the cut connection's server session still waited on the lock"
+    time.sleep(0.5)
+    assert _writes_of(db_name, thread_id, "waiting") == 0, "the cut State write committed once the lock went"
+    assert _writes_of(db_name, thread_id, "late") == 0, "a write made after interrupt() reached the database"
+
+
+def test_a_checkpointer_closed_by_a_cancelled_drive_leaves_no_connection_R_RUN_6(db_name):
+    """The run's drive ends (a takeover) and closes its checkpointer while
+    its State write waits on a lock and the database refuses connections;
+    the drive is then cancelled in the middle of that close (the keeper
+    found the lease gone). The close goes on: the connection is cut and
+    closed, not left open until garbage collection — nor its server
+    session waiting to commit the State of an ended run once the lock
+    goes."""
+    import time
+
+    conninfo = postgres_conninfo()
+    connection.close()
+    thread_id = str(uuid.uuid4())
 
     async def scenario():
-        async with open_checkpointer(conninfo) as saver:
-            saved = await saver.aput(_config(thread_id), empty_checkpoint(), {"step": 0}, {})
-            holder = await psycopg.AsyncConnection.connect(dbname=db_name, host="127.0.0.1", user="postgres")
-            await holder.execute("LOCK TABLE checkpoint_writes IN ACCESS EXCLUSIVE MODE")
-            waiting = asyncio.create_task(saver.aput_writes(saved, [("waiting", 1)], task_id="waiting"))
-            while not await asyncio.to_thread(_waiting_on_a_lock, db_name):
-                await asyncio.sleep(0.01)
-            await asyncio.to_thread(allow, False)
-            try:
-                await saver.interrupt()
-                began = time.monotonic()
-                late_error = None
-                try:
-                    await asyncio.wait_for(saver.aput_writes(saved, [("late", 1)], task_id="late"), 1.0)
-                except (CheckpointerClosed, TimeoutError) as exc:
-                    late_error = exc
-                refused_in = time.monotonic() - began
-                open_while_waiting = not saver.conn.closed
-            finally:
-                await asyncio.to_thread(allow, True)
-            await holder.rollback()
-            await holder.close()
-            with contextlib.suppress(psycopg.OperationalError):
-                await waiting
+        async with _write_waiting_while_connections_refused(db_name, conninfo, thread_id) as (saver, _, _, _):
+            closing = asyncio.create_task(saver.aclose())
+            await asyncio.sleep(0.5)
+            closing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closing
             for _ in range(100):
                 if saver.conn.closed:
                     break
-                await asyncio.sleep(0.02)
-            closed_after = saver.conn.closed
-        return late_error, refused_in, open_while_waiting, closed_after
+                await asyncio.sleep(0.05)
+            closed_under_the_lock = saver.conn.closed
+            sessions_under_the_lock = await _pids_gone_within(db_name, 3.0)
+        return closed_under_the_lock, sessions_under_the_lock
 
     try:
-        late_error, refused_in, open_while_waiting, closed_after = asyncio.run(scenario())
+        closed, sessions = asyncio.run(scenario())
     finally:
-        allow(True)
-    assert open_while_waiting, "the statement's session was ended after all: the case is not the one tested"
-    assert isinstance(late_error, CheckpointerClosed) and refused_in < 0.5, (late_error, refused_in)
-    assert closed_after, "the connection stayed open after its statement ended"
-    assert _checkpointer_pids(db_name) == []
-    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as conn:
-        late = conn.execute(
-            "SELECT count(*) FROM checkpoint_writes WHERE thread_id = %s AND task_id = 'late'", [thread_id]
-        ).fetchone()[0]
-    assert late == 0, "a write made after interrupt() reached the database"
+        _allow_connections(db_name, True)
+    assert closed, "the connection stayed open after the cancelled close"
+    assert sessions == [], "the server session of the closed connection still waited on the lock"
+    time.sleep(0.5)
+    assert _writes_of(db_name, thread_id, "waiting") == 0, "the State of an ended run committed once the lock went"
+
+
+def test_a_run_that_ends_while_its_checkpointer_closes_leaves_no_connection_R_RUN_6(db_name):
+    """The worker's event loop ends (``asyncio.run`` returns: the run is
+    over) while the checkpointer's close still waits for a State write that
+    holds the connection, the database refusing connections: the loop's
+    end cancels the close, which must still cut and close the connection
+    before it goes."""
+    import time
+
+    conninfo = postgres_conninfo()
+    connection.close()
+    thread_id = str(uuid.uuid4())
+    holder = psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres")
+    savers = []
+
+    async def scenario():
+        async with open_checkpointer(conninfo) as saver:
+            savers.append(saver)
+            saved = await saver.aput(_config(thread_id), empty_checkpoint(), {"step": 0}, {})
+            await asyncio.to_thread(holder.execute, "LOCK TABLE checkpoint_writes IN ACCESS EXCLUSIVE MODE")
+            asyncio.create_task(saver.aput_writes(saved, [("waiting", 1)], task_id="waiting"))  # noqa: RUF006
+            while not await asyncio.to_thread(_waiting_on_a_lock, db_name):
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(_allow_connections, db_name, False)
+            asyncio.create_task(saver.interrupt())  # noqa: RUF006 - left to the loop's end on purpose
+            await asyncio.sleep(0.3)
+            # open_checkpointer's exit (aclose) is cut short too: the loop ends.
+            raise asyncio.CancelledError
+
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(scenario())
+        closed = savers[0].conn.closed
+        sessions = [pid for pid in _checkpointer_pids(db_name)]
+        deadline = time.monotonic() + 3.0
+        while sessions and time.monotonic() < deadline:
+            time.sleep(0.05)
+            sessions = _checkpointer_pids(db_name)
+    finally:
+        _allow_connections(db_name, True)
+        holder.rollback()
+        holder.close()
+    assert closed, "the connection outlived the run's event loop"
+    assert sessions == [], "the server session outlived the run's event loop"
+    time.sleep(0.5)
+    assert _writes_of(db_name, thread_id, "waiting") == 0, "the State of an ended run committed once the lock went"
