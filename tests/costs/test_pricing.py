@@ -174,3 +174,142 @@ def test_unknown_usage_or_price_is_unknown_never_zero_R_COST_1(model, stored, re
 def test_zero_usage_costs_zero_not_unknown_R_COST_1():
     cost = price_usage(model="openai:gpt-4o-mini", usage=usage(0, 0), at=AT)
     assert cost.usd == 0 and cost.unknown == ""
+
+
+def _catalogue_prices(at=AT):
+    """Every price of the bundled catalogue at ``at``: ``(provider, model, ModelPrice)``."""
+    snapshot = genai_prices.data_snapshot.get_snapshot()
+    for provider in snapshot.providers:
+        for model in provider.models:
+            yield provider.id, model.id, model.get_prices(at)
+
+
+def _counts_within(rng, *, audio: bool) -> dict[str, int]:
+    """genai-prices usage keys where the details fit in their totals."""
+    inp, out = rng.randint(0, 3_000_000), rng.randint(0, 300_000)
+    cache_read = rng.randint(0, inp)
+    cache_write = rng.randint(0, inp - cache_read)
+    input_audio = rng.randint(0, inp - cache_read - cache_write) if audio else 0
+    reasoning = rng.randint(0, out)
+    output_audio = rng.randint(0, out - reasoning) if audio else 0
+    return {
+        "input_tokens": inp,
+        "output_tokens": out,
+        "cache_read_tokens": cache_read,
+        "cache_write_tokens": cache_write,
+        "input_audio_tokens": input_audio,
+        "output_reasoning_tokens": reasoning,
+        "output_audio_tokens": output_audio,
+    }
+
+
+def test_the_linear_form_of_every_catalogue_price_gives_calc_prices_own_figures_R_COST_1():
+    """A call is priced by the price's linear form (a fixed part plus a
+    price per token of each kind, derived from genai-prices' own
+    calc_price) instead of calc_price's validation and decomposition on
+    every call. For every price of the catalogue that has one, on random
+    usage where the details fit in their totals, it must give exactly the
+    figure calc_price gives; prices it cannot reproduce have none."""
+    import random
+
+    from costs.pricing import _usage, linear_price
+
+    rng = random.Random(11)
+    compared = without = 0
+    for provider, model, price in _catalogue_prices():
+        linear = linear_price(price)
+        if linear is None:
+            without += 1
+            continue
+        for i in range(4):
+            counts = _counts_within(rng, audio=i % 2 == 1)
+            assert linear.holds_for(counts)
+            assert linear.total(counts) == Decimal(price.calc_price(_usage(counts))["total_price"]), (
+                provider,
+                model,
+                counts,
+            )
+            compared += 1
+    assert compared > 1000 and without < compared / 4, (compared, without)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        REPLAY_DEFAULT_PRICES,
+        ModelPriceConfig(input=Decimal("3.17"), output=Decimal("11.9")),
+        ModelPriceConfig(
+            input=Decimal("0.003"),
+            cached_input=Decimal("0.0007"),
+            cache_creation=Decimal("1.001"),
+            output=Decimal("0.011"),
+            reasoning=Decimal("123.456789"),
+        ),
+    ],
+)
+def test_the_linear_form_of_a_configured_price_gives_calc_prices_own_figures_R_COST_1(config):
+    import random
+
+    from costs.pricing import _override_price, _usage, linear_price
+
+    price = _override_price(config)
+    linear = linear_price(price, catalogue=False)
+    assert linear is not None
+    rng = random.Random(5)
+    for i in range(300):
+        counts = _counts_within(rng, audio=i % 3 == 0)
+        assert linear.total(counts) == Decimal(price.calc_price(_usage(counts, catalogue=False))["total_price"])
+
+
+def test_tiered_prices_and_usage_outside_the_linear_form_are_priced_by_calc_price_R_COST_1():
+    """A tiered price (the rate of every token depends on the input total)
+    has no linear form; usage whose details exceed their totals is not
+    where the form holds. Both are priced exactly as genai-prices' own
+    calc_price prices them (or refused as it refuses them)."""
+    from genai_prices.types import TieredPrices
+
+    from costs.pricing import LinearPrice, linear_price
+
+    tiered = next(
+        (provider, model, price)
+        for provider, model, price in _catalogue_prices()
+        if any(isinstance(v, TieredPrices) for v in vars(price).values()) and provider in ("google", "anthropic")
+    )
+    provider, model, price = tiered
+    assert linear_price(price) is None
+    for inp in (1_000, 150_000, 250_000, 1_000_000):
+        stored = usage(inp, 2_000, cache_read=inp // 4)
+        own = calc_price(
+            Usage(input_tokens=inp, output_tokens=2_000, cache_read_tokens=inp // 4),
+            model,
+            provider_id=provider,
+            genai_request_timestamp=AT,
+        )
+        assert price_usage(model=f"{provider}:{model}", usage=stored, at=AT).usd == own.total_price.quantize(
+            Decimal("1e-12")
+        )
+
+    # Cache reads and audio that overlap (each within the input total, not
+    # both): outside the form, priced or refused as calc_price does.
+    over = {"input_tokens": 100, "output_tokens": 10, "cache_read_tokens": 80, "input_audio_tokens": 80}
+    assert not LinearPrice.holds_for(over)
+    stored = {
+        "input_tokens": 100,
+        "output_tokens": 10,
+        "total_tokens": 110,
+        "input_token_details": {"cache_read": 80, "audio": 80},
+    }
+    for provider, model in (("openai", "gpt-4o-mini"), ("openai", "gpt-4o-audio-preview")):
+        try:
+            expected = calc_price(
+                Usage(input_tokens=100, output_tokens=10, cache_read_tokens=80, input_audio_tokens=80),
+                model,
+                provider_id=provider,
+                genai_request_timestamp=AT,
+            ).total_price.quantize(Decimal("1e-12"))
+        except ValueError:
+            expected = None
+        cost = price_usage(model=f"{provider}:{model}", usage=stored, at=AT)
+        assert cost.usd == expected, (model, cost)
+        if expected is None:
+            assert cost.unknown == "usage_invalid"

@@ -92,7 +92,7 @@ def test_a_catalogue_failure_is_logged_and_gives_unknown_R_COST_1(user, monkeypa
     def broken(*args, **kwargs):
         raise RuntimeError("catalogue exploded")
 
-    monkeypatch.setattr(genai_prices, "calc_price", broken)
+    monkeypatch.setattr(genai_prices.data_snapshot.DataSnapshot, "find_provider_model", broken)
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="openai:gpt-4o-mini")
     lease = acquire(make_run(thread))
     _start(lease, "op-1", 1)
