@@ -151,9 +151,14 @@ def retry_delay(attempt: int) -> float:
 
 
 #: How long closing a connection waits for the statement running on it to
-#: end (seconds); its session was ended first, so it ends at once unless
-#: the database is unreachable. Past it the connection is cut (:func:`_cut`).
+#: end (seconds); its session was ended (or the statement cancelled and the
+#: connection cut) first, so it ends at once unless the database is
+#: unreachable. Past it the connection is cut (:func:`_cut`).
 CLOSE_WAIT_SECONDS = 2.0
+
+#: How long stopping a checkpointer's statement waits for the server, to
+#: end its session or to deliver a cancel request (seconds).
+STOP_CONNECT_TIMEOUT_SECONDS = 2
 
 #: How often the server of a checkpointer connection checks, while a
 #: statement runs, that its client is still there (milliseconds,
@@ -221,7 +226,7 @@ async def _close_once_free(conn) -> None:
         _cut(conn)
         if not await _acquire_within(conn.lock, CLOSE_WAIT_SECONDS):
             log.error("checkpointer: its connection could not be closed: a statement still holds it")
-            if cancelled:
+            if cancelled or asyncio.current_task().cancelling() > 0:
                 raise asyncio.CancelledError
             return
     try:
@@ -266,9 +271,10 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
     error (the connection still good) is raised at once. The other methods
     (listing, pruning, deleting) are LangGraph's own, not retried.
 
-    Once closed or interrupted, every call raises
+    Once closed or interrupted, those three raise
     :class:`CheckpointerClosed` at once, even while a statement that could
-    not be ended still holds the connection.
+    not be ended still holds the connection; LangGraph's other methods fail
+    on the closed connection.
     """
 
     def __init__(self, conn, *, conninfo: str, **kwargs: Any):
@@ -282,39 +288,59 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
         checkpointer was closed — fails as on a closed connection and opens
         no new one, which nobody would close. A statement still running (a
         State write of a run that ended on its own, say on a takeover, while
-        the write waits on a lock) is ended first, as by :meth:`interrupt`.
+        the write waits on a lock) is stopped first, as by :meth:`interrupt`.
         Never raises."""
         self._closed = True
         try:
             if not self.conn.closed and (self.conn.lock.locked() or _active(self.conn)):
-                await self._end_session()
+                await self._stop_statements()
         finally:
             await _close_when_free(self.conn)
 
     async def interrupt(self) -> None:
-        """End the connection's server session, then close it for good (the
+        """Stop what runs on the connection, then close it for good (the
         run was stopped, or ended, while a write of its State waits — on a
         lock say). That write fails and so do the writes queued behind it,
         at once, none made again: the run ends now instead of when the lock
-        is released. The session is ended, not only its statement cancelled
-        nor the client closed: LangGraph pipelines a State write as several
-        statements, each committed on its own, and a cancel stops only the
-        running one, a closed client none — the others would still write
-        the State of an ended run once the lock goes. Never raises."""
+        is released. Never raises.
+
+        The connection's server session is ended (``pg_terminate_backend``
+        from a connection of its own), not only its statement cancelled: a
+        State write is one transaction, but LangGraph's writes of one step
+        (``aput``, ``aput_writes``) queue on the connection, and the ones
+        queued before the saver was closed would run once a cancel freed
+        it. When the session cannot be ended (the database refuses new
+        connections: a restart, a full ``max_connections``), the statement
+        is cancelled (a cancel request needs no session) and the connection
+        cut (:func:`_cut`), so the queued writes fail too. Under a network
+        partition neither reaches the server: its statement runs on until
+        the server sees the client gone."""
         self._closed = True
         try:
             if not self.conn.closed:
-                await self._end_session()
+                await self._stop_statements()
         finally:
             await _close_when_free(self.conn)
 
-    async def _end_session(self) -> None:
+    async def _stop_statements(self) -> None:
+        if await self._end_session():
+            return
+        try:
+            await self.conn.cancel_safe(timeout=STOP_CONNECT_TIMEOUT_SECONDS)
+        except Exception as exc:  # noqa: BLE001 - unreachable: the cut still fails the client side
+            log.warning("checkpointer: its statement could not be cancelled: %s", exc)
+        _cut(self.conn)
+
+    async def _end_session(self) -> bool:
+        """Whether the connection's server session was ended."""
         try:
             pid = self.conn.info.backend_pid
-            async with await _connect(self._conninfo, connect_timeout=5) as other:
+            async with await _connect(self._conninfo, connect_timeout=STOP_CONNECT_TIMEOUT_SECONDS) as other:
                 await other.execute("SELECT pg_terminate_backend(%s)", [pid])
+            return True
         except Exception as exc:  # a broken connection, or the database down: nothing runs
             log.warning("checkpointer: its session could not be ended: %s", exc)
+            return False
 
     async def _reconnect_if_broken(self) -> None:
         # Under the saver's own lock: writes of one run go out from several
