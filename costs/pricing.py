@@ -42,6 +42,7 @@ logged and gives unknown.
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import functools
 import hashlib
 import json
@@ -266,6 +267,16 @@ def _total(model_price, counts: dict[str, int], *, catalogue: bool = True) -> De
 _PROBE_TOKENS = 1_000_000
 _INPUT_PARTS = ("cache_read_tokens", "cache_write_tokens", "input_audio_tokens")
 _OUTPUT_PARTS = ("output_reasoning_tokens", "output_audio_tokens")
+#: Where a :class:`LinearPrice` is used, genai-prices' own arithmetic (28
+#: significant digits) is exact, so both give the same figure: prices of at
+#: most 12 decimal places below 10**6 USD a unit, and calls of fewer than
+#: 10**10 tokens of each kind (every term then has at most 28 digits).
+#: Other prices and counts are priced by ``calc_price`` itself.
+_MAX_PRICE_DECIMALS = 12
+_MAX_PRICE = Decimal(10**6)
+_MAX_COUNT = 10**10
+#: The linear form's own sums: exact for every count and price above.
+_EXACT = decimal.Context(prec=60)
 
 
 @dataclass(frozen=True)
@@ -289,18 +300,19 @@ class LinearPrice:
 
     @staticmethod
     def holds_for(counts: dict[str, int]) -> bool:
-        return sum(counts.get(k, 0) for k in _INPUT_PARTS) <= counts.get("input_tokens", 0) and sum(
-            counts.get(k, 0) for k in _OUTPUT_PARTS
-        ) <= counts.get("output_tokens", 0)
+        return (
+            all(count < _MAX_COUNT for count in counts.values())
+            and sum(counts.get(k, 0) for k in _INPUT_PARTS) <= counts.get("input_tokens", 0)
+            and sum(counts.get(k, 0) for k in _OUTPUT_PARTS) <= counts.get("output_tokens", 0)
+        )
 
     def total(self, counts: dict[str, int]) -> Decimal:
-        """USD of ``counts`` (exact: every term is a product of integers
-        and decimal prices, as genai-prices' own sum is)."""
+        """USD of ``counts``, exact (see :data:`_MAX_COUNT`)."""
         total = self.fixed
         for key, price in self.per_token:
             count = counts.get(key)
             if count:
-                total += count * price
+                total = _EXACT.fma(count, price, total)
         return total
 
 
@@ -331,10 +343,9 @@ def linear_price(model_price, *, catalogue: bool = True) -> LinearPrice | None:
 
 
 def _derive_linear(model_price, *, catalogue: bool) -> LinearPrice | None:
-    from genai_prices.types import TieredPrices
-
-    if any(isinstance(value, TieredPrices) for value in vars(model_price).values()):
-        return None
+    values = [value for value in vars(model_price).values() if value is not None]
+    if not all(_exact_price(value) for value in values):
+        return None  # tiered, or beyond where calc_price is exact
 
     def total(counts: dict[str, int]) -> Decimal:
         return Decimal(model_price.calc_price(_usage(counts, catalogue=catalogue))["total_price"])
@@ -342,10 +353,13 @@ def _derive_linear(model_price, *, catalogue: bool) -> LinearPrice | None:
     m = _PROBE_TOKENS
     base = {"input_tokens": m, "output_tokens": m}
     at_base = total(base)
-    per_token = tuple((key, (total({**base, key: base.get(key, 0) + m}) - at_base) / m) for _, key in _USAGE_KEYS)
+    per_token = tuple(
+        (key, _EXACT.divide(_EXACT.subtract(total({**base, key: base.get(key, 0) + m}), at_base), m))
+        for _, key in _USAGE_KEYS
+    )
     prices = dict(per_token)
     linear = LinearPrice(
-        fixed=at_base - m * prices["input_tokens"] - m * prices["output_tokens"],
+        fixed=_EXACT.subtract(at_base, _EXACT.multiply(m, _EXACT.add(prices["input_tokens"], prices["output_tokens"]))),
         per_token=tuple((key, price) for key, price in per_token if price),
     )
     mixed = {
@@ -358,6 +372,17 @@ def _derive_linear(model_price, *, catalogue: bool) -> LinearPrice | None:
         "output_audio_tokens": m,
     }
     return linear if linear.total(mixed) == total(mixed) else None
+
+
+def _exact_price(value: Any) -> bool:
+    """A plain price (not tiered) within :data:`_MAX_PRICE_DECIMALS` and
+    :data:`_MAX_PRICE`."""
+    return (
+        isinstance(value, Decimal)
+        and value.is_finite()
+        and value.normalize().as_tuple().exponent >= -_MAX_PRICE_DECIMALS
+        and abs(value) < _MAX_PRICE
+    )
 
 
 @functools.cache

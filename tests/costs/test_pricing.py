@@ -313,3 +313,52 @@ def test_tiered_prices_and_usage_outside_the_linear_form_are_priced_by_calc_pric
         assert cost.usd == expected, (model, cost)
         if expected is None:
             assert cost.unknown == "usage_invalid"
+
+
+@pytest.mark.parametrize(
+    ("prices", "stored"),
+    [
+        # Kinds 1e30 apart: at 28 digits the probes lose the cheap one.
+        ({"input": "1E-16", "output": "100000000000000"}, {"input_tokens": 10**22, "output_tokens": 0}),
+        # Many significant digits, zero usage: no negative zero.
+        (
+            {
+                "input": "0.09458660099053458674049135500",
+                "output": "89.539282717114330560734",
+                "cached_input": "0.04297027272419",
+                "cache_creation": "13.84415055440996949",
+                "reasoning": "0.0004406342149952856023239137687",
+            },
+            {"input_tokens": 0, "output_tokens": 0},
+        ),
+        # Plain prices, counts past where the form is exact.
+        ({"input": "2.5", "output": "10"}, {"input_tokens": 3 * 10**10, "output_tokens": 7}),
+        ({"input": "2.5", "output": "10"}, {"input_tokens": 5, "output_tokens": 10**13 + 1}),
+    ],
+)
+def test_prices_and_counts_beyond_exact_arithmetic_are_priced_as_calc_price_prices_them_R_COST_1(
+    monkeypatch, prices, stored
+):
+    """Where genai-prices' own 28-digit arithmetic rounds, a linear form
+    derived from it would not give its figures (a helper found $13 off on
+    $4.6e15, and a price dropped whole): such prices have no form, such
+    counts are priced by calc_price, and the figure is calc_price's."""
+    import json
+
+    from costs.pricing import _override_price, _usage, linear_price, usage_counts
+
+    monkeypatch.setenv("MODEL_PRICES", json.dumps({"x:m": prices}))
+    get_config.cache_clear()
+    try:
+        config = get_config().MODEL_PRICES["x:m"]
+        expected = Decimal(
+            _override_price(config).calc_price(_usage(usage_counts(stored), catalogue=False))["total_price"]
+        ).quantize(Decimal("1e-12"))
+        cost = price_usage(model="x:m", usage=stored, at=AT)
+        assert cost.usd == expected and str(cost.usd) == str(expected), (cost, expected)
+        assert not cost.usd.is_signed()
+        if any(len(v.split(".")[-1]) > 12 or "E-" in v for v in prices.values()):
+            assert linear_price(_override_price(config), catalogue=False) is None
+    finally:
+        monkeypatch.delenv("MODEL_PRICES")
+        get_config.cache_clear()
