@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.dispatch import dispatch_held
-from audit.run_benchmark import VARIANTS, bench_run_overhead
+from audit.run_benchmark import VARIANTS, bench_run_overhead, settle_unless_autovacuum
 
 
 class Command(BaseCommand):
@@ -35,6 +35,7 @@ class Command(BaseCommand):
             raise CommandError(
                 "--runs, --rounds and --rss-every must be at least 1, --warmup and --memory-runs at least 0"
             )
+        settle_unless_autovacuum(self.stdout.write)
         # The benchmark starts its own runs: no worker may take them first.
         with dispatch_held():
             result = bench_run_overhead(
