@@ -204,6 +204,13 @@ def build_dataset(*, rows: int = 1_000_000, log: Callable[[str], None] = print) 
     )
 
 
+def rollup_tables() -> list[str]:
+    """The dashboard's rollup tables."""
+    from django.apps import apps
+
+    return [m._meta.db_table for m in apps.get_app_config("dashboard").get_models()]
+
+
 def settle(*, tables: list[str] | None = None, log: Callable[[str], None] = print) -> None:
     """``VACUUM (ANALYZE)`` ``tables`` (default: the runs and the rollup
     tables, after ``rebuild_rollups`` marked every run of a new dataset):
@@ -211,10 +218,8 @@ def settle(*, tables: list[str] | None = None, log: Callable[[str], None] = prin
     versions gone, pages all-visible, statistics current). Without it the
     first measurement reads a run table twice its size whose pages all need
     a heap visit, and autovacuum may start in the middle of the measuring."""
-    from django.apps import apps
-
     if tables is None:
-        tables = ["audit_agentrun", *(m._meta.db_table for m in apps.get_app_config("dashboard").get_models())]
+        tables = ["audit_agentrun", *rollup_tables()]
     started = time.perf_counter()
     with connection.cursor() as c:
         for table in tables:

@@ -241,7 +241,9 @@ async def _close_once_free(conn) -> None:
 
 async def _acquire_within(lock: asyncio.Lock, seconds: float) -> bool:
     """Whether ``lock`` was acquired within ``seconds``; False also when the
-    wait was cancelled (the caller sees that in ``cancelling()``)."""
+    wait was cancelled (the caller sees that in ``cancelling()``). The flag
+    is set inside: a timeout firing just as the lock was taken must not
+    report a lock held as not acquired."""
     acquired = False
 
     async def acquire() -> None:

@@ -151,16 +151,14 @@ def settle_unless_autovacuum(log) -> bool:
     ``log`` and ``VACUUM (ANALYZE)`` :data:`RUN_TABLES` and the rollups
     first, the state autovacuum keeps a deployment in. Returns whether it
     did."""
-    from .bench_reads import settle
+    from .bench_reads import rollup_tables, settle
 
     with connection.cursor() as cursor:
         cursor.execute("SHOW autovacuum")
         if cursor.fetchone()[0] == "on":
             return False
     log("autovacuum is off on this server: the tables a run writes are vacuumed and analyzed first")
-    from django.apps import apps
-
-    settle(tables=[*RUN_TABLES, *(m._meta.db_table for m in apps.get_app_config("dashboard").get_models())], log=log)
+    settle(tables=[*RUN_TABLES, *rollup_tables()], log=log)
     return True
 
 
