@@ -59,16 +59,24 @@ class CancelSignalListener:
     ``timeout`` seconds pass without one. Never raises on Redis errors: it
     then just sleeps, and the caller's database check decides."""
 
-    def __init__(self, run_id: uuid.UUID | str, redis_url: str | None = None, *, client: Any = None):
+    def __init__(
+        self, run_id: uuid.UUID | str, redis_url: str | None = None, *, client: Any = None, shared: Any = None
+    ):
+        """``client``: a Redis client of the caller's (the run's event
+        publisher's: the key check then reuses its connection), the
+        caller's to close. ``shared``: the worker loop's connections
+        (:class:`~audit.worker_loop.LoopRedis`): the key check uses its
+        client, and its subscription connection subscribes to this run's
+        channel until :meth:`close` unsubscribes it. Without either, the
+        listener makes its own client and subscription."""
         self.run_id = str(run_id)
         self._redis_url = redis_url if redis_url is not None else (get_config().REDIS_URL or None)
-        # A client given by the caller (the run's event publisher's: the key
-        # check then reuses its connection) is the caller's to close; the
-        # subscription always takes a connection of its own.
-        self._client = client
-        self._owns_client = client is None
+        self._shared = shared
+        self._client = shared.client if shared is not None else client
+        self._owns_client = self._client is None
         self._pubsub = None
         self._key_reported = False
+        self._channel = cancel_channel(self.run_id)
 
     async def _ensure(self) -> None:
         if self._pubsub is not None or not self._redis_url:
@@ -77,8 +85,8 @@ class CancelSignalListener:
 
         if self._client is None:
             self._client = redis_client(self._redis_url)
-        self._pubsub = self._client.pubsub()
-        await self._pubsub.subscribe(cancel_channel(self.run_id))
+        self._pubsub = self._shared.pubsub() if self._shared is not None else self._client.pubsub()
+        await self._pubsub.subscribe(self._channel)
 
     async def wait(self, timeout: float) -> bool:
         import asyncio
@@ -100,18 +108,33 @@ class CancelSignalListener:
             # timeout, or the caller polls the database at every run's start.
             deadline = asyncio.get_running_loop().time() + timeout
             while (left := deadline - asyncio.get_running_loop().time()) > 0:
-                if await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left) is not None:
+                message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+                # A shared subscription may still deliver an earlier run's
+                # signal: only this run's channel counts.
+                if message is not None and _text(message.get("channel")) == self._channel:
                     return True
             return False
         except Exception as exc:  # Redis is a hint only; the database decides
             log.warning("cancel listener for run %s: %s", self.run_id, exc)
-            await self.close()
+            await self.close(broken=True)
             await asyncio.sleep(timeout)
             return False
 
-    async def close(self) -> None:
+    async def close(self, *, broken: bool = False) -> None:
         pubsub, client = self._pubsub, self._client if self._owns_client else None
         self._pubsub = None
+        if self._shared is not None:
+            # The worker loop's subscription stays for its next run, without
+            # this run's channel; one that failed is dropped.
+            if pubsub is not None and not broken:
+                try:
+                    await pubsub.unsubscribe(self._channel)
+                    return
+                except Exception:
+                    pass
+            if pubsub is not None:
+                await self._shared.discard_pubsub()
+            return
         if self._owns_client:
             self._client = None
         if pubsub is not None:
@@ -124,3 +147,7 @@ class CancelSignalListener:
                 await client.aclose()
             except Exception:
                 pass
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value

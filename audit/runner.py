@@ -62,6 +62,7 @@ from .recorder import LifecycleRecorder
 from .services.runs import run_acquire_with_row
 from .services.trace import run_set_trace
 from .tracing import start_run_trace
+from .worker_loop import LoopRedis, run_in_worker_loop, worker_redis
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,11 @@ def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
     finally:
         release_connection()
     logcontext.bind(run_id=lease.run_id, thread_id=lease.thread_id, worker=owner)
-    return asyncio.run(RunExecutor(lease=lease, run=run, conninfo=postgres_conninfo()).execute())
+    # On this thread's worker loop, with its Redis connections: no loop,
+    # client or subscription made per run (issue 11).
+    shared = worker_redis(config.REDIS_URL) if config.REDIS_URL else None
+    executor = RunExecutor(lease=lease, run=run, conninfo=postgres_conninfo(), shared_redis=shared)
+    return run_in_worker_loop(executor.execute())
 
 
 @dataclass
@@ -240,7 +245,11 @@ class _Outcome:
 class RunExecutor:
     """Drives one run's agent stream while keeping its lease."""
 
-    def __init__(self, *, lease: Lease, run: AgentRun, conninfo: str | None):
+    def __init__(self, *, lease: Lease, run: AgentRun, conninfo: str | None, shared_redis: LoopRedis | None = None):
+        """``shared_redis``: the worker loop's Redis connections
+        (:func:`~audit.worker_loop.worker_redis`), when :meth:`execute`
+        runs on that loop; without it the run makes its own client (closed
+        at its end) and subscription."""
         self.lease = lease
         self.run = run
         self.conninfo = conninfo
@@ -248,7 +257,11 @@ class RunExecutor:
         # One Redis client for the run's events and its cancel listener's
         # key check (the subscription has a connection of its own).
         redis_url = self.config.REDIS_URL or None
-        self.redis = redis_client(redis_url) if redis_url else None
+        self._shared_redis = shared_redis if redis_url else None
+        if self._shared_redis is not None:
+            self.redis = self._shared_redis.client
+        else:
+            self.redis = redis_client(redis_url) if redis_url else None
         self.publisher = RunEventPublisher(run.id, redis_url, client=self.redis)
         self.recorder = LifecycleRecorder(
             LeasedAuditSink(lease, budget_user_id=run.user_id), publish=self.publisher.publish
@@ -298,7 +311,7 @@ class RunExecutor:
             # Sends the events still batched (the terminal one, published by
             # _finish after its transaction committed, last).
             await self.publisher.close()
-            if self.redis is not None:
+            if self.redis is not None and self._shared_redis is None:
                 with contextlib.suppress(Exception):
                     await self.redis.aclose()
 
@@ -397,7 +410,7 @@ class RunExecutor:
         ttl = self.config.LEASE_TTL_SECONDS
         poll = min(1.0, ttl / 3)
         renewed_at = time.monotonic()
-        listener = CancelSignalListener(self.lease.run_id, client=self.redis)
+        listener = CancelSignalListener(self.lease.run_id, client=self.redis, shared=self._shared_redis)
         try:
             while self._stop is None and not self._ending:
                 signalled = await listener.wait(poll)

@@ -1,0 +1,151 @@
+"""One event loop per worker thread, kept from run to run, and the Redis
+connections its runs share (issue 11: share connections).
+
+``asyncio.run`` for every run built a new loop, a new Redis client and a
+new subscription connection — each a TCP connection and its handshake —
+and at the end joined the loop's executor threads: 5–9 ms of CPU a run on
+a two-core machine (``bench_run_overhead``). :func:`run_in_worker_loop`
+runs each run's coroutine on this thread's loop instead, with what
+``asyncio.run`` guarantees for one run: a context copied from the caller's,
+and every task the run left behind cancelled and awaited before it
+returns, so nothing of one run survives into the next. The loop's Redis
+client (:func:`worker_redis`) serves every run's live events and cancel
+signal; its subscription connection subscribes to one run's channel at a
+time (:class:`~audit.cancellation.CancelSignalListener`).
+
+A loop belongs to its thread and process: a forked child, or another
+thread, makes its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+_local = threading.local()
+
+
+class LoopRedis:
+    """The Redis client of one worker loop and its one subscription
+    connection (``pubsub``), made on first use, kept across runs."""
+
+    def __init__(self, url: str):
+        from redis import asyncio as aioredis
+
+        from .events import REDIS_CLIENT_OPTIONS
+
+        self.url = url
+        # Named, so that an operator tells a worker's connections apart in
+        # ``CLIENT LIST`` (one client connection and one subscription per
+        # worker thread, whatever the number of runs).
+        self.client = aioredis.from_url(url, client_name=worker_client_name(), **REDIS_CLIENT_OPTIONS)
+        self._pubsub: Any = None
+
+    def pubsub(self) -> Any:
+        """The loop's subscription (made at first use). A run subscribes
+        its channel and unsubscribes it when it ends."""
+        if self._pubsub is None:
+            self._pubsub = self.client.pubsub()
+        return self._pubsub
+
+    async def discard_pubsub(self) -> None:
+        """Drop the subscription after an error on it (a broken connection,
+        Redis restarted): the next run makes a new one."""
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def aclose(self) -> None:
+        await self.discard_pubsub()
+        with contextlib.suppress(Exception):
+            await self.client.aclose()
+
+
+class _WorkerLoop:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        # A loop factory: the loop is not made the thread's current loop, so
+        # code outside a run (asyncio.run elsewhere in the thread) is unaffected.
+        self.runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
+        self.redis: dict[str, LoopRedis] = {}
+
+    def run[T](self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            return self.runner.run(coro, context=contextvars.copy_context())
+        finally:
+            _cancel_leftovers(self.runner.get_loop())
+
+    def close(self) -> None:
+        loop = self.runner.get_loop()
+        if not loop.is_closed() and not loop.is_running():
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.gather(*(r.aclose() for r in self.redis.values())))
+        self.redis.clear()
+        with contextlib.suppress(Exception):
+            self.runner.close()
+
+    def __del__(self) -> None:
+        # The thread ended: its loop goes (its sockets with the objects that
+        # hold them); nothing is run on it any more.
+        loop = getattr(self.runner, "_loop", None)
+        if self.pid == os.getpid() and loop is not None and not loop.is_running():
+            with contextlib.suppress(Exception):
+                loop.close()
+
+
+def _worker_loop() -> _WorkerLoop:
+    worker = getattr(_local, "worker", None)
+    if worker is None or worker.pid != os.getpid():
+        worker = _local.worker = _WorkerLoop()
+    return worker
+
+
+def run_in_worker_loop[T](coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end on this thread's worker loop and return its
+    result (or raise its exception), as ``asyncio.run`` would: in a copy of
+    the caller's context, with every task it left running cancelled and
+    awaited before this returns. Raises ``RuntimeError`` when called from a
+    running event loop (as ``asyncio.run`` does)."""
+    return _worker_loop().run(coro)
+
+
+def worker_redis(url: str) -> LoopRedis:
+    """The Redis connections of this thread's worker loop for ``url``: for
+    runs that :func:`run_in_worker_loop` runs, and only there (its
+    connections belong to that loop)."""
+    worker = _worker_loop()
+    shared = worker.redis.get(url)
+    if shared is None:
+        shared = worker.redis[url] = LoopRedis(url)
+    return shared
+
+
+def worker_client_name() -> str:
+    """The Redis client name of this process's worker loops:
+    ``yuxi-worker:<pid>``."""
+    return f"yuxi-worker:{os.getpid()}"
+
+
+def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel and await the tasks a run left on ``loop`` (what
+    ``asyncio.run`` does before it closes its loop); an error one of them
+    ends with goes to the loop's exception handler."""
+    if loop.is_closed():
+        return
+    tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    if not tasks:
+        return
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler(
+                {"message": "a task a run left behind failed", "exception": task.exception(), "task": task}
+            )
