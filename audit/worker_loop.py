@@ -41,8 +41,8 @@ class LoopRedis:
 
         self.url = url
         # Named, so that an operator tells a worker's connections apart in
-        # ``CLIENT LIST`` (one client connection and one subscription per
-        # worker thread, whatever the number of runs).
+        # ``CLIENT LIST`` (a client connection or two and one subscription
+        # per worker thread, whatever the number of runs).
         self.client = aioredis.from_url(url, client_name=worker_client_name(), **REDIS_CLIENT_OPTIONS)
         self._pubsub: Any = None
 
@@ -127,9 +127,9 @@ def worker_redis(url: str) -> LoopRedis:
 
 
 def worker_client_name() -> str:
-    """The Redis client name of this process's worker loops:
-    ``yuxi-worker:<pid>``."""
-    return f"yuxi-worker:{os.getpid()}"
+    """The Redis client name of this thread's worker loop:
+    ``yuxi-worker:<pid>:<thread id>`` (the thread's native id)."""
+    return f"yuxi-worker:{os.getpid()}:{threading.get_native_id()}"
 
 
 def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:

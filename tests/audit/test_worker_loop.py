@@ -23,7 +23,7 @@ _flag: contextvars.ContextVar[str] = contextvars.ContextVar("test_worker_loop_fl
 
 
 def _worker_connections(client: redis.Redis) -> set[str]:
-    """Ids of the Redis connections named as this process's worker loops'."""
+    """Ids of the Redis connections of this thread's worker loop."""
     return {entry["id"] for entry in client.client_list() if entry.get("name") == worker_client_name()}
 
 
@@ -33,10 +33,11 @@ def test_the_runs_of_a_thread_share_its_redis_connections(thread, replay_models)
     later runs of a thread reuse the first run's two."""
     client = redis.Redis.from_url(settings.CONFIG.REDIS_URL)
     assert run_execute(run_id=make_run(thread, text="first").id, owner="worker-a") == "completed"
+    # The client's pool (more than one connection when the events' flush
+    # and the cancel key check overlap) and the subscription; earlier runs
+    # of this thread (other tests) may have made them already.
     after_first = _worker_connections(client)
-    # The client's pool (two when the events' flush and the cancel key
-    # check overlap) and the subscription.
-    assert 2 <= len(after_first) <= 3
+    assert len(after_first) >= 2
     for text in ("second", "third"):
         assert run_execute(run_id=make_run(thread, text=text).id, owner="worker-a") == "completed"
     after_third = _worker_connections(client)
