@@ -39,7 +39,6 @@ class LoopRedis:
 
         from .events import REDIS_CLIENT_OPTIONS
 
-        self.url = url
         # Named, so that an operator tells a worker's connections apart in
         # ``CLIENT LIST`` (a client connection or two and one subscription
         # per worker thread, whatever the number of runs).
@@ -61,11 +60,6 @@ class LoopRedis:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
 
-    async def aclose(self) -> None:
-        await self.discard_pubsub()
-        with contextlib.suppress(Exception):
-            await self.client.aclose()
-
 
 class _WorkerLoop:
     def __init__(self) -> None:
@@ -80,15 +74,6 @@ class _WorkerLoop:
             return self.runner.run(coro, context=contextvars.copy_context())
         finally:
             _cancel_leftovers(self.runner.get_loop())
-
-    def close(self) -> None:
-        loop = self.runner.get_loop()
-        if not loop.is_closed() and not loop.is_running():
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(asyncio.gather(*(r.aclose() for r in self.redis.values())))
-        self.redis.clear()
-        with contextlib.suppress(Exception):
-            self.runner.close()
 
     def __del__(self) -> None:
         # The thread ended: its loop goes (its sockets with the objects that
