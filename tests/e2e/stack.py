@@ -5,6 +5,7 @@ Redis queue of their own. Logs go to ``test-artifacts/``."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,10 +22,38 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 
 
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on, for a process a
+    test starts. It is drawn below the kernel's ephemeral range, so no
+    outgoing connection takes it between this call and the process's
+    bind, and never handed out twice in one test session (two calls in a
+    row could otherwise return the same just-freed port)."""
+    low = max(_ephemeral_low(), 11000)
+    rng = random.SystemRandom()
+    with _handed_out_lock:
+        for _ in range(1000):
+            port = rng.randrange(10000, low)
+            if port in _handed_out:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no free TCP port below the ephemeral range")
 
 
 @dataclass
