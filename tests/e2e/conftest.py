@@ -13,9 +13,14 @@ def e2e_database_url(django_db_setup) -> str:
     return database_url_of(connection.settings_dict)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack(e2e_database_url, django_db_blocker):
-    """Replay server + ASGI web server + one Celery worker for the session."""
+    """Replay server + ASGI web server + one Celery worker for the tests of
+    this package. Stopped when they are done: its worker's beat (the
+    sweeper and the dispatcher, every second) locks and writes rows of the
+    test database and would hand the runs later tests leave pending to its
+    worker; the later tests must own the database alone (a beat
+    transaction held the OTel export horizon of tests/otel back)."""
     stack = start_stack(database_url=e2e_database_url, redis_url=settings.CONFIG.REDIS_URL)
     yield stack
     stack.stop()
