@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from urllib.parse import parse_qs, urlsplit
 
@@ -129,6 +130,10 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
+# collectstatic's target; WhiteNoise warns at every start while it does not
+# exist, though it serves through the finders below without it.
+with contextlib.suppress(OSError):
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
 # WhiteNoise finds files where the staticfiles finders do, so neither the
 # quick start nor the tests need a `collectstatic` step.
