@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
@@ -54,6 +56,60 @@ def free_port() -> int:
             _handed_out.add(port)
             return port
     raise RuntimeError("no free TCP port below the ephemeral range")
+
+
+class PrivateRedis:
+    """A ``redis-server`` of a test's own on a free port, without
+    persistence: stopping or killing it never touches the shared Redis, and
+    :meth:`start` after :meth:`kill9` brings it back empty on the same port.
+    :meth:`start` skips the calling test where ``redis-server`` is not on
+    the PATH."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        require_redis_server()
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # no signal meant for the test run reaches it
+        )
+        import redis
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                redis.Redis(port=self.port, socket_connect_timeout=0.5).ping()
+                return
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise RuntimeError("private redis-server did not start")
+
+    def stop(self) -> None:
+        """Stop it (SIGTERM) and wait."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def kill9(self) -> None:
+        """Kill it (SIGKILL): every message it held is lost."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=5)
+
+
+def require_redis_server() -> None:
+    """Skip the calling test unless ``redis-server`` is on the PATH."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("this test needs redis-server on the PATH")
 
 
 @dataclass

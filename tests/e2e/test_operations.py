@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 import uuid
@@ -31,54 +30,15 @@ from audit.models import AgentRun
 from conversations.models import Message
 from tests.conftest import bearer
 
-from .stack import Stack, create_thread, free_port, start_stack, wait_for_status
+from .stack import PrivateRedis, Stack, create_thread, start_stack, wait_for_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 METRICS_TOKEN = f"scrape-{uuid.uuid4().hex}"
 
 
-class PrivateRedis:
-    """A ``redis-server`` of this test only (free port, no persistence):
-    stopping it never touches the shared Redis."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # no signal meant for the test run reaches it
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                import redis
-
-                redis.Redis(port=self.port, socket_connect_timeout=0.2).ping()
-                return
-            except Exception:
-                time.sleep(0.05)
-        raise TimeoutError("private redis-server did not start")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-        self.process = None
-
-
 @pytest.fixture(scope="module")
 def ops_stack(e2e_database_url, django_db_blocker):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
     redis_server = PrivateRedis()
     redis_server.start()
     multiproc_dir = Path(tempfile.mkdtemp(prefix="yuxi-prometheus-"))

@@ -40,7 +40,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.e2e.stack import ARTIFACTS, REPO, Process, free_port, start, start_web
+from tests.e2e.stack import ARTIFACTS, REPO, PrivateRedis, Process, free_port, require_redis_server, start, start_web
 
 # The newest PostgreSQL server binaries of a Debian-like system (initdb,
 # pg_ctl); None where there are none, and then the fault tests skip, saying
@@ -57,8 +57,7 @@ def require_private_servers() -> None:
         pytest.skip(
             "the fault tests need PostgreSQL's server binaries under /usr/lib/postgresql/*/bin (initdb, pg_ctl)"
         )
-    if shutil.which("redis-server") is None:
-        pytest.skip("the fault tests need redis-server on the PATH")
+    require_redis_server()
 
 
 # Short leases and intervals: recovery within seconds, not minutes.
@@ -141,44 +140,6 @@ class PrivatePostgres:
 
     def connect(self, dbname: str = "yuxi", **kwargs) -> psycopg.Connection:
         return psycopg.connect(self.url(dbname), autocommit=True, connect_timeout=5, **kwargs)
-
-
-class PrivateRedis:
-    """A ``redis-server`` of the test's own, without persistence: ``kill9``
-    loses every message, ``start`` brings it back empty on the same port."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        if shutil.which("redis-server") is None:
-            pytest.skip("the fault tests need redis-server on the PATH")
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        import redis
-
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                redis.Redis(port=self.port, socket_connect_timeout=0.5).ping()
-                return
-            except redis.RedisError:
-                time.sleep(0.05)
-        raise RuntimeError("private redis-server did not start")
-
-    def kill9(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=5)
 
 
 @dataclass
