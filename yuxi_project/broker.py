@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 
+from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.transport import redis
 
 log = logging.getLogger(__name__)
@@ -105,3 +106,32 @@ class Transport(redis.Transport):
     ``CELERY_BROKER_TRANSPORT`` is ``"yuxi_project.broker:Transport"``."""
 
     Channel = Channel
+
+
+class Consumer(CeleryConsumer):
+    """Celery's worker consumer with its Mingle and Gossip steps off, as
+    ``--without-mingle --without-gossip`` would set them; the value of
+    ``CELERY_WORKER_CONSUMER`` is ``"yuxi_project.broker:Consumer"``
+    (R-RUN-9).
+
+    Mingle asks the other workers for their revoked tasks and logical clock
+    each time the consumer (re)connects; Gossip follows every other
+    worker's events. The product uses neither: a run is cancelled in
+    PostgreSQL (R-RUN-6), never by a Celery revoke, and no step elects or
+    watches workers. Both are what reports of Redis workers that reconnect
+    and then consume nothing implicate (celery/celery#8030, #8082, #8384,
+    #10205: a broker lost several times within seconds, the consumer's
+    reconnect caught in Mingle's exchange); running without them is those
+    reports' remedy. The steps stay in the consumer's graph (its task
+    consumer requires Mingle's place in the boot order) but do not start.
+    Heartbeats (monitoring) and remote control (``celery inspect``, the
+    health check's ping) stay on."""
+
+    def __init__(self, *args, worker_options=None, **kwargs):
+        options = {**(worker_options or {}), **WITHOUT_STEPS}
+        super().__init__(*args, worker_options=options, **kwargs)
+
+
+#: The options that switch off the consumer steps :class:`Consumer` does
+#: not start.
+WITHOUT_STEPS = {"without_mingle": True, "without_gossip": True}

@@ -176,6 +176,10 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # One message per free slot: a busy worker does not sit on messages another
 # worker could start.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery's consumer without Mingle and Gossip, which the product does not
+# use and which reports implicate in workers that stop consuming after Redis
+# flapped (see the module).
+CELERY_WORKER_CONSUMER = "yuxi_project.broker:Consumer"
 CELERY_TASK_IGNORE_RESULT = True
 # Reconnect to the broker forever, at start-up and after losing it: a Redis
 # restart must not end the worker (finding: broker restarted empty).

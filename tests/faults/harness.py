@@ -169,8 +169,10 @@ class FaultStack:
         return self._celery(
             name,
             ["worker", "-Q", self.env["CELERY_QUEUE"], "-n", f"{name}@%h", "--pool=prefork"]
-            # Gossip, mingle and heartbeat stay on, as in a deployment: the
-            # broker-loss tests must meet what a real worker meets.
+            # No step switched off on the command line, as in a deployment:
+            # the broker-loss tests must meet what a real worker meets (the
+            # product's consumer, yuxi_project.broker.Consumer, leaves out
+            # Mingle and Gossip itself).
             + [f"--concurrency={concurrency}", "-l", "info"],
         )
 

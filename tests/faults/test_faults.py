@@ -87,6 +87,11 @@ def test_redis_killed_and_restarted_empty_mid_batch_loses_no_run_R_RUN_9(stack):
     # log says so before it exits.
     gave_up = [p.name for p in [*stack.workers, stack.maintenance] if "Unrecoverable error" in p.output()]
     assert not gave_up, f"workers gave up after losing Redis: {gave_up}"
+    # Their consumers reconnected without Mingle's exchange with the other
+    # workers, which reports of workers that stop consuming after Redis
+    # flapped implicate (yuxi_project.broker.Consumer).
+    mingled = [w.name for w in stack.workers if "mingle:" in w.output()]
+    assert not mingled, f"workers ran Celery's Mingle step on (re)connecting: {mingled}"
     verify("redis kill -9 + restart empty (x2)", stack, batch, recovery)
 
 
