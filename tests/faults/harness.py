@@ -171,8 +171,8 @@ class FaultStack:
             ["worker", "-Q", self.env["CELERY_QUEUE"], "-n", f"{name}@%h", "--pool=prefork"]
             # No step switched off on the command line, as in a deployment:
             # the broker-loss tests must meet what a real worker meets (the
-            # product's consumer, yuxi_project.broker.Consumer, leaves out
-            # Mingle and Gossip itself).
+            # product's consumer, yuxi_project.broker.Consumer, keeps Mingle
+            # and Gossip from starting itself).
             + [f"--concurrency={concurrency}", "-l", "info"],
         )
 

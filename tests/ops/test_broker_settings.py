@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -44,31 +43,26 @@ def test_workers_use_the_products_redis_transport_and_verify_tls_by_default_R_RU
     assert broker_url == url
 
 
-def test_the_workers_consumer_starts_without_mingle_and_gossip_R_RUN_9(tmp_path):
+def test_the_workers_consumer_starts_without_mingle_and_gossip_R_RUN_9():
     """A real worker with the product's consumer (``CELERY_WORKER_CONSUMER``)
     connects, starts remote control and its task consumer, and leaves
     Mingle and Gossip off (yuxi_project.broker.Consumer): its log shows no
     Mingle exchange and no Gossip start."""
+    from tests.e2e.stack import start
+
     queue = f"consumer-probe-{os.getpid()}"
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "yuxi_project.settings", "CELERY_QUEUE": queue}
-    log = tmp_path / "worker.log"
-    with log.open("w") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "yuxi_project", "worker", "-Q", queue, "-n", f"{queue}@%h"]
-            + ["--pool=solo", "-l", "debug"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    worker = start(
+        queue,
+        [sys.executable, "-m", "celery", "-A", "yuxi_project", "worker", "-Q", queue, "-n", f"{queue}@%h"]
+        + ["--pool=solo", "-l", "debug"],
+        env,
+    )
     try:
-        deadline = time.monotonic() + 90
-        while " ready." not in log.read_text() and worker.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        text = log.read_text()
-        assert " ready." in text, text[-3000:]
+        worker.wait_for_line(" ready.", timeout=90)
     finally:
-        worker.terminate()
-        worker.wait(timeout=30)
+        worker.stop()
+    text = worker.output()
     assert "Consumer: Starting Control" in text and "Consumer: Starting Tasks" in text
     assert "Consumer: Starting Mingle" not in text and "mingle:" not in text
     assert "Consumer: Starting Gossip" not in text
