@@ -172,6 +172,13 @@ def leased_run_sql(lease: Lease, *, now: datetime) -> tuple[str, list]:
     return _LEASED_RUN_SQL(), [lease.run_id, lease.request_id, lease.thread_id, lease.owner, lease.fencing_token, now]
 
 
+def leased_run_query() -> str:
+    """The SQL of :func:`leased_run_sql` alone, for a statement compiled
+    before its parameters are known; they are the ones
+    :func:`leased_run_sql` returns, in that order."""
+    return _LEASED_RUN_SQL()
+
+
 @functools.cache
 def _LEASED_RUN_SQL() -> str:  # noqa: N802 - a constant, built once the connection is known
     table = connection.ops.quote_name(AgentRun._meta.db_table)

@@ -166,9 +166,10 @@ _ON_LOOP_FIRST = frozenset(
 
 
 class LeasedAuditSink:
-    """The recorder's sink: every fact goes through a lease-checked service.
-    With ``budget_user_id``, every model row opens only while that user's
-    budget has room (R-COST-3)."""
+    """The recorder's sink: every fact goes through a lease-checked service,
+    which returns nothing (the sink reads no row back). With
+    ``budget_user_id``, every model row opens only while that user's budget
+    has room (R-COST-3)."""
 
     def __init__(self, lease: Lease, *, budget_user_id: int | None = None):
         self._lease = lease
@@ -176,26 +177,30 @@ class LeasedAuditSink:
 
     async def model_open(self, **kwargs: Any) -> None:
         await write_with_retry(
-            services.model_call_open, budget_user_id=self._budget_user_id, lease=self._lease, **kwargs
+            services.model_call_open,
+            budget_user_id=self._budget_user_id,
+            lease=self._lease,
+            returning=False,
+            **kwargs,
         )
 
     async def model_retry(self, **kwargs: Any) -> None:
         await write_with_retry(services.model_call_retry, lease=self._lease, **kwargs)
 
     async def model_start(self, **kwargs: Any) -> None:
-        await write_with_retry(services.model_call_start, lease=self._lease, **kwargs)
+        await write_with_retry(services.model_call_start, lease=self._lease, returning=False, **kwargs)
 
     async def model_finish(self, **kwargs: Any) -> None:
-        await write_with_retry(services.model_call_finish, lease=self._lease, **kwargs)
+        await write_with_retry(services.model_call_finish, lease=self._lease, returning=False, **kwargs)
 
     async def tool_start(self, **kwargs: Any) -> None:
-        await write_with_retry(services.tool_call_start, lease=self._lease, **kwargs)
+        await write_with_retry(services.tool_call_start, lease=self._lease, returning=False, **kwargs)
 
     async def tool_finish(self, **kwargs: Any) -> None:
-        await write_with_retry(services.tool_call_finish, lease=self._lease, **kwargs)
+        await write_with_retry(services.tool_call_finish, lease=self._lease, returning=False, **kwargs)
 
     async def tool_error(self, **kwargs: Any) -> None:
-        await write_with_retry(services.tool_call_error, lease=self._lease, **kwargs)
+        await write_with_retry(services.tool_call_error, lease=self._lease, returning=False, **kwargs)
 
 
 def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:

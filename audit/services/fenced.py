@@ -19,20 +19,28 @@ expects (absent, running, awaiting its first chunk); when it writes
 nothing, the service takes its locked path (:func:`audit.lease.lock_run`),
 which names the lease error or applies the idempotency and conflict rules.
 
-Rows are built as unsaved :class:`~conversations.models.Message` objects
-and every concrete field is written, so a column added to the model is
-written here without change. Values go through each field's own
-preparation (the escaped form of :mod:`yuxi_project.storable`, JSON), and
-rows come back through its converters, exactly as the ORM would
+A write is compiled once per shape — the columns it sets and how, its
+conditions, whether the row comes back — into a statement kept for the
+process (and prepared once per connection): a call then prepares only its
+own values (issue 11: building the statement had cost the worker as much as
+its round trip). A new row is every concrete field of
+:class:`~conversations.models.Message`: the values the write gives, and for
+every other field its model default, compiled into the statement as a
+literal — so a column added to the model is written here without change.
+Values go through each field's own preparation (the escaped form of
+:mod:`yuxi_project.storable`, JSON), and rows come back through its
+converters, exactly as the ORM would
 (:func:`conversations.sql.messages_from_values`, shared with the readers).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -41,15 +49,17 @@ from conversations.models import Message
 from conversations.sql import messages_from_values
 from yuxi_project.db import execute_prepared
 
-from ..lease import Lease, leased_run_sql
+from ..lease import Lease, leased_run_query, leased_run_sql
 
 
 @dataclass
 class Assign:
-    """Column assignments of an UPDATE: ``{column: (sql, params)}`` where
-    ``sql`` is an expression over the row ``m`` (``"m.metadata || %s"``)."""
+    """Column assignments of an UPDATE: ``{field name: (sql, values)}``
+    where ``sql`` is an expression over the row ``m`` (``"m.metadata ||
+    %s"``) and each of ``values`` is prepared by the field ``name`` when the
+    write is made."""
 
-    columns: dict[str, tuple[str, list]] = field(default_factory=dict)
+    columns: dict[str, tuple[str, tuple]] = field(default_factory=dict)
 
     def value(self, name: str, value: Any) -> Assign:
         """``name = value``, prepared by the model field ``name``."""
@@ -58,47 +68,133 @@ class Assign:
     def sql(self, name: str, expression: str, *values: Any) -> Assign:
         """``name = expression``; ``values`` are prepared by the field
         ``name`` (for a JSON patch: ``sql("metadata", "m.metadata || %s", patch)``)."""
-        f, column = _field_and_column(name)
-        db = connections[DEFAULT_DB_ALIAS] if values else None
-        self.columns[column] = (expression, [None if v is None else f.get_db_prep_save(v, db) for v in values])
+        self.columns[name] = (expression, values)
         return self
 
 
 @functools.cache
-def _field_and_column(name: str) -> tuple[Any, str]:
+def _field(name: str) -> tuple[Any, str]:
     """The message field ``name`` and its quoted column (static)."""
     f = Message._meta.get_field(name)
     return f, connections[DEFAULT_DB_ALIAS].ops.quote_name(f.column)
 
 
-@dataclass(frozen=True)
-class _Table:
-    """What the statements need of the message table, computed once."""
+def _literal(value: Any) -> str | None:
+    """A field's default, as the field prepares it for the database, as an
+    SQL literal; None for a kind of value written as a parameter instead.
+    Only the model's own defaults pass here, never a caller's value."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | Decimal):
+        return str(value)
+    if isinstance(value, str) and "\\" not in value:
+        return "'" + value.replace("'", "''") + "'"
+    # JSONField prepares a value as psycopg's Jsonb (``.obj``): an empty
+    # dict or list is all the model's JSON defaults are.
+    if type(value).__name__ == "Jsonb" and type(getattr(value, "obj", None)) in (dict, list) and not value.obj:
+        return f"'{json.dumps(value.obj)}'"
+    return None
 
-    name: str  # quoted table name
-    fields: list  # concrete fields but the primary key, for INSERT
-    columns: list[str]  # their quoted columns
-    casts: list[str]  # their SQL types, for ``CAST(%s AS …)``
-    returned: list  # every concrete field, the key first
-    returning: str  # "m.<column>, …" of ``returned``
+
+# What a parameter of an inserted row is (see _Statement.insert_params).
+_KEY, _NOW, _GIVEN, _STATIC, _SQL = range(5)
+
+
+@dataclass(frozen=True)
+class _Statement:
+    """One shape of write, compiled (see :func:`_compile`)."""
+
+    sql: str
+    # The parameters of the INSERT's values, in the order of the statement:
+    # (_KEY,) the operation id; (_NOW,) the write's time; (_GIVEN, field)
+    # a value the call gives; (_STATIC, value) a default that is no
+    # literal; (_SQL, column) the parameters of an expression the call
+    # gives for that column.
+    insert_params: tuple[tuple, ...] = ()
 
 
 @functools.cache
-def _table() -> _Table:
+def _compile(
+    role: str,
+    update: tuple[tuple[str, str], ...] | None,
+    update_when: str,
+    insert: tuple[str, ...] | None,
+    insert_sql: tuple[tuple[str, str], ...],
+    insert_when: str | None,
+    load: bool,
+) -> _Statement:
+    """The statement of one shape of write: ``update`` is ``((field name,
+    expression), …)``, ``insert`` the names of the fields the call gives,
+    ``insert_sql`` ``((column, expression), …)``; see
+    :func:`write_operation_row`. Placeholders are psycopg's ``%s``."""
     db = connections[DEFAULT_DB_ALIAS]
-    fields = [f for f in Message._meta.concrete_fields if not f.primary_key]
-    returned = list(Message._meta.concrete_fields)
-    return _Table(
-        name=db.ops.quote_name(Message._meta.db_table),
-        fields=fields,
-        columns=[db.ops.quote_name(f.column) for f in fields],
-        # In an INSERT … SELECT a bare parameter has no column type yet. No
-        # length or scale in the cast: an explicit cast to varchar(n) would
-        # cut the value; the column's own check must refuse it.
-        casts=[f.db_type(db).split("(", 1)[0] for f in fields],
-        returned=returned,
-        returning=", ".join(f"m.{db.ops.quote_name(f.column)}" for f in returned),
-    )
+    qn = db.ops.quote_name
+    table = qn(Message._meta.db_table)
+    fields = Message._meta.concrete_fields if load else [Message._meta.pk]
+    returning = ", ".join(f"m.{qn(f.column)}" for f in fields)
+    parts = [f"WITH leased_run AS ({leased_run_query()})"]
+    selects = []
+    role_sql = _literal(str(role))
+    if role_sql is None:
+        raise ValueError(f"role {role!r} cannot be a literal")
+    if update is not None:
+        sets = [f"{_field(name)[1]} = {expression}" for name, expression in update]
+        sets.append(f"{_field('updated_at')[1]} = %s")
+        parts.append(
+            f", updated AS (UPDATE {table} AS m SET {', '.join(sets)} FROM leased_run "
+            f"WHERE m.run_id = leased_run.id AND m.role = {role_sql} AND m.operation_id = %s AND ({update_when}) "
+            f"RETURNING {returning})"
+        )
+        selects.append("SELECT * FROM updated")
+    params: list[tuple] = []
+    if insert is not None:
+        given, overrides, template = set(insert), dict(insert_sql), Message()
+        columns, values = [], []
+        for f in Message._meta.concrete_fields:
+            if f.primary_key:
+                continue
+            columns.append(qn(f.column))
+            # No length or scale in a cast: a cast to varchar(n) would cut
+            # the value; the column's own check must refuse it.
+            cast = f.db_type(db).split("(", 1)[0]
+            if f.column in overrides:
+                values.append(overrides[f.column])
+                params.append((_SQL, f.column))
+            elif f.name == "run":
+                values.append("leased_run.id")
+            elif f.name == "thread":
+                values.append("leased_run.thread_id")
+            elif f.name == "role":
+                values.append(role_sql)
+            elif f.name == "operation_id":
+                values.append(f"CAST(%s AS {cast})")
+                params.append((_KEY,))
+            elif f.name in ("created_at", "updated_at"):
+                values.append(f"CAST(%s AS {cast})")
+                params.append((_NOW,))
+            elif f.name in given:
+                values.append(f"CAST(%s AS {cast})")
+                params.append((_GIVEN, f))
+            else:
+                default = f.get_db_prep_save(getattr(template, f.attname), db)
+                literal = _literal(default)
+                values.append(f"CAST({literal if literal is not None else '%s'} AS {cast})")
+                if literal is None:
+                    params.append((_STATIC, default))
+        conditions = ["NOT EXISTS (SELECT FROM updated)"] if update is not None else []
+        if insert_when is not None:
+            conditions.append(f"({insert_when})")
+        guard = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        parts.append(
+            f", inserted AS (INSERT INTO {table} AS m ({', '.join(columns)}) "
+            f"SELECT {', '.join(values)} FROM leased_run{guard} "
+            "ON CONFLICT (run_id, role, operation_id) WHERE operation_id IS NOT NULL DO NOTHING "
+            f"RETURNING {returning})"
+        )
+        selects.append("SELECT * FROM inserted")
+    return _Statement(" ".join(parts) + " " + " UNION ALL ".join(selects), tuple(params))
 
 
 def write_operation_row(
@@ -109,10 +205,11 @@ def write_operation_row(
     now: datetime,
     update: Assign | None = None,
     update_when: tuple[str, list] = ("TRUE", []),
-    insert: Message | None = None,
+    insert: dict[str, Any] | None = None,
     insert_sql: dict[str, tuple[str, list]] | None = None,
     insert_when: tuple[str, list] | None = None,
-) -> Message | None:
+    load: bool = True,
+) -> Message | bool | None:
     """Write the row ``(lease.run_id, role, operation_id)`` in one statement
     fenced by the lease (see the module docstring) and return it, or None
     when nothing was written: the lease does not hold, or the row is not in
@@ -122,71 +219,69 @@ def write_operation_row(
         update: assignments to the existing row (``updated_at = now`` is
             added), made only when ``update_when`` (SQL over ``m``, params)
             holds for it.
-        insert: a new row (run, thread, role and operation id are set
-            here; ``created_at``/``updated_at`` are ``now``), inserted only
-            when the update changed nothing and no row has the key
-            (``ON CONFLICT … DO NOTHING``).
-        insert_sql: SQL for some inserted columns instead of the row's
-            value, ``{column: (sql, params)}``; it may name ``leased_run``.
+        insert: a new row, ``{field name: value}`` of the fields it gives;
+            every other field takes its model default (run, thread, role
+            and operation id are set here; ``created_at``/``updated_at``
+            are ``now``). Inserted only when the update changed nothing and
+            no row has the key (``ON CONFLICT … DO NOTHING``).
+        insert_sql: SQL for some inserted columns instead,
+            ``{column: (sql, params)}``; it may name ``leased_run``.
         insert_when: a further condition of the insert, ``(sql, params)``
             (the user's budget has room, say): when it does not hold,
             nothing is inserted.
+        load: return the row as stored (a :class:`Message`); False: only
+            ``True`` once it is written, the row's key alone coming back.
+
+    The SQL of ``update``, ``update_when``, ``insert_sql`` and
+    ``insert_when`` must be constants of the code (their text is part of
+    the compiled statement); their values go in the params.
 
     Must not be inside a failed transaction; raises what the database
     raises (a lock timeout, a value the column refuses).
     """
     db = connections[DEFAULT_DB_ALIAS]
-    table = _table()
-    lease_sql, params = leased_run_sql(lease, now=now)
-    parts = [f"WITH leased_run AS ({lease_sql})"]
-    selects = []
+    overrides = insert_sql or {}
+    statement = _compile(
+        role,
+        None if update is None else tuple((name, expr) for name, (expr, _) in update.columns.items()),
+        update_when[0],
+        None if insert is None else tuple(insert),
+        tuple((column, sql) for column, (sql, _) in overrides.items()),
+        None if insert_when is None else insert_when[0],
+        load,
+    )
+    _, params = leased_run_sql(lease, now=now)
     if update is not None:
-        sets = []
-        for column, (expression, values) in update.columns.items():
-            sets.append(f"{column} = {expression}")
-            params += values
-        sets.append("updated_at = %s")
-        params.append(now)
-        parts.append(
-            f", updated AS (UPDATE {table.name} AS m SET {', '.join(sets)} FROM leased_run "
-            f"WHERE m.run_id = leased_run.id AND m.role = %s AND m.operation_id = %s AND ({update_when[0]}) "
-            f"RETURNING {table.returning})"
-        )
-        params += [role, operation_id, *update_when[1]]
-        selects.append("SELECT * FROM updated")
+        for name, (_, values) in update.columns.items():
+            f = _field(name)[0]
+            params += [None if v is None else f.get_db_prep_save(v, db) for v in values]
+        params += [now, _prepared_key(operation_id, db), *update_when[1]]
     if insert is not None:
-        insert.run_id, insert.thread_id = lease.run_id, lease.thread_id
-        insert.role, insert.operation_id = role, operation_id
-        insert.created_at = insert.updated_at = now
-        overrides = insert_sql or {}
-        exprs = []
-        for f, cast in zip(table.fields, table.casts, strict=True):
-            if f.column in overrides:
-                expression, values = overrides[f.column]
-                exprs.append(expression)
-                params += values
-                continue
-            value = getattr(insert, f.attname)
-            exprs.append(f"CAST(%s AS {cast})")
-            params.append(None if value is None else f.get_db_prep_save(value, db))
-        conditions = ["NOT EXISTS (SELECT FROM updated)"] if update is not None else []
+        for kind, *what in statement.insert_params:
+            if kind == _GIVEN:
+                value = insert[what[0].name]
+                params.append(None if value is None else what[0].get_db_prep_save(value, db))
+            elif kind == _KEY:
+                params.append(_prepared_key(operation_id, db))
+            elif kind == _NOW:
+                params.append(now)
+            elif kind == _SQL:
+                params += overrides[what[0]][1]
+            else:
+                params.append(what[0])
         if insert_when is not None:
-            conditions.append(f"({insert_when[0]})")
             params += insert_when[1]
-        guard = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        parts.append(
-            f", inserted AS (INSERT INTO {table.name} AS m ({', '.join(table.columns)}) "
-            f"SELECT {', '.join(exprs)} FROM leased_run{guard} "
-            "ON CONFLICT (run_id, role, operation_id) WHERE operation_id IS NOT NULL DO NOTHING "
-            f"RETURNING {table.returning})"
-        )
-        selects.append("SELECT * FROM inserted")
-    sql = " ".join(parts) + " " + " UNION ALL ".join(selects)
-    # Prepared once per connection — the text depends only on the kind of
-    # write, never on the values — so a write costs one round trip and
+    # Prepared once per connection — the text depends only on the shape of
+    # the write, never on the values — so a write costs one round trip and
     # little CPU on either side.
-    found = execute_prepared(sql, params)
-    return None if found is None else messages_from_values([found])[0]
+    found = execute_prepared(statement.sql, params)
+    if found is None:
+        return None
+    return messages_from_values([found])[0] if load else True
+
+
+def _prepared_key(operation_id: str, db: Any) -> Any:
+    return _field("operation_id")[0].get_db_prep_save(operation_id, db)
 
 
 def json_param(value: Any) -> Any:

@@ -14,6 +14,7 @@ or returns the row unchanged.
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,7 +24,7 @@ from django.utils import timezone
 
 from conversations.models import Message
 from costs.budgets import budget_allows_sql, budget_check_running
-from costs.pricing import price_depends_on_time, price_row
+from costs.pricing import price_depends_on_time, price_row, price_usage
 from ops import metrics
 
 from ..errors import AuditConflict
@@ -53,7 +54,8 @@ def model_call_open(
     namespace: list[str] | None = None,
     parent_operation_id: str | None = None,
     budget_user_id: int | None = None,
-) -> Message:
+    returning: bool = True,
+) -> Message | None:
     """Open the ``model_audit`` row of one model call when its request is
     sent, before any chunk (R-MA-10) — with ``budget_user_id``, only while
     that user's budget has room (R-COST-3).
@@ -74,6 +76,9 @@ def model_call_open(
             checked in the statement that opens the row (no round trip of
             its own), and by :func:`~costs.budgets.budget_check_running`
             under the run lock when that statement opened nothing.
+        returning: False when the caller reads nothing back (the worker):
+            the row's key alone comes back from the statement and the
+            service returns None.
 
     The row is ``running`` with ``metadata.awaiting_first_chunk = true`` and
     ``metadata.attempts = 1``. Opening the same operation again returns the
@@ -98,15 +103,17 @@ def model_call_open(
         now=now,
         insert=row,
         insert_when=None if budget_user_id is None else budget_allows_sql(budget_user_id, now=now),
+        load=returning,
     )
     if opened is not None:
-        return opened
+        return opened if returning else None
     with transaction.atomic():
         lock_run(lease)  # a lease error names the cause before the budget
         if budget_user_id is not None:
             budget_check_running(user_id=budget_user_id, now=now)
         existing = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
-        return existing if existing is not None else _insert_model_row(lease, operation_id, row)
+        row = existing if existing is not None else _insert_model_row(lease, operation_id, row)
+        return row if returning else None
 
 
 def _new_model_row(
@@ -116,24 +123,24 @@ def _new_model_row(
     metadata: dict[str, Any],
     namespace: list[str],
     parent_operation_id: str | None,
-) -> Message:
-    """A ``running`` model row, not saved: the one shape of a new model row
-    for the request start (R-MA-10) and message-start (R-MA-3); a
-    subagent's call carries its ``namespace`` and ``parent_operation_id``
-    (R-SUB-1, see :func:`subagent_fields`)."""
-    return Message(
-        role=Message.Role.ASSISTANT,
-        message_type=Message.Type.MODEL_AUDIT,
-        sequence=sequence,
-        started_at=started_at,
-        execution_status=ExecStatus.RUNNING,
-        metadata=metadata,
-        namespace=namespace,
-        parent_operation_id=parent_operation_id,
-    )
+) -> dict[str, Any]:
+    """The fields of a ``running`` model row (``insert`` of
+    :func:`~audit.services.fenced.write_operation_row`): the one shape of a
+    new model row for the request start (R-MA-10) and message-start
+    (R-MA-3); a subagent's call carries its ``namespace`` and
+    ``parent_operation_id`` (R-SUB-1, see :func:`subagent_fields`)."""
+    return {
+        "message_type": Message.Type.MODEL_AUDIT,
+        "sequence": sequence,
+        "started_at": started_at,
+        "execution_status": ExecStatus.RUNNING,
+        "metadata": metadata,
+        "namespace": namespace,
+        "parent_operation_id": parent_operation_id,
+    }
 
 
-def _insert_model_row(lease: Lease, operation_id: str, row: Message) -> Message:
+def _insert_model_row(lease: Lease, operation_id: str, row: dict[str, Any]) -> Message:
     """Insert a new model row under the run lock the caller holds (the
     locked path); the statement is the fast path's."""
     saved = write_operation_row(
@@ -187,7 +194,8 @@ def model_call_start(
     opened_as: str | None = None,
     namespace: list[str] | None = None,
     parent_operation_id: str | None = None,
-) -> Message:
+    returning: bool = True,
+) -> Message | None:
     """Record message-start of one model call: find the row opened at
     request start (R-MA-10) or open it now.
 
@@ -204,6 +212,7 @@ def model_call_start(
             once, while it still awaits its first chunk.
         namespace, parent_operation_id: as for :func:`model_call_open`
             (R-SUB-1); a row opened at request start takes them here.
+        returning: as for :func:`model_call_open`.
 
     A row still ``awaiting_first_chunk`` takes ``sequence`` and loses the
     mark (its status is never changed: a closed row is never reopened,
@@ -229,11 +238,41 @@ def model_call_start(
             .sql("metadata", "(m.metadata || %s) - 'awaiting_first_chunk'", metadata)
             .value("namespace", nesting["namespace"])
             .sql("parent_operation_id", "COALESCE(%s, m.parent_operation_id)", nesting["parent_operation_id"]),
-            update_when=("m.metadata @> %s", [json_param({"awaiting_first_chunk": True})]),
+            update_when=("m.metadata @> %s", [_AWAITING_FIRST_CHUNK()]),
             insert=_new_model_row(sequence=sequence, started_at=started_at, metadata=metadata, **nesting),
+            load=returning,
         )
         if row is not None:
-            return row
+            return row if returning else None
+    row = _start_locked(
+        lease,
+        operation_id=operation_id,
+        sequence=sequence,
+        started_at=started_at,
+        metadata=metadata,
+        opened_as=opened_as,
+        nesting=nesting,
+    )
+    return row if returning else None
+
+
+@functools.cache
+def _AWAITING_FIRST_CHUNK() -> Any:  # noqa: N802 - a constant, built once the connection is known
+    return json_param({"awaiting_first_chunk": True})
+
+
+def _start_locked(
+    lease: Lease,
+    *,
+    operation_id: str,
+    sequence: int,
+    started_at: datetime,
+    metadata: dict[str, Any],
+    opened_as: str | None,
+    nesting: dict[str, Any],
+) -> Message:
+    """:func:`model_call_start` under the run lock: a row opened under
+    another key, a repeat, a conflict, or a row to insert."""
     with transaction.atomic():
         lock_run(lease)
         row = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
@@ -285,7 +324,8 @@ def model_call_finish(
     finished_at: datetime,
     duration_ms: int,
     metadata: dict[str, Any] | None = None,
-) -> Message:
+    returning: bool = True,
+) -> Message | None:
     """Close the model row at message-finish: content, declared tool calls
     ``[{id, name, args}]``, usage exactly as the provider reported it
     (tokens), ``finished_at``, ``duration_ms`` (monotonic, ms), completed.
@@ -294,6 +334,7 @@ def model_call_finish(
     :func:`costs.pricing.price_row`; unknown cost never fails the close).
     The same result again is a no-op; a different result for a completed
     row, or a finish for a row that is not running, is refused.
+    ``returning``: as for :func:`model_call_open`.
 
     Raises:
         AuditConflict: unknown operation, or a different result (R-MA-5).
@@ -303,7 +344,7 @@ def model_call_finish(
     """
     duration_ms = max(0, int(duration_ms))
     model = lease.model or AgentRun.objects.filter(pk=lease.run_id).values_list("model", flat=True).first() or ""
-    row = _close_running_model_row(
+    closed = _close_running_model_row(
         lease,
         operation_id=operation_id,
         model=model,
@@ -313,9 +354,10 @@ def model_call_finish(
         finished_at=finished_at,
         duration_ms=duration_ms,
         metadata=metadata or {},
+        load=returning,
     )
-    if row is not None:
-        return row
+    if closed is not None:
+        return closed if returning else None
     with transaction.atomic():
         lock_run(lease)
         row = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
@@ -324,7 +366,7 @@ def model_call_finish(
         result = {"content": content, "tool_calls": tool_calls or None, "usage": usage}
         if row.execution_status != ExecStatus.RUNNING:
             if row.execution_status == ExecStatus.COMPLETED and _same_result(row, result):
-                return row
+                return row if returning else None
             raise AuditConflict(
                 f"operation {operation_id} is already {row.execution_status} with another result",
                 extra={"reason": "closed_operation"},
@@ -352,7 +394,7 @@ def model_call_finish(
                 "updated_at",
             ]
         )
-        return row
+        return row if returning else None
 
 
 def _close_running_model_row(
@@ -366,7 +408,8 @@ def _close_running_model_row(
     finished_at: datetime,
     duration_ms: int,
     metadata: dict[str, Any],
-) -> Message | None:
+    load: bool,
+) -> Message | bool | None:
     """The close of a ``running`` model row as one statement, priced before
     it is sent (R-COST-1), or None when the row is not running (or the lease
     does not hold): the caller then takes the locked path.
@@ -376,14 +419,16 @@ def _close_running_model_row(
     measured it. A price that depends on the time (the genai-prices
     catalogue: price changes by date and time of day) is used only when the
     row's ``started_at`` lies in the same second; otherwise the locked path
-    prices the row at its stored start."""
+    prices the row at its stored start. The metadata patch is what
+    :func:`~costs.pricing.price_row` would add to the row's."""
     at = finished_at - timedelta(milliseconds=duration_ms)
-    priced = Message(usage=usage, metadata=dict(metadata), started_at=at, finished_at=finished_at)
-    price_row(priced, model=model)  # never raises; may add metadata.cost_unknown
-    when, params = "m.execution_status = %s", [ExecStatus.RUNNING]
+    cost = price_usage(model=model, usage=usage, at=at, reported_model=str(metadata.get("model_name") or ""))
+    if cost.unknown:
+        metadata = {**metadata, "cost_unknown": cost.unknown}
+    when, params = _CLOSE_WHEN, [ExecStatus.RUNNING]
     if price_depends_on_time(model):
         second = at.replace(microsecond=0)
-        when += " AND m.started_at >= %s AND m.started_at < %s"
+        when = _CLOSE_WHEN_SAME_SECOND
         params += [second, second + timedelta(seconds=1)]
     return write_operation_row(
         lease,
@@ -397,12 +442,17 @@ def _close_running_model_row(
         .value("finished_at", finished_at)
         .value("duration_ms", duration_ms)
         .value("execution_status", ExecStatus.COMPLETED)
-        .sql("metadata", "m.metadata || %s", priced.metadata)
-        .value("cost_usd", priced.cost_usd)
-        .value("price_source", priced.price_source)
-        .value("price_version", priced.price_version),
+        .sql("metadata", "m.metadata || %s", metadata)
+        .value("cost_usd", cost.usd)
+        .value("price_source", cost.source)
+        .value("price_version", cost.version),
         update_when=(when, params),
+        load=load,
     )
+
+
+_CLOSE_WHEN = "m.execution_status = %s"
+_CLOSE_WHEN_SAME_SECOND = _CLOSE_WHEN + " AND m.started_at >= %s AND m.started_at < %s"
 
 
 def subagent_fields(

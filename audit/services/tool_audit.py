@@ -8,6 +8,7 @@ or returns the row unchanged.
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import datetime
 from typing import Any
@@ -48,7 +49,8 @@ def tool_call_start(
     metadata: dict[str, Any] | None = None,
     namespace: list[str] | None = None,
     parent_operation_id: str | None = None,
-) -> Message:
+    returning: bool = True,
+) -> Message | None:
     """Open the ``tool_audit`` row of one tool execution at tool-started.
 
     Args:
@@ -59,6 +61,9 @@ def tool_call_start(
             (``[]`` at the root; default ``metadata["namespace"]``) and
             ``parent_operation_id`` the ``task`` call whose subagent runs
             it (R-SUB-1).
+        returning: False when the caller reads nothing back (the worker):
+            the row's key alone comes back from the statement and the
+            service returns None.
 
     When this run's stream did not declare the call (a resume run executes
     the call its interrupted ancestor declared), the declaring model row is
@@ -67,49 +72,52 @@ def tool_call_start(
     A repeated start returns the row unchanged; a closed row is never
     reopened (R-TA-2). Raises what :func:`lock_run` raises.
     """
-    row = Message(
-        message_type=Message.Type.TOOL_AUDIT,
-        tool_name=tool_name,
-        tool_input=tool_input,
-        sequence=sequence,
-        started_at=started_at,
-        execution_status=ExecStatus.RUNNING,
-        metadata=metadata or {},
+    row = {
+        "message_type": Message.Type.TOOL_AUDIT,
+        "tool_name": tool_name,
+        "tool_input": tool_input,
+        "sequence": sequence,
+        "started_at": started_at,
+        "execution_status": ExecStatus.RUNNING,
+        "metadata": metadata or {},
         **subagent_fields(namespace, parent_operation_id, metadata),
-    )
+    }
     if declared_by_operation_id:
         # The declaring model row of this run, looked up in the statement.
-        table = connection.ops.quote_name(Message._meta.db_table)
-        declared_by = (
-            f"(SELECT d.id FROM {table} AS d WHERE d.run_id = leased_run.id AND d.role = %s AND d.operation_id = %s)",
-            [Message.Role.ASSISTANT, declared_by_operation_id],
-        )
         started = write_operation_row(
             lease,
             role=Message.Role.TOOL,
             operation_id=tool_call_id,
             now=timezone.now(),
             insert=row,
-            insert_sql={"declared_by_id": declared_by},
+            insert_sql={"declared_by_id": (_DECLARED_BY_SQL(), [Message.Role.ASSISTANT, declared_by_operation_id])},
+            load=returning,
         )
         if started is not None:
-            return started
+            return started if returning else None
     with transaction.atomic():
         run = lock_run(lease)
         existing = operation_row(lease.run_id, Message.Role.TOOL, tool_call_id)
         if existing is not None:
-            return existing
-        row.declared_by = (
+            return existing if returning else None
+        declared_by = (
             operation_row(lease.run_id, Message.Role.ASSISTANT, declared_by_operation_id)
             if declared_by_operation_id
             else declaring_model_row(run, tool_call_id)
         )
+        row["declared_by"] = None if declared_by is None else declared_by.pk
         started = write_operation_row(
             lease, role=Message.Role.TOOL, operation_id=tool_call_id, now=timezone.now(), insert=row
         )
         if started is None:  # the lock is held and there was no row
             raise AuditConflict(f"tool call {tool_call_id} could not be opened", extra={"reason": "insert_refused"})
-        return started
+        return started if returning else None
+
+
+@functools.cache
+def _DECLARED_BY_SQL() -> str:  # noqa: N802 - a constant, built once the connection is known
+    table = connection.ops.quote_name(Message._meta.db_table)
+    return f"(SELECT d.id FROM {table} AS d WHERE d.run_id = leased_run.id AND d.role = %s AND d.operation_id = %s)"
 
 
 @metrics.audit_write("tool_finish")
@@ -122,13 +130,15 @@ def tool_call_finish(
     raw_output: dict[str, Any] | None,
     finished_at: datetime,
     duration_ms: int,
-) -> Message:
+    returning: bool = True,
+) -> Message | None:
     """Close the tool row: ``completed`` or ``failed`` (a handled tool
     error), the projected user ``content``, the raw output envelope (kept in
     ``metadata["raw_output"]``, staff only), ``finished_at`` and
     ``duration_ms`` (monotonic, ms).
 
     The same result again is a no-op; a different one is refused.
+    ``returning``: as for :func:`tool_call_start`.
 
     Raises:
         AuditConflict: unknown tool call (``reason: unknown_operation``).
@@ -152,9 +162,10 @@ def tool_call_finish(
         .value("finished_at", finished_at)
         .value("duration_ms", duration_ms),
         update_when=("m.execution_status = %s", [ExecStatus.RUNNING]),
+        load=returning,
     )
     if closed is not None:
-        return closed
+        return closed if returning else None
     with transaction.atomic():
         lock_run(lease)
         row = operation_row(lease.run_id, Message.Role.TOOL, tool_call_id)
@@ -166,7 +177,7 @@ def tool_call_finish(
                 and row.content == content
                 and row.metadata.get("raw_output") == raw_output
             ):
-                return row
+                return row if returning else None
             raise ToolResultConflict(
                 f"tool call {tool_call_id} is already {row.execution_status} with another result",
                 extra={"reason": "closed_operation"},
@@ -178,14 +189,15 @@ def tool_call_finish(
         row.finished_at = finished_at
         row.duration_ms = duration_ms
         row.save(update_fields=["execution_status", "content", "metadata", "finished_at", "duration_ms", "updated_at"])
-        return row
+        return row if returning else None
 
 
 @metrics.audit_write("tool_error")
-def tool_call_error(*, lease: Lease, tool_call_id: str, error: str) -> Message:
+def tool_call_error(*, lease: Lease, tool_call_id: str, error: str, returning: bool = True) -> Message | None:
     """Record a bare tool-error: the row stays ``running`` with the mark
     ``awaiting_run_terminal``, to be closed by the run's terminal transaction
     from the last error ToolMessage with the same id, or failed (R-TA-3).
+    ``returning``: as for :func:`tool_call_start`.
 
     Raises:
         AuditConflict: unknown tool call.
@@ -198,19 +210,19 @@ def tool_call_error(*, lease: Lease, tool_call_id: str, error: str) -> Message:
         now=timezone.now(),
         update=Assign().sql("metadata", "m.metadata || %s", {"awaiting_run_terminal": True, "tool_error": error}),
         update_when=("m.execution_status = %s", [ExecStatus.RUNNING]),
+        load=returning,
     )
     if marked is not None:
-        return marked
+        return marked if returning else None
     with transaction.atomic():
         lock_run(lease)
         row = operation_row(lease.run_id, Message.Role.TOOL, tool_call_id)
         if row is None:
             raise AuditConflict(f"error for unknown tool call {tool_call_id}", extra={"reason": "unknown_operation"})
-        if row.execution_status != ExecStatus.RUNNING:
-            return row
-        row.metadata = {**row.metadata, "awaiting_run_terminal": True, "tool_error": error}
-        row.save(update_fields=["metadata", "updated_at"])
-        return row
+        if row.execution_status == ExecStatus.RUNNING:
+            row.metadata = {**row.metadata, "awaiting_run_terminal": True, "tool_error": error}
+            row.save(update_fields=["metadata", "updated_at"])
+        return row if returning else None
 
 
 def declaring_model_row(run: AgentRun, tool_call_id: str) -> Message | None:

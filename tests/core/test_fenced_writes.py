@@ -17,7 +17,7 @@ from audit.errors import LeaseLost, RunTerminal
 from audit.events import RunEventPublisher, stream_key
 from audit.lease import lock_run
 from audit.models import AgentRun
-from conversations.models import Message
+from conversations.models import Conversation, Message
 from tests.conftest import acquire, make_run, prepared_executed_since, prepared_executions
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -210,3 +210,63 @@ def test_the_terminal_read_sent_with_the_lock_sees_what_the_lock_holder_committe
     row.refresh_from_db()
     # Closed by the run's end: a call still running in a completed run was abandoned.
     assert row.execution_status == "abandoned" and row.finished_at is not None
+
+
+@pytest.mark.django_db
+def test_a_write_that_reads_nothing_back_stores_the_row_the_loading_write_stores_R_MA_3_R_TA_2(thread):
+    """The worker's writes ask for no row back (``returning=False``): each
+    service then returns None, and the row stored is field for field the
+    one the same write stores when it returns the row."""
+
+    def lifecycle(lease, returning: bool) -> list:
+        op, call = "lc_run--x", "call-x"
+        common = {"lease": lease, "returning": returning}
+        return [
+            services.model_call_open(operation_id=op, sequence=1, started_at=T0, metadata={"namespace": []}, **common),
+            services.model_call_start(
+                operation_id=op, sequence=2, started_at=T0, metadata={"ls_model_name": "m"}, **common
+            ),
+            services.model_call_finish(
+                operation_id=op,
+                content="hi\x00",
+                tool_calls=[{"id": call, "name": "get_weather", "args": {"city": "Par\x00is"}}],
+                usage={"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
+                finished_at=T0,
+                duration_ms=7,
+                metadata={"finish_reason": "tool_calls"},
+                **common,
+            ),
+            services.tool_call_start(
+                tool_call_id=call,
+                tool_name="get_weather",
+                tool_input={"city": "Par\x00is"},
+                sequence=3,
+                started_at=T0,
+                declared_by_operation_id=op,
+                metadata={},
+                **common,
+            ),
+            services.tool_call_error(tool_call_id=call, error="boom", **common),
+            services.tool_call_finish(
+                tool_call_id=call,
+                status="failed",
+                content="boom",
+                raw_output={"content": "boom"},
+                finished_at=T0,
+                duration_ms=1,
+                **common,
+            ),
+        ]
+
+    other = Conversation.objects.create(user=thread.user, agent_id=thread.agent_id, model=thread.model)
+    loaded_lease, silent_lease = acquire(make_run(thread)), acquire(make_run(other))
+    loaded, silent = lifecycle(loaded_lease, True), lifecycle(silent_lease, False)
+    assert all(isinstance(row, Message) for row in loaded) and silent == [None] * 6
+    skip = {"id", "thread", "run", "created_at", "updated_at", "declared_by"}
+    names = [f.name for f in Message._meta.concrete_fields if f.name not in skip]
+
+    def stored(lease) -> list[dict]:
+        rows = Message.objects.audit().filter(run_id=lease.run_id).order_by("role")
+        return [{n: getattr(row, n) for n in names} | {"declared": row.declared_by_id is not None} for row in rows]
+
+    assert stored(loaded_lease) == stored(silent_lease) and len(stored(silent_lease)) == 2
