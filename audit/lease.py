@@ -27,7 +27,13 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from yuxi_project.db import execute_prepared, execute_prepared_in_pipeline, field_converters, model_from_values
+from yuxi_project.db import (
+    execute_prepared,
+    execute_prepared_in_pipeline,
+    field_converters,
+    in_transaction,
+    model_from_values,
+)
 
 from .errors import LeaseError, LeaseExpired, LeaseLost, RunIdentityMismatch, RunTerminal
 from .models import AgentRun
@@ -114,8 +120,8 @@ def lock_run_then_read(
     and ``read``'s rows. ``read`` runs once the lock is held, so it sees
     every write committed before; when the lease does not hold, its rows
     are dropped and the lease error raised, as :func:`lock_run` raises."""
-    if not transaction.get_connection().in_atomic_block:
-        raise RuntimeError("lock_run_then_read must be called inside transaction.atomic()")
+    if not in_transaction():
+        raise RuntimeError("lock_run_then_read must be called inside a transaction")
     sql, fields, converters = _lock_only_sql(tuple(dict.fromkeys((*_LEASE_COLUMNS, *only))))
     locked, rows = execute_prepared_in_pipeline([(sql, [lease.run_id]), read])
     run = model_from_values(AgentRun, fields, converters, locked[0]) if locked else None

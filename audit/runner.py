@@ -35,7 +35,12 @@ from langgraph.types import Command
 from conversations.selectors import thread_memory_messages
 from ops import logcontext
 from yuxi_project.config import get_config
-from yuxi_project.db import NeedsThread, call_with_pooled_statements, release_connection, worker_connection_wait
+from yuxi_project.db import (
+    NeedsThread,
+    call_with_pooled_statements,
+    release_connection,
+    worker_connection_wait,
+)
 from yuxi_project.errors import ApplicationError, NotFound
 
 from . import services
@@ -104,10 +109,11 @@ _current_run: contextvars.ContextVar[RunExecutor | None] = contextvars.ContextVa
 async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     """Run one audit service call in its own short transaction, awaited.
 
-    The lifecycle writes that are one prepared statement in the usual case
-    (``_ON_LOOP_FIRST``) are made on the event loop's thread on a pooled
-    connection (:func:`~yuxi_project.db.call_with_pooled_statements`);
-    every other call, and their locked path, in a thread.
+    The lifecycle writes that are one prepared statement in the usual case,
+    and the terminal transaction (``_ON_LOOP``), are made on the event
+    loop's thread on a pooled connection
+    (:func:`~yuxi_project.db.call_with_pooled_statements`); every other
+    call, and their paths that need the ORM, in a thread.
 
     Database errors (unreachable, conflicting insert) are retried with
     backoff up to ``AUDIT_WRITE_ATTEMPTS`` times; then
@@ -120,9 +126,10 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     attempts = get_config().AUDIT_WRITE_ATTEMPTS
     for attempt in range(1, attempts + 1):
         try:
-            if fn in _ON_LOOP_FIRST:
+            atomic = _ON_LOOP.get(fn)
+            if atomic is not None:
                 try:
-                    return call_with_pooled_statements(fn, kwargs)
+                    return call_with_pooled_statements(fn, kwargs, atomic=atomic)
                 except NeedsThread:
                     pass
             return await sync_to_async(_call_then_release)(fn, kwargs)
@@ -147,22 +154,24 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     raise AssertionError("unreachable")
 
 
-# The lifecycle writes whose usual path is one prepared statement fenced by
-# the lease (audit.services.fenced; a model row opens only while the budget
-# has room, checked in the same statement): made on the event loop's
-# thread, without a thread hop (issue 11); their locked path, when the
-# statement wrote nothing, is made in a thread
-# (yuxi_project.db.call_with_pooled_statements).
-_ON_LOOP_FIRST = frozenset(
-    {
-        services.model_call_open,
-        services.model_call_start,
-        services.model_call_finish,
-        services.tool_call_start,
-        services.tool_call_finish,
-        services.tool_call_error,
-    }
-)
+# The writes made on the event loop's thread, without a thread hop (issue
+# 11), each on a pooled connection (yuxi_project.db): the lifecycle writes
+# whose usual path is one prepared statement fenced by the lease
+# (audit.services.fenced; a model row opens only while the budget has room,
+# checked in the same statement), each in autocommit; and the terminal
+# transaction, whose usual path is three round
+# trips of prepared statements in one transaction (atomic: True). A call
+# that reaches the ORM — a locked path, a reconcile that inserts — is made
+# again in a thread.
+_ON_LOOP = {
+    services.model_call_open: False,
+    services.model_call_start: False,
+    services.model_call_finish: False,
+    services.tool_call_start: False,
+    services.tool_call_finish: False,
+    services.tool_call_error: False,
+    services.run_finish: True,
+}
 
 
 class LeasedAuditSink:

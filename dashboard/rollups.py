@@ -399,7 +399,9 @@ def _run_roll_up_sql() -> str:
 _RUN_ROLL_UP = _run_roll_up_sql()
 
 
-def run_roll_up(*, run_id, lead: tuple[str, list] | None = None) -> bool | tuple[bool, list[tuple]]:
+def run_roll_up(
+    *, run_id, lead: tuple[str, list] | None = None, commit_then: tuple[str, list] | None = None
+) -> bool | tuple[bool, list[tuple]] | tuple[bool, list[tuple], list[tuple] | None]:
     """Add the figures of the terminal run ``run_id`` to the rollups, once.
 
     One statement (one round trip): marks the run ``rolled_up_at`` where it
@@ -421,28 +423,36 @@ def run_roll_up(*, run_id, lead: tuple[str, list] | None = None) -> bool | tuple
     write of the run's end, which the rollup must follow. With it, returns
     ``(rolled up, lead's rows)``; an error of ``lead`` is raised as it is,
     with nothing rolled up.
+
+    ``commit_then`` (``(sql, params)``, prepared, returning rows): in a
+    pooled transaction (:func:`yuxi_project.db.commit_in_pipeline`), the
+    transaction is committed in the same round trip, and this statement run
+    after the commit, in its own; a third item is returned: its rows, or
+    ``None`` when the transaction is Django's (which commits when its
+    atomic block ends: nothing is committed here, nothing run after).
     """
     from django.db import Error, OperationalError, transaction
 
     from yuxi_project.config import get_config
+    from yuxi_project.db import commit_in_pipeline, in_transaction, raw_connection
 
-    if not connection.in_atomic_block:
+    if not in_transaction():
         with transaction.atomic():
-            return run_roll_up(run_id=run_id, lead=lead)
+            return run_roll_up(run_id=run_id, lead=lead, commit_then=commit_then)
     import psycopg
 
     wait_ms = get_config().ROLLUP_LOCK_WAIT_MS
-    connection.ensure_connection()
-    raw = connection.connection
+    raw = raw_connection()
     led = psycopg.Cursor(raw) if lead is not None else None
-    lead_rows = None
+    after = psycopg.Cursor(raw) if commit_then is not None else None
+    lead_rows = after_rows = None
     try:
         # One round trip (a pipeline): the lead; the savepoint; the lock
         # limit set inside it (so undoing to the savepoint restores it too),
         # the previous one kept in a setting of the transaction; the
         # statement (prepared: planning it took three times its execution,
         # on every run's end); the savepoint released and the previous
-        # limit back.
+        # limit back; the commit and what follows it.
         with (
             connection.wrap_database_errors,
             raw.pipeline(),
@@ -459,9 +469,14 @@ def run_roll_up(*, run_id, lead: tuple[str, list] | None = None) -> bool | tuple
             statement.execute(_RUN_ROLL_UP, {"run_id": run_id}, prepare=True)
             cursor.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
             cursor.execute("SELECT set_config('lock_timeout', current_setting(%s), true)", [_PREVIOUS_LOCK_TIMEOUT])
+            committed = after is not None and commit_in_pipeline(raw)
+            if committed:
+                after.execute(*commit_then, prepare=True)
             if led is not None:
                 lead_rows = led.fetchall()
             rolled_up = bool(statement.fetchone()[0])
+            if committed:
+                after_rows = after.fetchall()
     except Exception as exc:
         if led is not None and lead_rows is None:
             # A pipeline raises the first error at the first fetch, whichever
@@ -470,21 +485,34 @@ def run_roll_up(*, run_id, lead: tuple[str, list] | None = None) -> bool | tuple
                 raise  # the lead failed: nothing after it ran, no savepoint to undo
             lead_rows = led.fetchall()
         try:
-            with connection.cursor() as cursor:
-                cursor.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}; RELEASE SAVEPOINT {_SAVEPOINT}")
+            with connection.wrap_database_errors:
+                raw.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+                raw.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
             undone = True
         except Error:
             # As an atomic block whose savepoint cannot be undone.
-            connection.needs_rollback, undone = True, False
+            if connection.in_atomic_block:
+                connection.needs_rollback = True
+            undone = False
         if not undone or not isinstance(exc, OperationalError):
             raise
         if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
             raise
         log.warning("run %s: a rollup row is held by another transaction; rolled up later", run_id)
         rolled_up = False
+        if after is not None:
+            # The commit queued after the failed statement never ran: again.
+            with connection.wrap_database_errors, raw.pipeline():
+                if commit_in_pipeline(raw):
+                    after.execute(*commit_then, prepare=True)
+                    after_rows = after.fetchall()
     finally:
         if led is not None:
             led.close()
+        if after is not None:
+            after.close()
+    if commit_then is not None:
+        return rolled_up, lead_rows, after_rows
     return (rolled_up, lead_rows) if lead is not None else rolled_up
 
 

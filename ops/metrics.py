@@ -211,9 +211,9 @@ def _safely[F: Callable[..., Any]](fn: F) -> F:
 def _after_commit(fn: Callable[[], None]) -> None:
     """Run ``fn`` after the current transaction commits (at once outside
     one); a failure is logged, never raised into the committer."""
-    from django.db import transaction
+    from yuxi_project.db import on_commit
 
-    transaction.on_commit(_safely(fn), robust=True)
+    on_commit(_safely(fn), robust=True)
 
 
 # --------------------------------------------------------------------------

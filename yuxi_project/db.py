@@ -46,8 +46,16 @@ def _prepared(sql: str, params: Sequence[Any] | Mapping[str, Any], fetch: Callab
 
     pooled = _pooled_call.get()
     if pooled is not None:
-        with _logged((sql, params)), connection.wrap_database_errors, psycopg.Cursor(pooled.connection()) as cursor:
-            cursor.execute(sql, params, prepare=True)
+        begins = pooled.begins()
+        conn = pooled.connection()
+        with _logged((sql, params)), connection.wrap_database_errors, psycopg.Cursor(conn) as cursor:
+            if begins:
+                # The pooled transaction's BEGIN, in the same round trip.
+                with conn.pipeline():
+                    conn.execute("BEGIN")
+                    cursor.execute(sql, params, prepare=True)
+            else:
+                cursor.execute(sql, params, prepare=True)
             return fetch(cursor)
     connection.ensure_connection()
     if connection.vendor != "postgresql":
@@ -80,29 +88,96 @@ def _logged(*statements: tuple[str, Any]) -> Iterator[None]:
 def execute_prepared_in_pipeline(statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple]]:
     """Run ``statements`` — ``(sql, params)`` pairs whose parameters do not
     depend on each other's results — each prepared, in one round trip (a
-    psycopg pipeline) on this thread's Django connection, in its
-    transaction: a transaction that has yet to begin begins in the same
-    round trip. They run in order, each seeing what the ones before it did
-    (and waiting for the locks they wait for). Returns each statement's
-    rows, in order.
+    psycopg pipeline) on this thread's connection (Django's, or the pooled
+    call's), in its transaction: a transaction that has yet to begin begins
+    in the same round trip. They run in order, each seeing what the ones
+    before it did (and waiting for the locks they wait for). Returns each
+    statement's rows, in order.
 
     Raises the first statement's error, translated as Django translates it;
     the statements after it do not run."""
     import psycopg
 
-    connection.ensure_connection()
-    if connection.vendor != "postgresql" or _pooled_call.get() is not None:
-        return [execute_prepared_all(sql, params) for sql, params in statements]
-    raw = connection.connection
+    pooled = _pooled_call.get()
+    begins = pooled is not None and pooled.begins()
+    if pooled is not None:
+        raw = pooled.connection()
+    else:
+        connection.ensure_connection()
+        if connection.vendor != "postgresql":
+            return [execute_prepared_all(sql, params) for sql, params in statements]
+        raw = connection.connection
     cursors = [psycopg.Cursor(raw) for _ in statements]
     try:
         with _logged(*statements), connection.wrap_database_errors, raw.pipeline():
+            if begins:
+                raw.execute("BEGIN")
             for cursor, (sql, params) in zip(cursors, statements, strict=True):
                 cursor.execute(sql, params, prepare=True)
             return [cursor.fetchall() for cursor in cursors]
     finally:
         for cursor in cursors:
             cursor.close()
+
+
+def raw_connection() -> Any:
+    """The psycopg connection this thread's statements go to: the pooled
+    call's (:func:`call_with_pooled_statements`), else Django's (opened if
+    needed). For statements sent past Django's cursor (a pipeline)."""
+    pooled = _pooled_call.get()
+    if pooled is not None:
+        return pooled.connection()
+    connection.ensure_connection()
+    return connection.connection
+
+
+@contextmanager
+def atomic() -> Iterator[None]:
+    """A transaction: Django's ``transaction.atomic()``, or — inside a
+    pooled call made with ``atomic=True``, whose statements are one
+    transaction already — nothing more."""
+    pooled = _pooled_call.get()
+    if pooled is not None and pooled.atomic:
+        yield
+        return
+    with transaction.atomic():
+        yield
+
+
+def in_transaction() -> bool:
+    """Whether this thread's statements run in a transaction: a pooled call
+    made with ``atomic=True``, or an atomic block of Django's."""
+    pooled = _pooled_call.get()
+    if pooled is not None:
+        return pooled.atomic
+    return connection.in_atomic_block
+
+
+def commit_in_pipeline(raw: Any) -> bool:
+    """In a pooled transaction (:func:`call_with_pooled_statements` with
+    ``atomic=True``), queue its ``COMMIT`` on ``raw`` — the pooled call's
+    connection, inside a pipeline the caller has open — so the commit costs
+    no round trip of its own, and return True; statements queued after it
+    run each in its own transaction, after the commit. Anywhere else return
+    False and queue nothing: Django commits when its atomic block ends."""
+    pooled = _pooled_call.get()
+    if pooled is None or not pooled.atomic or not pooled.began:
+        return False
+    raw.execute("COMMIT")
+    pooled.commit_queued = True
+    return True
+
+
+def on_commit(fn: Callable[[], None], *, robust: bool = False) -> None:
+    """Call ``fn`` once the current transaction commits: the pooled call's
+    (after it committed; never when it rolls back) or Django's
+    (``transaction.on_commit``); at once outside a transaction. ``robust``:
+    an exception of ``fn`` is logged, not raised (as Django's)."""
+    pooled = _pooled_call.get()
+    if pooled is not None and pooled.atomic:
+        pooled.hooks.append((fn, robust))
+        return
+    transaction.on_commit(fn, robust=robust)
 
 
 class NeedsThread(Exception):
@@ -114,15 +189,20 @@ class NeedsThread(Exception):
 
 class _PooledCall:
     """One call's connection from Django's pool, checked out at its first
-    statement and given back when the call ends (R-RUN-5)."""
+    statement and given back when the call ends (R-RUN-5); with ``atomic``,
+    the call's statements are one transaction."""
 
     # A connection not at hand at once (the pool is exhausted, PostgreSQL
     # is unreachable) is waited for in a thread, not on the event loop.
     CHECKOUT_TIMEOUT_SECONDS = 0.05
 
-    def __init__(self, pool: Any):
+    def __init__(self, pool: Any, *, atomic: bool = False):
         self.pool = pool
         self.conn: Any = None
+        self.atomic = atomic
+        # BEGIN sent; COMMIT queued in a pipeline (commit_in_pipeline).
+        self.began = self.commit_queued = False
+        self.hooks: list[tuple[Callable[[], None], bool]] = []
 
     def connection(self) -> Any:
         if connection.in_atomic_block:
@@ -138,6 +218,51 @@ class _PooledCall:
                 self.conn.autocommit = True
         return self.conn
 
+    def begins(self) -> bool:
+        """Whether the next statement must be preceded by the transaction's
+        BEGIN (sent with it, in one round trip); noted as sent."""
+        if self.commit_queued:
+            raise RuntimeError("a statement of a pooled transaction after its commit")
+        if not self.atomic or self.began:
+            return False
+        self.began = True
+        return True
+
+    def finish(self, *, failed: bool) -> None:
+        """End the transaction — commit it (unless it committed in a
+        pipeline), or roll it back when the call ``failed`` — and give the
+        connection back. The commit hooks run after a commit only."""
+        from psycopg.pq import TransactionStatus
+
+        conn, self.conn = self.conn, None
+        try:
+            # The server's word, not ours: a COMMIT queued in a pipeline that
+            # an error aborted never ran.
+            status = None if conn is None or conn.broken else conn.info.transaction_status
+            if status not in (None, TransactionStatus.IDLE):
+                with connection.wrap_database_errors:
+                    if failed or status != TransactionStatus.INTRANS:
+                        conn.rollback()
+                        if not failed:
+                            raise RuntimeError("a pooled transaction ended in error without raising")
+                    else:
+                        conn.commit()
+        finally:
+            if conn is not None:
+                self.pool.putconn(conn)
+        if failed or not self.atomic:
+            return
+        for fn, robust in self.hooks:
+            if not robust:
+                fn()
+                continue
+            try:
+                fn()
+            except Exception:
+                import logging
+
+                logging.getLogger(__name__).exception("a commit hook of a pooled transaction failed")
+
     def close(self) -> None:
         if self.conn is not None:
             self.pool.putconn(self.conn)
@@ -147,28 +272,12 @@ class _PooledCall:
 _pooled_call: ContextVar[_PooledCall | None] = ContextVar("pooled_call", default=None)
 
 
-def call_with_pooled_statements(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
-    """Call ``fn(**kwargs)`` on this thread — an event loop's — with its
-    :func:`execute_prepared` statements on one connection from Django's
-    pool, in autocommit (each statement its own transaction), given back
-    when the call ends (R-RUN-5). No thread hop: an audit write that is one
-    prepared statement (:mod:`audit.services.fenced`) costs its round trip
-    only (issue 11).
-
-    Anything else that touches the database here — the ORM, a transaction —
-    raises Django's ``SynchronousOnlyOperation`` on an event loop's thread
-    before it does anything; this function then raises :class:`NeedsThread`
-    and the caller makes the whole call again in a thread. The calls made
-    here (the worker's audit services) are idempotent by their contract
-    (R-RUN-3: a write repeated after a lost connection changes nothing), so
-    a call that wrote nothing, or wrote and then reached the ORM, may be
-    made again. Not used where that safety net is off
-    (``DJANGO_ALLOW_ASYNC_UNSAFE``), nor without an open pool:
-    :class:`NeedsThread` at once. With ``DB_PREPARED_STATEMENTS=false`` the
-    pool's connections prepare nothing, as Django's own do not.
-
-    Raises what ``fn`` raises, database errors translated as Django
-    translates them (``OperationalError``, ``IntegrityError``…)."""
+def _loop_pool() -> Any:
+    """Django's connection pool, for a pooled call on an event loop's
+    thread; :class:`NeedsThread` where no such call may be made: an ORM
+    transaction is open (its statements would not see its writes), Django's
+    safety net is off (an ORM call would run on the loop instead of
+    stopping), not PostgreSQL, or no open pool."""
     from django.db import DEFAULT_DB_ALIAS, connections
 
     db = connections[DEFAULT_DB_ALIAS]
@@ -177,15 +286,52 @@ def call_with_pooled_statements(fn: Callable[..., Any], kwargs: Mapping[str, Any
     pool = db.pool
     if pool is None or pool.closed:
         raise NeedsThread("no open connection pool")
-    call = _PooledCall(pool)
+    return pool
+
+
+def call_with_pooled_statements(fn: Callable[..., Any], kwargs: Mapping[str, Any], *, atomic: bool = False) -> Any:
+    """Call ``fn(**kwargs)`` on this thread — an event loop's — with its
+    :func:`execute_prepared` statements on one connection from Django's
+    pool, in autocommit (each statement its own transaction), given back
+    when the call ends (R-RUN-5). No thread hop: an audit write that is one
+    prepared statement (:mod:`audit.services.fenced`) costs its round trip
+    only (issue 11).
+
+    With ``atomic``, the call's statements are one transaction: BEGIN goes
+    with the first statement, the commit with the last pipeline of the
+    call (:func:`commit_in_pipeline`) or, failing that, when ``fn`` returns;
+    the transaction is rolled back when ``fn`` raises. :func:`on_commit`
+    hooks run after the commit, :func:`in_transaction` is true inside.
+
+    Anything else that touches the database here — the ORM, a transaction
+    of Django's — raises Django's ``SynchronousOnlyOperation`` on an event
+    loop's thread before it does anything; this function then raises
+    :class:`NeedsThread` (the call's transaction rolled back, its hooks
+    dropped) and the caller makes the whole call again in a thread. The
+    calls made here (the worker's audit services) are idempotent by their
+    contract (R-RUN-3: a write repeated after a lost connection changes
+    nothing), so a call that wrote nothing, or wrote and then reached the
+    ORM, may be made again. Not used where that safety net is off
+    (``DJANGO_ALLOW_ASYNC_UNSAFE``), nor without an open pool:
+    :class:`NeedsThread` at once. With ``DB_PREPARED_STATEMENTS=false`` the
+    pool's connections prepare nothing, as Django's own do not.
+
+    Raises what ``fn`` raises, database errors translated as Django
+    translates them (``OperationalError``, ``IntegrityError``…)."""
+    call = _PooledCall(_loop_pool(), atomic=atomic)
     token = _pooled_call.set(call)
     try:
-        return fn(**kwargs)
-    except SynchronousOnlyOperation as exc:
-        raise NeedsThread(str(exc)) from exc
-    finally:
+        try:
+            result = fn(**kwargs)
+        except SynchronousOnlyOperation as exc:
+            raise NeedsThread(str(exc)) from exc
+    except BaseException:
         _pooled_call.reset(token)
-        call.close()
+        call.finish(failed=True)
+        raise
+    _pooled_call.reset(token)
+    call.finish(failed=False)
+    return result
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from costs.pricing import price_row
 from dashboard.rollups import run_roll_up
 from governance.seal import FACT_FIELDS, seal_run
 from ops import metrics
-from yuxi_project.db import execute_prepared_all
+from yuxi_project.db import atomic, execute_prepared_all, on_commit
 from yuxi_project.errors import InvalidInput
 
 from ..lease import Lease, lock_run, lock_run_then_read
@@ -237,7 +237,9 @@ def run_finish(
         raise InvalidInput(f"{status} is not a terminal status")
     prior = set(prior_message_ids)
     own_ai = _own_ai_messages(final_state, prior) if final_state else {}
-    with transaction.atomic():
+    # Django's transaction, or the worker's pooled one on its event loop
+    # (yuxi_project.db.call_with_pooled_statements, issue 11).
+    with atomic():
         # One read of the run's rows serves every step below, sent with the
         # lock in one round trip; each changed row is written once, at the
         # end (R-RUN-5: a short transaction).
@@ -605,8 +607,10 @@ def _terminate(
         run.pk,
     ]
     # Dashboard figures of the run, added once with the run's end (R-DASH-1),
-    # which goes first in the same round trip.
-    _, [(ended, _)] = run_roll_up(run_id=run.pk, lead=(sql, end_run))
+    # which goes first in the same round trip; in the worker's pooled
+    # transaction the commit and the look for the thread's pending runs
+    # follow in that round trip too.
+    _, [(ended, _)], pending = run_roll_up(run_id=run.pk, lead=(sql, end_run), commit_then=_pending_runs(run.thread_id))
     if not ended:
         raise DatabaseError(f"run {run.pk} no longer exists")
     metrics.run_ended(run, rows=facts)
@@ -614,7 +618,10 @@ def _terminate(
     # Always after commit, also without a pending run now: a turn submitted
     # while this transaction was open may have been refused by its worker
     # because this run still held the thread (R-RUN-2).
-    transaction.on_commit(lambda: _enqueue_next_in_thread(thread_id))
+    if pending is None:
+        transaction.on_commit(lambda: _enqueue_pending(execute_prepared_all(*_pending_runs(thread_id))))
+    else:
+        on_commit(lambda: _enqueue_pending(pending))
 
 
 # What the terminal transaction reads of the run (the lease checks', the
@@ -665,15 +672,21 @@ def _usage_total(rows: list[dict[str, Any]]) -> dict[str, int]:
     return total
 
 
-def _enqueue_next_in_thread(thread_id: uuid.UUID) -> None:
-    """FIFO (R-RUN-2): start the thread's oldest pending run, if any."""
+def _pending_runs(thread_id: uuid.UUID) -> tuple[str, list]:
+    """The statement of the thread's pending runs, oldest first (ids)."""
+    table = connection.ops.quote_name(AgentRun._meta.db_table)
+    return (
+        f"SELECT id FROM {table} WHERE thread_id = %s AND status = %s ORDER BY created_at",
+        [thread_id, Status.PENDING],
+    )
+
+
+def _enqueue_pending(rows: list[tuple]) -> None:
+    """FIFO (R-RUN-2): offer the thread's pending runs (``rows`` of
+    :func:`_pending_runs`), oldest first: the acquisition check decides
+    which one may start (a resume run keeps its turn's place), the others
+    are skipped and offered again when the next run ends."""
     from ..dispatch import enqueue_run
 
-    # Every pending run is offered, oldest first: the acquisition check
-    # decides which one may start (a resume run keeps its turn's place), the
-    # others are skipped and offered again when the next run ends.
-    table = connection.ops.quote_name(AgentRun._meta.db_table)
-    for (run_id,) in execute_prepared_all(
-        f"SELECT id FROM {table} WHERE thread_id = %s AND status = %s ORDER BY created_at", [thread_id, Status.PENDING]
-    ):
+    for (run_id,) in rows:
         enqueue_run(run_id)

@@ -18,8 +18,12 @@ from psycopg_pool import PoolTimeout
 from audit import runner, services
 from audit.errors import LeaseLost
 from audit.lease import Lease
+from audit.models import AgentRun
+from audit.services import StateMessage
 from conversations.models import Message
+from dashboard import rollups
 from tests.conftest import acquire, make_run
+from tests.dashboard.test_rollups import rollup_state
 from tests.ops.test_metrics import delta, scrape
 from yuxi_project.db import NeedsThread, call_with_pooled_statements, execute_prepared
 
@@ -107,10 +111,116 @@ def test_a_repeated_write_is_answered_by_its_locked_path_once_and_counts_no_erro
     assert delta(before, after, "yuxi_audit_write_duration_seconds_count", kind="model_start") == 1
 
 
-def test_the_terminal_transaction_is_made_in_a_thread_R_RUN_5(thread, hops):
+# The run-end counter's labels of a completed run of the ``thread`` fixture.
+_FINISHED = {"status": "completed", "error_type": "", "model": "replay:tool_then_answer"}
+
+
+def _open_and_close(lease, op: str) -> None:
+    """A model call of the run, opened, started and closed."""
+    services.model_call_open(lease=lease, operation_id=op, sequence=1, started_at=T0)
+    services.model_call_start(lease=lease, operation_id=op, sequence=1, started_at=T0)
+    services.model_call_finish(
+        lease=lease,
+        operation_id=op,
+        content="answer",
+        tool_calls=[],
+        usage={"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
+        finished_at=T0,
+        duration_ms=5,
+    )
+
+
+def test_the_terminal_transaction_is_made_on_the_loop_in_one_transaction_R_RUN_5_R_MA_6(thread, hops):
+    """The usual terminal transaction needs no thread: its lock and read,
+    its row update and the run's end with the rollup and the commit are
+    prepared statements on one pooled connection, one transaction; the
+    commit hooks (metrics, the thread's next run) run after the commit, and
+    the connection goes back to the pool idle."""
     lease = acquire(make_run(thread))
-    run = _on_loop(services.run_finish, lease=lease, status="completed")
-    assert run.status == "completed" and hops == ["run_finish"]
+    _open_and_close(lease, "lc_run--t1")
+    waiting = make_run(thread)  # the thread's next turn, pending behind this run
+    connection.close()
+    available = _available()
+    before = scrape()
+    state = [
+        StateMessage(kind="human", id="h-1", content="hi"),
+        StateMessage(kind="ai", id="lc_run--t1", content="answer"),
+    ]
+    run = _on_loop(services.run_finish, lease=lease, status="completed", final_state=state)
+    after = scrape()
+    assert hops == [], "the usual terminal transaction needs no thread"
+    assert run.status == "completed" and run.output_message.operation_id == "lc_run--t1"
+    stored = AgentRun.objects.get(pk=lease.run_id)
+    assert (stored.status, stored.seal_row_count, stored.lease_expires_at) == ("completed", 1, None)
+    assert stored.rolled_up_at is not None, "the rollup commits with the run's end"
+    row = Message.objects.get(operation_id="lc_run--t1")
+    assert row.metadata["state_reconciled"] and row.message_type == Message.Type.TEXT
+    assert delta(before, after, "yuxi_runs_finished_total", **_FINISHED) == 1
+    # The pending run of the thread was handed over after the commit (the
+    # run's end stamps it in the same statement).
+    assert AgentRun.objects.get(pk=waiting.pk).dispatched_at is not None
+    connection.close()
+    assert _available() == available
+    conn = connections["default"].pool.getconn()
+    try:
+        assert conn.info.transaction_status == conn.info.transaction_status.IDLE
+    finally:
+        connections["default"].pool.putconn(conn)
+
+
+def test_a_terminal_transaction_that_reaches_the_orm_on_the_loop_is_undone_and_made_in_a_thread_R_MA_6(thread, hops):
+    """The State proves a call the stream never saw: inserting it needs the
+    ORM. What the pooled transaction did before is rolled back, its commit
+    hooks dropped, and the whole terminal transaction made again in a
+    thread: the call is inserted once, the run ends once, its figures are
+    rolled up once."""
+    lease = acquire(make_run(thread))
+    _open_and_close(lease, "lc_run--seen")
+    before = scrape()
+    state = [
+        StateMessage(kind="human", id="h-1", content="hi"),
+        StateMessage(kind="ai", id="lc_run--seen", content="answer"),
+        StateMessage(kind="ai", id="lc_run--unseen", content="from the State"),
+    ]
+    run = _on_loop(services.run_finish, lease=lease, status="completed", final_state=state)
+    after = scrape()
+    assert hops == ["run_finish"]
+    assert run.status == "completed"
+    assert Message.objects.audit().filter(run_id=lease.run_id, operation_id="lc_run--unseen").count() == 1
+    assert delta(before, after, "yuxi_runs_finished_total", **_FINISHED) == 1, "metrics once, after commit"
+    incremental = rollup_state()
+    rollups.rollups_rebuild()
+    assert rollup_state() == incremental, "the run's figures are rolled up once"
+
+
+def test_a_terminal_transaction_that_fails_on_the_loop_leaves_the_run_as_it_was_R_RUN_5(thread, hops, monkeypatch):
+    """An error after the run's rows were updated rolls the whole pooled
+    transaction back: the rows and the run are as before, nothing is rolled
+    up, no hook runs, and the connection goes back idle."""
+    from audit.services import terminal
+
+    lease = acquire(make_run(thread))
+    _open_and_close(lease, "lc_run--f")
+    connection.close()
+    available = _available()
+    before = scrape()
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("the seal failed")
+
+    monkeypatch.setattr(terminal, "seal_run", refuse)
+    state = [StateMessage(kind="ai", id="lc_run--f", content="answer")]
+    with pytest.raises(RuntimeError, match="the seal failed"):
+        _on_loop(services.run_finish, lease=lease, status="completed", final_state=state)
+    after = scrape()
+    assert hops == []
+    stored = AgentRun.objects.get(pk=lease.run_id)
+    assert (stored.status, stored.rolled_up_at, stored.sealed_at) == ("running", None, None)
+    row = Message.objects.get(operation_id="lc_run--f")
+    assert "state_reconciled" not in row.metadata and row.message_type == Message.Type.MODEL_AUDIT
+    assert delta(before, after, "yuxi_runs_finished_total", **_FINISHED) == 0
+    connection.close()
+    assert _available() == available
 
 
 def test_a_call_that_reaches_the_orm_on_the_loop_changes_nothing(thread):
