@@ -38,6 +38,7 @@ from yuxi_project.config import get_config
 from yuxi_project.db import (
     NeedsThread,
     call_with_pooled_statements,
+    call_with_pooled_statements_async,
     release_connection,
     worker_connection_wait,
 )
@@ -109,11 +110,13 @@ _current_run: contextvars.ContextVar[RunExecutor | None] = contextvars.ContextVa
 async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     """Run one audit service call in its own short transaction, awaited.
 
-    The lifecycle writes that are one prepared statement in the usual case,
-    and the terminal transaction (``_ON_LOOP``), are made on the event
-    loop's thread on a pooled connection
-    (:func:`~yuxi_project.db.call_with_pooled_statements`); every other
-    call, and their paths that need the ORM, in a thread.
+    The lifecycle writes that are one prepared statement in the usual case
+    are made on the event loop's thread on a pooled connection, their round
+    trip awaited without blocking the loop
+    (:func:`~yuxi_project.db.call_with_pooled_statements_async`); the
+    terminal transaction likewise but blocking (its three round trips end
+    the run; nothing else has work then). Every other call, and their paths
+    that need the ORM, in a thread.
 
     Database errors (unreachable, conflicting insert) are retried with
     backoff up to ``AUDIT_WRITE_ATTEMPTS`` times; then
@@ -129,7 +132,9 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
             atomic = _ON_LOOP.get(fn)
             if atomic is not None:
                 try:
-                    return call_with_pooled_statements(fn, kwargs, atomic=atomic)
+                    if atomic:
+                        return call_with_pooled_statements(fn, kwargs, atomic=True)
+                    return await call_with_pooled_statements_async(fn, kwargs)
                 except NeedsThread:
                     pass
             return await sync_to_async(_call_then_release)(fn, kwargs)
@@ -158,8 +163,8 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
 # 11), each on a pooled connection (yuxi_project.db): the lifecycle writes
 # whose usual path is one prepared statement fenced by the lease
 # (audit.services.fenced; a model row opens only while the budget has room,
-# checked in the same statement), each in autocommit; and the terminal
-# transaction, whose usual path is three round
+# checked in the same statement), each in autocommit, their round trip
+# awaited; and the terminal transaction, whose usual path is three round
 # trips of prepared statements in one transaction (atomic: True). A call
 # that reaches the ORM — a locked path, a reconcile that inserts — is made
 # again in a thread.

@@ -54,6 +54,10 @@ def _prepared(sql: str, params: Sequence[Any] | Mapping[str, Any], fetch: Callab
                 with conn.pipeline():
                     conn.execute("BEGIN")
                     cursor.execute(sql, params, prepare=True)
+            elif pooled.awaiting is not None:
+                # psycopg's own statement generator, driven by the event
+                # loop (see call_with_pooled_statements_async).
+                pooled.awaiting.switch(_Wait(cursor._execute_gen(sql, params, prepare=True), conn.pgconn.socket))
             else:
                 cursor.execute(sql, params, prepare=True)
             return fetch(cursor)
@@ -101,6 +105,8 @@ def execute_prepared_in_pipeline(statements: Sequence[tuple[str, Sequence[Any]]]
     pooled = _pooled_call.get()
     begins = pooled is not None and pooled.begins()
     if pooled is not None:
+        if pooled.awaiting is not None:
+            raise NeedsThread("a pipeline in a call whose statements are awaited")
         raw = pooled.connection()
     else:
         connection.ensure_connection()
@@ -126,9 +132,104 @@ def raw_connection() -> Any:
     needed). For statements sent past Django's cursor (a pipeline)."""
     pooled = _pooled_call.get()
     if pooled is not None:
+        if pooled.awaiting is not None:
+            raise NeedsThread("statements past the driver in a call whose statements are awaited")
         return pooled.connection()
     connection.ensure_connection()
     return connection.connection
+
+
+class _Wait:
+    """A statement's round trip for the event loop to wait for: psycopg's
+    generator of it and the connection's socket."""
+
+    __slots__ = ("gen", "fileno")
+
+    def __init__(self, gen: Any, fileno: int):
+        self.gen, self.fileno = gen, fileno
+
+
+# psycopg's wait interval (psycopg.connection's): how often a wait wakes to
+# check for interrupts.
+_WAIT_INTERVAL = 0.1
+
+
+async def call_with_pooled_statements_async(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
+    """:func:`call_with_pooled_statements` (autocommit) whose round trips
+    do not block the event loop: while a statement is on its way to
+    PostgreSQL and back, the loop runs the run's other tasks — the model's
+    stream, LangGraph's checkpoint writes — instead of idling (issue 11).
+
+    ``fn`` is the same synchronous service, run in a greenlet of this
+    thread (as SQLAlchemy's asyncio layer runs its synchronous core): each
+    of its :func:`execute_prepared` statements goes out on the pooled
+    connection through psycopg's own statement generator, which this
+    coroutine drives with :func:`psycopg.waiting.wait_async` — the
+    connection, its prepared statements and Django's error translation are
+    the blocking path's. Anything else that touches the database raises
+    :class:`NeedsThread` as there, and the caller makes the call again in a
+    thread.
+
+    A statement that was sent is waited for to its end even when this
+    coroutine is cancelled (bounded by the session's
+    ``statement_timeout``): the row is written or not before the
+    cancellation goes on, and the connection goes back to the pool idle.
+
+    Raises what ``fn`` raises, database errors translated as Django
+    translates them."""
+    import greenlet
+
+    here = greenlet.getcurrent()
+    call = _PooledCall(_loop_pool(), awaiting=here)
+
+    def body() -> Any:
+        token = _pooled_call.set(call)
+        try:
+            return fn(**kwargs)
+        except SynchronousOnlyOperation as exc:
+            raise NeedsThread(str(exc)) from exc
+        finally:
+            _pooled_call.reset(token)
+
+    worker = greenlet.greenlet(body, parent=here)
+    # The same context as this coroutine's: its context variables (the
+    # run's log context, Django's connection of this context) hold there.
+    worker.gr_context = here.gr_context
+    try:
+        step = worker.switch()
+        while isinstance(step, _Wait) and not worker.dead:
+            try:
+                done = await _wait_to_the_end(step)
+            except BaseException as exc:  # thrown into fn, where its handlers see it
+                step = worker.throw(exc)
+            else:
+                step = worker.switch(done)
+    except BaseException:
+        call.finish(failed=True)
+        raise
+    call.finish(failed=False)
+    return step
+
+
+async def _wait_to_the_end(wait: _Wait) -> Any:
+    """Drive one statement's generator on the event loop; a cancellation
+    waits for the statement to end, then goes on."""
+    import asyncio
+
+    from psycopg import waiting
+
+    task = asyncio.ensure_future(waiting.wait_async(wait.gen, wait.fileno, interval=_WAIT_INTERVAL))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                continue
+            except BaseException:  # the cancellation is what goes on
+                break
+        raise
 
 
 @contextmanager
@@ -196,10 +297,13 @@ class _PooledCall:
     # is unreachable) is waited for in a thread, not on the event loop.
     CHECKOUT_TIMEOUT_SECONDS = 0.05
 
-    def __init__(self, pool: Any, *, atomic: bool = False):
+    def __init__(self, pool: Any, *, atomic: bool = False, awaiting: Any = None):
         self.pool = pool
         self.conn: Any = None
         self.atomic = atomic
+        # The greenlet that awaits the statements' round trips
+        # (call_with_pooled_statements_async), or None: they block.
+        self.awaiting = awaiting
         # BEGIN sent; COMMIT queued in a pipeline (commit_in_pipeline).
         self.began = self.commit_queued = False
         self.hooks: list[tuple[Callable[[], None], bool]] = []

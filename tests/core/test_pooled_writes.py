@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import datetime as dt
+import threading
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -17,7 +19,7 @@ from psycopg_pool import PoolTimeout
 
 from audit import runner, services
 from audit.errors import LeaseLost
-from audit.lease import Lease
+from audit.lease import Lease, lock_run
 from audit.models import AgentRun
 from audit.services import StateMessage
 from conversations.models import Message
@@ -25,7 +27,12 @@ from dashboard import rollups
 from tests.conftest import acquire, make_run
 from tests.dashboard.test_rollups import rollup_state
 from tests.ops.test_metrics import delta, scrape
-from yuxi_project.db import NeedsThread, call_with_pooled_statements, execute_prepared
+from yuxi_project.db import (
+    NeedsThread,
+    call_with_pooled_statements,
+    call_with_pooled_statements_async,
+    execute_prepared,
+)
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -115,17 +122,17 @@ def test_a_repeated_write_is_answered_by_its_locked_path_once_and_counts_no_erro
 _FINISHED = {"status": "completed", "error_type": "", "model": "replay:tool_then_answer"}
 
 
-def _open_and_close(lease, op: str) -> None:
-    """A model call of the run, opened, started and closed."""
-    services.model_call_open(lease=lease, operation_id=op, sequence=1, started_at=T0)
-    services.model_call_start(lease=lease, operation_id=op, sequence=1, started_at=T0)
+def _open_and_close(lease, op: str, *, at: dt.datetime = T0) -> None:
+    """A model call of the run at ``at``, opened, started and closed."""
+    services.model_call_open(lease=lease, operation_id=op, sequence=1, started_at=at)
+    services.model_call_start(lease=lease, operation_id=op, sequence=1, started_at=at)
     services.model_call_finish(
         lease=lease,
         operation_id=op,
         content="answer",
         tool_calls=[],
         usage={"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
-        finished_at=T0,
+        finished_at=at,
         duration_ms=5,
     )
 
@@ -175,7 +182,8 @@ def test_a_terminal_transaction_that_reaches_the_orm_on_the_loop_is_undone_and_m
     thread: the call is inserted once, the run ends once, its figures are
     rolled up once."""
     lease = acquire(make_run(thread))
-    _open_and_close(lease, "lc_run--seen")
+    now = dt.datetime.now(dt.UTC)
+    _open_and_close(lease, "lc_run--seen", at=now)
     before = scrape()
     state = [
         StateMessage(kind="human", id="h-1", content="hi"),
@@ -189,7 +197,7 @@ def test_a_terminal_transaction_that_reaches_the_orm_on_the_loop_is_undone_and_m
     assert Message.objects.audit().filter(run_id=lease.run_id, operation_id="lc_run--unseen").count() == 1
     assert delta(before, after, "yuxi_runs_finished_total", **_FINISHED) == 1, "metrics once, after commit"
     incremental = rollup_state()
-    rollups.rollups_rebuild()
+    rollups.rollups_rebuild(since=now.date())
     assert rollup_state() == incremental, "the run's figures are rolled up once"
 
 
@@ -223,25 +231,37 @@ def test_a_terminal_transaction_that_fails_on_the_loop_leaves_the_run_as_it_was_
     assert _available() == available
 
 
-def test_a_call_that_reaches_the_orm_on_the_loop_changes_nothing(thread):
+async def _blocking(fn, kwargs):
+    return call_with_pooled_statements(fn, kwargs)
+
+
+# The two ways a call is made on the loop: its round trips blocking it (the
+# terminal transaction) or awaited (the lifecycle writes).
+CALLS = pytest.mark.parametrize("call", [_blocking, call_with_pooled_statements_async], ids=["blocking", "awaited"])
+
+
+@CALLS
+def test_a_call_that_reaches_the_orm_on_the_loop_changes_nothing(thread, call):
     def orm_write():
+        execute_prepared("SELECT 1", [])
         Message.objects.create(thread=thread, role=Message.Role.USER, content="never")
 
     async def go():
         with pytest.raises(NeedsThread):
-            call_with_pooled_statements(orm_write, {})
+            await call(orm_write, {})
 
     asyncio.run(go())
     assert not Message.objects.filter(content="never").exists()
 
 
-def test_database_errors_on_the_pooled_connection_are_translated_as_djangos_R_RUN_11():
+@CALLS
+def test_database_errors_on_the_pooled_connection_are_translated_as_djangos_R_RUN_11(call):
     def refused():
         execute_prepared("""SELECT '{"a": NaN}'::jsonb""", [])
 
     async def go():
         with pytest.raises(DataError):
-            call_with_pooled_statements(refused, {})
+            await call(refused, {})
 
     asyncio.run(go())
 
@@ -254,6 +274,111 @@ def test_no_pooled_call_inside_an_orm_transaction_or_without_the_safety_net(monk
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with pytest.raises(NeedsThread):
         call_with_pooled_statements(lambda: None, {})
+    with pytest.raises(NeedsThread):
+        asyncio.run(call_with_pooled_statements_async(lambda: None, {}))
+
+
+def test_an_awaited_call_runs_in_its_coroutines_context_R_RUN_5():
+    """The service runs with the coroutine's context variables (the run's
+    log context, Django's connection of that context)."""
+    probe: contextvars.ContextVar[str] = contextvars.ContextVar("probe")
+
+    def read_it():
+        (one,) = execute_prepared("SELECT 1", [])
+        return probe.get(), one
+
+    async def go():
+        probe.set("the run's")
+        return await call_with_pooled_statements_async(read_it, {})
+
+    assert asyncio.run(go()) == ("the run's", 1)
+
+
+class _RowHolder:
+    """Another transaction holding the run row (a terminal transaction or
+    a takeover in progress), in a thread of its own until released."""
+
+    def __init__(self, lease):
+        self.locked, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold, args=(lease,), daemon=True)
+
+    def _hold(self, lease) -> None:
+        try:
+            with transaction.atomic():
+                lock_run(lease)
+                self.locked.set()
+                self.release.wait(5)
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.locked.wait(5)
+        return self
+
+    def __exit__(self, *exc):
+        self.release.set()
+        self.thread.join(10)
+
+
+def test_a_lifecycle_write_waiting_for_postgresql_leaves_the_loop_free_R_RUN_5(thread, hops):
+    """While a write's statement waits (here for the run row, which another
+    transaction holds), the loop runs the run's other tasks — the model's
+    stream, LangGraph's checkpoint writes — instead of standing still."""
+    lease = acquire(make_run(thread))
+    connection.close()
+
+    async def go(holder):
+        write = asyncio.ensure_future(
+            runner.write_with_retry(
+                services.model_call_start, lease=lease, operation_id="lc_run--w", sequence=1, started_at=T0
+            )
+        )
+        ticks = 0
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+            ticks += 1
+        waiting = not write.done()
+        holder.release.set()
+        return ticks, waiting, await write
+
+    with _RowHolder(lease) as holder:
+        ticks, waiting, row = asyncio.run(go(holder))
+    assert (ticks, waiting) == (20, True), "the loop ticked while the write waited"
+    assert hops == [] and row.sequence == 1
+    assert Message.objects.audit().filter(operation_id="lc_run--w").count() == 1
+
+
+def test_a_lifecycle_write_cancelled_while_its_statement_waits_ends_its_statement_first_R_RUN_5(thread, hops):
+    """A run stopped while a write's statement is on its way (a cancel
+    request, a lost lease) does not abandon the statement: the write is
+    waited for to its end — written once, the connection back in the pool,
+    idle — and then the cancellation goes on."""
+    lease = acquire(make_run(thread))
+    connection.close()
+    available = _available()
+
+    async def go(holder):
+        write = asyncio.ensure_future(
+            runner.write_with_retry(
+                services.model_call_start, lease=lease, operation_id="lc_run--x", sequence=2, started_at=T0
+            )
+        )
+        await asyncio.sleep(0.1)
+        write.cancel()
+        await asyncio.sleep(0.1)
+        still_waiting = not write.done()
+        holder.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        return still_waiting
+
+    with _RowHolder(lease) as holder:
+        assert asyncio.run(go(holder)), "the cancelled write waits for its statement"
+    assert hops == []
+    assert Message.objects.audit().filter(operation_id="lc_run--x", sequence=2).count() == 1
+    connection.close()
+    assert _available() == available
 
 
 def _every_free_connection(pool) -> list:
