@@ -453,25 +453,28 @@ def run_roll_up(
         # statement (prepared: planning it took three times its execution,
         # on every run's end); the savepoint released and the previous
         # limit back; the commit and what follows it.
-        with (
-            connection.wrap_database_errors,
-            raw.pipeline(),
-            psycopg.Cursor(raw) as cursor,
-            psycopg.Cursor(raw) as statement,
-        ):
-            if led is not None:
-                led.execute(*lead, prepare=True)
-            cursor.execute(f"SAVEPOINT {_SAVEPOINT}")
-            cursor.execute(
-                "SELECT set_config(%s, current_setting('lock_timeout'), true), set_config('lock_timeout', %s, true)",
-                [_PREVIOUS_LOCK_TIMEOUT, f"{wait_ms}ms"],
-            )
-            statement.execute(_RUN_ROLL_UP, {"run_id": run_id}, prepare=True)
-            cursor.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
-            cursor.execute("SELECT set_config('lock_timeout', current_setting(%s), true)", [_PREVIOUS_LOCK_TIMEOUT])
-            committed = after is not None and commit_in_pipeline(raw)
-            if committed:
-                after.execute(*commit_then, prepare=True)
+        with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor, psycopg.Cursor(raw) as statement:
+            with raw.pipeline():
+                if led is not None:
+                    led.execute(*lead, prepare=True)
+                cursor.execute(f"SAVEPOINT {_SAVEPOINT}")
+                cursor.execute(
+                    "SELECT set_config(%s, current_setting('lock_timeout'), true), "
+                    "set_config('lock_timeout', %s, true)",
+                    [_PREVIOUS_LOCK_TIMEOUT, f"{wait_ms}ms"],
+                )
+                statement.execute(_RUN_ROLL_UP, {"run_id": run_id}, prepare=True)
+                # A commit that follows ends the savepoint and the limit with
+                # the transaction: two statements fewer in the round trip.
+                committed = after is not None and commit_in_pipeline(raw)
+                if committed:
+                    after.execute(*commit_then, prepare=True)
+                else:
+                    cursor.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+                    cursor.execute(
+                        "SELECT set_config('lock_timeout', current_setting(%s), true)", [_PREVIOUS_LOCK_TIMEOUT]
+                    )
+            # Fetched once the pipeline ended (its Sync the one round trip).
             if led is not None:
                 lead_rows = led.fetchall()
             rolled_up = bool(statement.fetchone()[0])
@@ -502,9 +505,12 @@ def run_roll_up(
         rolled_up = False
         if after is not None:
             # The commit queued after the failed statement never ran: again.
-            with connection.wrap_database_errors, raw.pipeline():
-                if commit_in_pipeline(raw):
-                    after.execute(*commit_then, prepare=True)
+            with connection.wrap_database_errors:
+                with raw.pipeline():
+                    committed = commit_in_pipeline(raw)
+                    if committed:
+                        after.execute(*commit_then, prepare=True)
+                if committed:
                     after_rows = after.fetchall()
     finally:
         if led is not None:

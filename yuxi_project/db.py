@@ -115,11 +115,14 @@ def execute_prepared_in_pipeline(statements: Sequence[tuple[str, Sequence[Any]]]
         raw = connection.connection
     cursors = [psycopg.Cursor(raw) for _ in statements]
     try:
-        with _logged(*statements), connection.wrap_database_errors, raw.pipeline():
-            if begins:
-                raw.execute("BEGIN")
-            for cursor, (sql, params) in zip(cursors, statements, strict=True):
-                cursor.execute(sql, params, prepare=True)
+        with _logged(*statements), connection.wrap_database_errors:
+            with raw.pipeline():
+                if begins:
+                    raw.execute("BEGIN")
+                for cursor, (sql, params) in zip(cursors, statements, strict=True):
+                    cursor.execute(sql, params, prepare=True)
+            # Fetched once the pipeline ended: a fetch inside it asks the
+            # server for the results first, a round trip before the Sync's.
             return [cursor.fetchall() for cursor in cursors]
     finally:
         for cursor in cursors:

@@ -201,6 +201,38 @@ def test_a_terminal_transaction_that_reaches_the_orm_on_the_loop_is_undone_and_m
     assert rollup_state() == incremental, "the run's figures are rolled up once"
 
 
+def test_a_run_ending_on_the_loop_while_a_rollup_row_is_held_ends_at_once_unrolled_R_DASH_1(thread, hops, db_name):
+    """A worker frozen in its terminal transaction holds the rollup rows of
+    the hour: the run ending on the loop is not held up. Its rollup is undone
+    to the savepoint, the commit that was queued behind it (and never ran)
+    is sent again with the look for the thread's pending runs, and the run
+    ends completed, not rolled up, its next turn handed over."""
+    import psycopg
+
+    from conversations.models import Conversation
+
+    # A run of the same hour and model ended first: its rollup rows exist.
+    earlier = acquire(make_run(Conversation.objects.create(user=thread.user, agent_id="assistant", model=thread.model)))
+    _open_and_close(earlier, "lc_run--e")
+    services.run_finish(lease=earlier, status="completed")
+    lease = acquire(make_run(thread))
+    _open_and_close(lease, "lc_run--h")
+    waiting = make_run(thread)
+    connection.close()
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as frozen:
+        frozen.execute(f"SELECT 1 FROM {rollups.HOUR_TABLE} FOR UPDATE")
+        frozen.execute(f"SELECT 1 FROM {rollups.LATENCY_TABLE} FOR UPDATE")
+        state = [StateMessage(kind="ai", id="lc_run--h", content="answer")]
+        run = _on_loop(services.run_finish, lease=lease, status="completed", final_state=state)
+        frozen.rollback()
+    assert hops == [] and run.status == "completed"
+    stored = AgentRun.objects.get(pk=lease.run_id)
+    assert (stored.status, stored.rolled_up_at) == ("completed", None)
+    assert AgentRun.objects.get(pk=waiting.pk).dispatched_at is not None
+    assert rollups.rollups_catch_up() >= 1
+    assert AgentRun.objects.get(pk=lease.run_id).rolled_up_at is not None
+
+
 def test_a_terminal_transaction_that_fails_on_the_loop_leaves_the_run_as_it_was_R_RUN_5(thread, hops, monkeypatch):
     """An error after the run's rows were updated rolls the whole pooled
     transaction back: the rows and the run are as before, nothing is rolled
