@@ -44,6 +44,12 @@ class ModelRequestAudit(AsyncCallbackHandler):
 
     raise_error = True
     run_inline = True
+    # The events this handler reads are the chat model's, the tools' and
+    # the retries'; LangChain skips it for the others (every chain step of
+    # the graph would cost a coroutine of it, issue 11).
+    ignore_chain = True
+    ignore_retriever = True
+    ignore_custom_event = True
 
     def __init__(self, recorder: LifecycleRecorder):
         self._recorder = recorder

@@ -323,16 +323,20 @@ class RunExecutor:
             self._ending = True
             return await self._finish(outcome)
         finally:
-            if keeper is not None:
-                keeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await keeper
-            # Sends the events still batched (the terminal one, published by
-            # _finish after its transaction committed, last).
-            await self.publisher.close()
+            # The keeper's end (its subscription left) and the last batch of
+            # events (the terminal one, published by _finish after its
+            # transaction committed, last) go out together.
+            await asyncio.gather(self._stop_keeper(keeper), self.publisher.close())
             if self.redis is not None and self._shared_redis is None:
                 with contextlib.suppress(Exception):
                     await self.redis.aclose()
+
+    @staticmethod
+    async def _stop_keeper(keeper: asyncio.Task | None) -> None:
+        if keeper is not None:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await keeper
 
     async def _drive(self) -> _Outcome:
         try:
