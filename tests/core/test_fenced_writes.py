@@ -270,3 +270,23 @@ def test_a_write_that_reads_nothing_back_stores_the_row_the_loading_write_stores
         return [{n: getattr(row, n) for n in names} | {"declared": row.declared_by_id is not None} for row in rows]
 
     assert stored(loaded_lease) == stored(silent_lease) and len(stored(silent_lease)) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prepared_statements_are_planned_once_not_on_every_call_R_RUN_5(thread):
+    """PostgreSQL kept planning the model row's open (with its budget
+    condition) afresh on every call, its plan for the call's values looking
+    cheaper than its plan for any values: 0.9 ms of planning for 0.2 ms of
+    execution. The prepared statements are planned once per connection."""
+    lease = acquire(make_run(thread))
+    for i in range(8):
+        services.model_call_open(
+            lease=lease, operation_id=f"lc_run--o{i}", sequence=i + 1, started_at=T0, budget_user_id=thread.user_id
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["WITH leased_run AS %costs_budget%"],
+        )
+        [(generic, custom)] = cursor.fetchall()
+    assert (generic, custom) == (8, 0)
