@@ -44,6 +44,7 @@ from django.db import connection
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
+from costs.pricing import Cost
 from ops import metrics
 
 from .errors import LeaseLost, RunTerminal
@@ -137,10 +138,15 @@ _CLOSE_USAGE = {
 }
 
 
+# What the close stores when its pricing step is skipped: no cost, no
+# reason (the statement is the same, its cost columns empty).
+_NO_PRICE = Cost(usd=None)
+
+
 def _close(lease: Lease, operation_id: str, *, with_cost: bool) -> None:
     """``model_call_finish`` of an open row; ``with_cost=False`` skips the
     pricing step (and nothing else) to measure the close without it."""
-    skip = mock.patch.object(model_audit, "price_row", lambda row, **_: []) if not with_cost else None
+    skip = mock.patch.object(model_audit, "price_usage", lambda **_: _NO_PRICE) if not with_cost else None
     with skip or contextlib.nullcontext():
         model_call_finish(
             lease=lease,

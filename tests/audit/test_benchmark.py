@@ -120,3 +120,27 @@ def test_benchmarks_start_their_own_runs_even_beside_a_worker(settings, user):
     # The command holds dispatch itself.
     call_command("bench_audit_writes", writes=3, warmup=1, threads="1", rounds=1, stdout=io.StringIO())
     assert list(AgentRun.objects.values_list("status", flat=True)) == ["pending"]
+
+
+def test_the_benchmarks_close_without_cost_skips_its_pricing_and_nothing_else_R_COST_1(user):
+    """bench_audit_writes compares a model row's close with and without its
+    cost: the close without cost must skip the pricing step (the row keeps
+    no cost) and write the same row otherwise."""
+    import datetime as dt
+
+    from audit import services
+    from audit.benchmark import _close
+    from conversations.models import Conversation
+    from tests.conftest import acquire, make_run
+
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    lease = acquire(make_run(thread))
+    for op in ("lc_run--priced", "lc_run--unpriced"):
+        services.model_call_open(lease=lease, operation_id=op, sequence=1, started_at=dt.datetime.now(dt.UTC))
+    _close(lease, "lc_run--priced", with_cost=True)
+    _close(lease, "lc_run--unpriced", with_cost=False)
+    priced = Message.objects.get(operation_id="lc_run--priced")
+    unpriced = Message.objects.get(operation_id="lc_run--unpriced")
+    assert priced.cost_usd is not None and priced.price_source
+    assert (unpriced.cost_usd, unpriced.price_source, unpriced.execution_status) == (None, "", "completed")
+    assert "cost_unknown" not in unpriced.metadata and unpriced.usage == priced.usage
