@@ -9,6 +9,7 @@ import contextlib
 import logging
 import math
 import os
+import select
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -55,12 +56,19 @@ def postgres_conninfo(alias: str = "default") -> str | None:
 
 @contextlib.asynccontextmanager
 async def open_checkpointer(conninfo: str | None) -> AsyncIterator[object]:
-    """Yield a checkpointer for one run; closes its connection afterwards.
+    """Yield a checkpointer for one run, closed for good when the run ends.
 
     On PostgreSQL it is a :class:`ReconnectingPostgresSaver` (its
     connection named ``CHECKPOINTER_APPLICATION_NAME`` in
-    ``pg_stat_activity``); its first connection is made with the same
-    retries as its writes.
+    ``pg_stat_activity``). On a worker loop
+    (:func:`~audit.worker_loop.run_in_worker_loop`) its connection is the
+    one the loop's previous run left, when that one is still sound, and is
+    left for the next run when the run ends with it idle
+    (:meth:`ReconnectingPostgresSaver.keep_in`): a run pays neither the
+    connection's set-up (its handshake, its session) nor its close, and
+    its statements stay prepared (issue 11: share connections). Elsewhere,
+    and whenever it is not idle at the end, the connection is closed with
+    the run. A new connection is made with the same retries as the writes.
 
     Raises:
         psycopg.OperationalError: the database stayed unreachable for every
@@ -69,11 +77,37 @@ async def open_checkpointer(conninfo: str | None) -> AsyncIterator[object]:
     if conninfo is None:
         yield _memory_saver
         return
-    saver = ReconnectingPostgresSaver(await _retried(lambda: _connect_waiting(conninfo)), conninfo=conninfo)
+    from .worker_loop import kept_connections
+
+    kept = kept_connections()
+    conn = await _take_kept(kept, conninfo)
+    if conn is None:
+        conn = await _retried(lambda: _connect_waiting(conninfo))
+    saver = ReconnectingPostgresSaver(conn, conninfo=conninfo)
     try:
         yield saver
     finally:
-        await saver.aclose()
+        if kept is None or not saver.keep_in(kept):
+            await saver.aclose()
+
+
+async def _take_kept(kept: dict[str, Any] | None, conninfo: str):
+    """The connection kept in ``kept`` for ``conninfo`` (taken out), or
+    ``None``: none is kept, or the one kept is closed, broken or was ended
+    by the server while it waited (its socket is readable: an idle
+    connection has nothing to read) — that one is closed. A connection
+    lost without a word (a network cut) fails at its first statement,
+    which the saver makes again on a new connection (R-RUN-8)."""
+    conn = kept.pop(conninfo, None) if kept is not None else None
+    if conn is None:
+        return None
+    if not (conn.closed or conn.broken):
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+        if not readable:
+            return conn
+    with contextlib.suppress(Exception):
+        await conn.close()
+    return None
 
 
 #: ``application_name`` of the checkpointer's connections: an operator
@@ -298,6 +332,32 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
                 await self._stop_statements()
         finally:
             await _close_when_free(self.conn)
+
+    def keep_in(self, kept: dict[str, Any]) -> bool:
+        """Close the saver for good (as :meth:`aclose`) but leave its
+        connection in ``kept`` (``{conninfo: connection}``, the worker
+        loop's) for the loop's next run, when it is idle: the saver and the
+        connection not in use (no statement running or queued, no pipeline),
+        no transaction open, the connection neither closed nor broken, and
+        no other connection kept for the same database. Returns whether it
+        did; if not, nothing changed and the caller closes the saver. A
+        call on this saver later fails with :class:`CheckpointerClosed`
+        (LangGraph's methods that are not retried here would use the kept
+        connection: the product calls none after the run)."""
+        conn = self.conn
+        idle = (
+            not self._closed
+            and not self.lock.locked()
+            and not conn.closed
+            and not conn.broken
+            and not conn.lock.locked()
+            and conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            and self._conninfo not in kept
+        )
+        if idle:
+            self._closed = True
+            kept[self._conninfo] = conn
+        return idle
 
     async def interrupt(self) -> None:
         """Stop what runs on the connection, then close it for good (the

@@ -3,26 +3,34 @@
 
 One run is one turn of the ``assistant`` agent on the replay scenario
 ``tool_then_answer`` (two model calls and one tool call, no delay: the
-replay model server answers at once, in a thread of this process). Three
+replay model server answers at once, in a thread of this process). Four
 variants of the same run, in this process, interleaved one by one so they
 share the machine's load:
 
 * **plain graph** — the compiled agent, no checkpointer, its v3 event
   stream consumed (``astream_events(version="v3")``);
 * **checkpointer** — the same with LangGraph's ``AsyncPostgresSaver`` on
-  the product's database, opened per run as the worker opens it;
+  the product's database, opened per run as LangGraph documents it
+  (``AsyncPostgresSaver.from_conn_string``: a connection per run);
 * **product** — the worker's whole run path on a submitted run
   (:func:`audit.runner.run_execute`: lease, audit rows, live events in
-  Redis, terminal transaction).
+  Redis, terminal transaction, and its checkpointer on the connection the
+  worker loop keeps from run to run);
+* **kept checkpointer** — for the record, not in the ratio: the
+  checkpointer variant as the product runs it
+  (:func:`audit.checkpoint.open_checkpointer` on the worker loop: the
+  connection kept from run to run, reconnecting), so that the audit's
+  own cost (product - kept checkpointer) is printed beside the ratio.
 
 Each variant's run time is measured from the call to its end; every run
-uses a thread of its own. All three run on the worker's event loop, as the
+uses a thread of its own. All four run on the worker's event loop, as the
 worker runs its runs (:func:`audit.worker_loop.run_in_worker_loop`: one
 loop per worker thread, kept from run to run), so that the loop's set-up
 is no variant's overhead. Per round the medians give the checkpointer's
 overhead (checkpointer - plain) and the product's (product - checkpointer)
-and their ratio (target: at most 1.0x); the figures are the median over the
-rounds. The process's resident memory is sampled every ``rss_every``
+and their ratio (target: at most 1.0x), and the audit's alone (product -
+kept checkpointer) and its ratio to the checkpointer's overhead; the
+figures are the median over the rounds. The process's resident memory is sampled every ``rss_every``
 product runs (R-OPS: worker memory must stay flat after warm-up).
 
 It creates a throw-away user, threads, runs, checkpoints and Redis streams
@@ -32,6 +40,7 @@ itself and asserts nothing.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import statistics
@@ -45,6 +54,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.utils import timezone
 from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
 from conversations.models import Conversation
 from yuxi_project.config import get_config
@@ -57,10 +67,10 @@ from .checkpoint import open_checkpointer, postgres_conninfo
 from .events import stream_key
 from .runner import run_execute
 from .services import run_submit
-from .worker_loop import run_in_worker_loop
+from .worker_loop import close_kept_connections, run_in_worker_loop
 
 SCENARIO_MODEL = "replay:tool_then_answer"
-VARIANTS = ("plain graph", "checkpointer", "product")
+VARIANTS = ("plain graph", "checkpointer", "product", "kept checkpointer")
 
 
 @dataclass
@@ -74,6 +84,10 @@ class RunOverheadResult:
     round_checkpointer_overhead_ms: list[float] = field(default_factory=list)
     round_product_overhead_ms: list[float] = field(default_factory=list)
     round_ratio: list[float] = field(default_factory=list)
+    # per round: product - kept checkpointer (the audit alone), its ratio
+    # to the checkpointer's overhead
+    round_audit_ms: list[float] = field(default_factory=list)
+    round_audit_ratio: list[float] = field(default_factory=list)
     # (product runs so far, resident set size in MiB)
     rss_mib: list[tuple[int, float]] = field(default_factory=list)
 
@@ -114,21 +128,27 @@ class _ReplayServer:
         self.thread.join(timeout=5)
 
 
-async def _graph_run(thread_id: uuid.UUID, *, conninfo: str | None, workspace: Path) -> None:
+async def _graph_run(
+    thread_id: uuid.UUID, *, conninfo: str | None, workspace: Path, kept_connection: bool = False
+) -> None:
     """One turn through the compiled agent, its v3 stream consumed; with a
-    PostgreSQL checkpointer when ``conninfo`` is given."""
+    PostgreSQL checkpointer when ``conninfo`` is given: LangGraph's
+    ``AsyncPostgresSaver.from_conn_string`` (a connection per run), or with
+    ``kept_connection`` the product's (:func:`open_checkpointer`)."""
     context = AgentContext(thread_id=str(thread_id), run_id=str(uuid.uuid4()), workspace=str(workspace))
     config = {"configurable": {"thread_id": str(thread_id)}, "recursion_limit": 40}
     message = {"messages": [HumanMessage(content="weather in Paris?", id=f"human-{uuid.uuid4()}")]}
     async with model_http_client() as http_client:
         if conninfo is None:
-            graph = build_agent("assistant", model=SCENARIO_MODEL, checkpointer=None, http_async_client=http_client)
-            stream = await graph.astream_events(message, config, version="v3", context=context)
-            async for _ in stream:
-                pass
-            return
-        async with open_checkpointer(conninfo) as saver:
-            graph = build_agent("assistant", model=SCENARIO_MODEL, checkpointer=saver, http_async_client=http_client)
+            saver = contextlib.nullcontext()
+        elif kept_connection:
+            saver = open_checkpointer(conninfo)
+        else:
+            saver = AsyncPostgresSaver.from_conn_string(conninfo)
+        async with saver as checkpointer:
+            graph = build_agent(
+                "assistant", model=SCENARIO_MODEL, checkpointer=checkpointer, http_async_client=http_client
+            )
             stream = await graph.astream_events(message, config, version="v3", context=context)
             async for _ in stream:
                 pass
@@ -169,7 +189,7 @@ def bench_run_overhead(
     *, runs: int = 40, rounds: int = 5, warmup: int = 5, rss_every: int = 200, memory_runs: int = 0
 ) -> RunOverheadResult:
     """Run the benchmark: ``rounds`` rounds of ``runs`` runs per variant,
-    the three variants interleaved run by run (their order rotating), after
+    the four variants interleaved run by run (their order rotating), after
     ``warmup`` unmeasured runs of each; then ``memory_runs`` more product
     runs alone (untimed), so the memory samples reach thousands of runs in
     reasonable time. Returns the figures."""
@@ -207,11 +227,17 @@ def bench_run_overhead(
             if product_runs % rss_every == 0:
                 result.rss_mib.append((product_runs, _rss_mib()))
             return elapsed
-        thread_id = new_thread() if variant == "checkpointer" else uuid.uuid4()
+        saved = variant != "plain graph"
+        thread_id = new_thread() if saved else uuid.uuid4()
         release_connection()
         began = time.perf_counter()
         run_in_worker_loop(
-            _graph_run(thread_id, conninfo=conninfo if variant == "checkpointer" else None, workspace=workspace)
+            _graph_run(
+                thread_id,
+                conninfo=conninfo if saved else None,
+                workspace=workspace,
+                kept_connection=variant == "kept checkpointer",
+            )
         )
         return time.perf_counter() - began
 
@@ -241,11 +267,15 @@ def bench_run_overhead(
                 result.round_checkpointer_overhead_ms.append(saver)
                 result.round_product_overhead_ms.append(product)
                 result.round_ratio.append(product / saver if saver > 0 else float("inf"))
+                audit = medians["product"] - medians["kept checkpointer"]
+                result.round_audit_ms.append(audit)
+                result.round_audit_ratio.append(audit / saver if saver > 0 else float("inf"))
             for _ in range(memory_runs):
                 one("product")
             if not result.rss_mib or result.rss_mib[-1][0] != product_runs:
                 result.rss_mib.append((product_runs, _rss_mib()))
     finally:
+        close_kept_connections()
         config.REPLAY_MODEL_URL = previous_url
         for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)

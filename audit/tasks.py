@@ -4,16 +4,25 @@ the retry policy."""
 from __future__ import annotations
 
 from celery import shared_task
+from celery.signals import worker_process_shutdown
 
 from ops import logcontext
 
 from .errors import DatabaseUnavailable
 from .runner import run_execute
+from .worker_loop import close_kept_connections
 
 # Pickup retries while PostgreSQL is unreachable: 1, 2, 4 … 30 s apart, for
 # about ten minutes; the dispatcher hands the run over again after that
 # in any case (R-RUN-9).
 PICKUP_RETRY_MAX = 25
+
+
+@worker_process_shutdown.connect
+def _close_kept_connections(**_: object) -> None:
+    """A worker process that ends closes the connection its worker loop
+    kept for a next run (audit.checkpoint.open_checkpointer)."""
+    close_kept_connections()
 
 
 @shared_task(name="audit.execute_run", bind=True, acks_late=True, max_retries=PICKUP_RETRY_MAX)

@@ -11,7 +11,9 @@ and every task the run left behind cancelled and awaited before it
 returns, so nothing of one run survives into the next. The loop's Redis
 client (:func:`worker_redis`) serves every run's live events and cancel
 signal; its subscription connection subscribes to one run's channel at a
-time (:class:`~audit.cancellation.CancelSignalListener`).
+time (:class:`~audit.cancellation.CancelSignalListener`). The loop also
+keeps its last run's checkpointer connection, idle, for the next run
+(:func:`kept_connections`, :func:`audit.checkpoint.open_checkpointer`).
 
 A loop belongs to its thread and process: a forked child, or another
 thread, makes its own.
@@ -24,6 +26,7 @@ import contextlib
 import contextvars
 import os
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any
 
@@ -68,6 +71,8 @@ class _WorkerLoop:
         # code outside a run (asyncio.run elsewhere in the thread) is unaffected.
         self.runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
         self.redis: dict[str, LoopRedis] = {}
+        # conninfo -> one idle connection kept from run to run (audit.checkpoint).
+        self.kept: dict[str, Any] = {}
 
     def run[T](self, coro: Coroutine[Any, Any, T]) -> T:
         try:
@@ -75,19 +80,37 @@ class _WorkerLoop:
         finally:
             _cancel_leftovers(self.runner.get_loop())
 
+    def close_kept(self) -> None:
+        """Close the connections kept for the next run (their sockets only:
+        no round trip, no loop needed)."""
+        while self.kept:
+            try:
+                _, conn = self.kept.popitem()
+            except KeyError:  # taken meanwhile by the loop's next run
+                break
+            with contextlib.suppress(Exception):
+                conn.pgconn.finish()
+
     def __del__(self) -> None:
         # The thread ended: its loop goes (its sockets with the objects that
         # hold them); nothing is run on it any more.
+        if self.pid == os.getpid():
+            self.close_kept()
         loop = getattr(self.runner, "_loop", None)
         if self.pid == os.getpid() and loop is not None and not loop.is_running():
             with contextlib.suppress(Exception):
                 loop.close()
 
 
+#: Every worker loop of this process (their connections closed together).
+_loops: weakref.WeakSet[_WorkerLoop] = weakref.WeakSet()
+
+
 def _worker_loop() -> _WorkerLoop:
     worker = getattr(_local, "worker", None)
     if worker is None or worker.pid != os.getpid():
         worker = _local.worker = _WorkerLoop()
+        _loops.add(worker)
     return worker
 
 
@@ -109,6 +132,33 @@ def worker_redis(url: str) -> LoopRedis:
     if shared is None:
         shared = worker.redis[url] = LoopRedis(url)
     return shared
+
+
+def kept_connections() -> dict[str, Any] | None:
+    """Where the worker loop running the caller keeps connections from run
+    to run (``{conninfo: connection}``, at most one each, idle): the
+    checkpointer's (:func:`audit.checkpoint.open_checkpointer`). ``None``
+    outside a run of :func:`run_in_worker_loop` on this thread (a
+    connection kept there would outlive its loop)."""
+    worker = getattr(_local, "worker", None)
+    if worker is None or worker.pid != os.getpid():
+        return None
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return worker.kept if getattr(worker.runner, "_loop", None) is running else None
+
+
+def close_kept_connections() -> None:
+    """Close the connections every worker loop of this process keeps for its
+    next run (a worker's shutdown, a test's end; a thread that ended closes
+    its own when its loop is collected). A kept connection is idle: one
+    that a loop's next run takes meanwhile is either taken or closed, never
+    both. Never raises."""
+    for worker in list(_loops):
+        if worker.pid == os.getpid():
+            worker.close_kept()
 
 
 def worker_client_name() -> str:

@@ -27,6 +27,19 @@ def pytest_configure(config):
     settings.PASSWORD_HASHERS = ["tests.hashers.OneIterationPBKDF2PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def _no_kept_checkpointer_connection():
+    """A run on this thread's worker loop leaves its checkpointer connection
+    for the next run (audit.checkpoint.open_checkpointer): each test starts
+    and ends without one, so that tests counting connections see their own
+    runs' only and the test database can be dropped at the end."""
+    from audit.worker_loop import close_kept_connections
+
+    close_kept_connections()
+    yield
+    close_kept_connections()
+
+
 @pytest.fixture
 def user(django_user_model):
     return django_user_model.objects.create_user(username=f"user-{uuid.uuid4().hex[:8]}", password="pw-12345678")

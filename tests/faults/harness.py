@@ -166,7 +166,7 @@ class FaultStack:
     def launch_worker(self, name: str | None = None, concurrency: int = 2) -> Process:
         """Start a run worker on the runs queue (prefork); not waited for."""
         name = name or f"fault-worker-{uuid.uuid4().hex[:6]}"
-        return self._celery(
+        worker = self._celery(
             name,
             ["worker", "-Q", self.env["CELERY_QUEUE"], "-n", f"{name}@%h", "--pool=prefork"]
             # No step switched off on the command line, as in a deployment:
@@ -175,6 +175,10 @@ class FaultStack:
             # and Gossip from starting itself).
             + [f"--concurrency={concurrency}", "-l", "info"],
         )
+        # Its pool's processes, each with one worker loop that may keep its
+        # last run's checkpointer connection for the next run.
+        worker.concurrency = concurrency
+        return worker
 
     def start_worker(self, name: str | None = None, concurrency: int = 2) -> Process:
         """A run worker on the runs queue, ready."""

@@ -2,7 +2,8 @@
 killed ``yuxi-checkpointer`` backend while runs are in flight. Every run
 ends completed or failed with a named error type, none stays open, no audit
 row stays running, a completed run's State is in the thread's checkpoint,
-and no checkpointer connection outlives its run."""
+and no checkpointer connection outlives its run in use (a worker process
+keeps one idle for its next run)."""
 
 from __future__ import annotations
 
@@ -133,8 +134,12 @@ def failed_without_a_name(stack: FaultStack, batch: Batch) -> list[str]:
 
 
 def leaked_checkpointer_connections(stack: FaultStack, wait: float = 5.0) -> list[str]:
-    """Each run closes its checkpointer connection: once every run is
-    terminal, none is left (after a short grace)."""
+    """Once every run is terminal (after a short grace), no checkpointer
+    connection is in use — none runs a statement or holds a transaction —
+    and the idle ones are at most those the worker loops keep for their
+    next run: one per process of the live workers' pools (a run ends its
+    connection when it is not idle, and a killed worker's die with it)."""
+    slots = sum(getattr(w, "concurrency", 1) for w in stack.workers if w.popen.poll() is None)
     deadline = time.monotonic() + wait
     while True:
         with stack.db() as conn:
@@ -143,8 +148,12 @@ def leaked_checkpointer_connections(stack: FaultStack, wait: float = 5.0) -> lis
                 " WHERE application_name = %s",
                 [CHECKPOINTER_APPLICATION_NAME],
             ).fetchall()
-        if not rows or time.monotonic() > deadline:
-            return [f"checkpointer connection left open: {r}" for r in rows]
+        busy = [r for r in rows if r[1] != "idle"]
+        violations = [f"checkpointer connection still in use: {r}" for r in busy]
+        if len(rows) - len(busy) > slots:
+            violations.append(f"{len(rows) - len(busy)} idle checkpointer connections for {slots} worker processes")
+        if not violations or time.monotonic() > deadline:
+            return violations
         time.sleep(0.25)
 
 

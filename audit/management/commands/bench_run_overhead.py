@@ -12,9 +12,11 @@ from audit.run_benchmark import VARIANTS, bench_run_overhead, settle_unless_auto
 
 class Command(BaseCommand):
     help = (
-        "Benchmark one run (2 model calls + 1 tool, replay model at 0 ms, in process) three ways, interleaved: "
-        "the plain graph, the graph with AsyncPostgresSaver, and the product's full run path. Prints the "
-        "medians, the checkpointer's and the product's overhead and their ratio (target <= 1.0x), and the "
+        "Benchmark one run (2 model calls + 1 tool, replay model at 0 ms, in process) four ways, interleaved: "
+        "the plain graph, the graph with AsyncPostgresSaver (a connection per run, as LangGraph documents it), "
+        "the product's full run path, and the graph with the product's checkpointer (its connection kept from "
+        "run to run). Prints the medians, the checkpointer's and the product's overhead and their ratio "
+        "(target <= 1.0x), the audit's cost alone (product - kept checkpointer), and the "
         "process's memory every --rss-every product runs. Creates and deletes its own user, threads and runs."
     )
 
@@ -49,6 +51,7 @@ class Command(BaseCommand):
             out(
                 f"  round {i + 1}: {figures}  | checkpointer +{result.round_checkpointer_overhead_ms[i]:.1f}"
                 f"  product +{result.round_product_overhead_ms[i]:.1f}  ratio {result.round_ratio[i]:.2f}x"
+                f"  audit alone +{result.round_audit_ms[i]:.1f} ({result.round_audit_ratio[i]:.2f}x)"
             )
         for v in VARIANTS:
             out(f"  {v + ':':<14} median {med(result.round_median_ms[v]):.1f}")
@@ -56,6 +59,11 @@ class Command(BaseCommand):
         out(f"  product overhead (product - checkpointer):          {med(result.round_product_overhead_ms):.1f}")
         out(
             f"  ratio product / checkpointer overhead: {med(result.round_ratio):.2f}x (median of the rounds; target <= 1.0x)"
+        )
+        out(
+            f"  the audit alone (product - kept checkpointer):      {med(result.round_audit_ms):.1f}"
+            f" ({med(result.round_audit_ratio):.2f}x the checkpointer's overhead; the product's run keeps its"
+            " checkpointer connection from run to run, LangGraph's opens one per run)"
         )
         out(f"worker memory (RSS) after N product runs (counting the {warmup} warm-up runs):")
         for count, rss in result.rss_mib:
