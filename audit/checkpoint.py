@@ -352,6 +352,12 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
             and not conn.broken
             and not conn.lock.locked()
             and conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            # A write cancelled inside LangGraph's pipeline block can leave
+            # the connection in pipeline mode with the lock released: its
+            # next statement would then never be completed (a session left
+            # active, in a transaction, holding the checkpoint tables' locks).
+            and conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+            and getattr(conn, "_pipeline", None) is None
             and self._conninfo not in kept
         )
         if idle:
@@ -431,6 +437,16 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
             return await call()
 
         return await _retried(unless_closed, before_retry=self._reconnect_if_broken, lost=self._lost)
+
+    @contextlib.asynccontextmanager
+    async def _cursor(self, *, pipeline: bool = False):
+        # LangGraph's cursor, taken under the saver's lock: a write that
+        # waited for the lock while the run ended (its connection kept for
+        # the next run, or closed) stops here, before any statement.
+        async with super()._cursor(pipeline=pipeline) as cur:
+            if self._closed:
+                raise CheckpointerClosed
+            yield cur
 
     async def aget_tuple(self, config):
         return await self._again(lambda: super(ReconnectingPostgresSaver, self).aget_tuple(config))

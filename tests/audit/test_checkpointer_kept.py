@@ -7,6 +7,7 @@ nothing more on the connection it left."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
@@ -148,3 +149,60 @@ def test_outside_a_worker_loop_the_connection_ends_with_its_run(db_name):
     while _sessions(db_name) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _sessions(db_name) == []
+
+
+def test_a_write_cancelled_inside_its_pipeline_leaves_no_connection_in_pipeline_mode_for_the_next_run(db_name):
+    """A State write cancelled at its first wait (the run stopped) can leave
+    its connection in pipeline mode with the lock released. Kept, the next
+    run's last statement would never be completed: its session stayed
+    active, in a transaction, holding the checkpoint tables' locks (found by
+    a tester: every time, at the first attempt)."""
+    conninfo = postgres_conninfo()
+    connection.close()
+
+    async def cancelled_write():
+        async with open_checkpointer(conninfo) as saver:
+            write = asyncio.create_task(saver.aput(_config(str(uuid.uuid4())), empty_checkpoint(), {"step": 0}, {}))
+            await asyncio.sleep(0)
+            write.cancel()
+            with contextlib.suppress(BaseException):
+                await write
+        return saver
+
+    for _ in range(5):
+        saver = run_in_worker_loop(cancelled_write())
+        assert saver.conn.closed or (
+            saver.conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF and saver.conn._pipeline is None
+        ), "a connection in pipeline mode was kept"
+        run_in_worker_loop(_one_run(conninfo, str(uuid.uuid4())))
+        deadline = time.monotonic() + 5
+        while any(state != "idle" for _, state in _sessions(db_name)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(state == "idle" for _, state in _sessions(db_name)), _sessions(db_name)
+
+
+def test_a_write_that_waited_for_the_lock_while_its_run_ended_writes_nothing_R_RUN_4(db_name):
+    """A State write of the run waits for the saver's lock; the lock is freed
+    and the run ends (its connection kept) before that write resumes: it
+    must fail, not write through the connection the next run will use."""
+    conninfo = postgres_conninfo()
+    connection.close()
+    late_thread = str(uuid.uuid4())
+
+    async def scenario():
+        async with open_checkpointer(conninfo) as saver:
+            await saver.aput(_config(str(uuid.uuid4())), empty_checkpoint(), {"step": 0}, {})
+            await saver.lock.acquire()
+            late = asyncio.create_task(saver.aput(_config(late_thread), empty_checkpoint(), {"step": 0}, {}))
+            await asyncio.sleep(0.05)  # it waits for the lock
+            saver.lock.release()
+            # The run ends now: its connection is kept before the write resumes.
+        kept = not saver.conn.closed
+        with pytest.raises(CheckpointerClosed):
+            await late
+        return kept
+
+    assert run_in_worker_loop(scenario()), "the idle connection was kept"
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as admin:
+        written = admin.execute("SELECT count(*) FROM checkpoints WHERE thread_id = %s", [late_thread]).fetchone()[0]
+    assert written == 0
