@@ -340,10 +340,11 @@ class ReconnectingPostgresSaver(AsyncPostgresSaver):
         connection not in use (no statement running or queued, no pipeline),
         no transaction open, the connection neither closed nor broken, and
         no other connection kept for the same database. Returns whether it
-        did; if not, nothing changed and the caller closes the saver. A
-        call on this saver later fails with :class:`CheckpointerClosed`
-        (LangGraph's methods that are not retried here would use the kept
-        connection: the product calls none after the run)."""
+        did; if not, nothing changed and the caller closes the saver. Any
+        call on this saver later, LangGraph's own methods included, fails
+        with :class:`CheckpointerClosed` before a statement is sent (its
+        cursor checks under the saver's lock): nothing reaches the kept
+        connection through it."""
         conn = self.conn
         idle = (
             not self._closed
