@@ -9,7 +9,6 @@ import contextlib
 import logging
 import math
 import os
-import select
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,6 +19,8 @@ from django.db import connections
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg.conninfo import make_conninfo
+
+from yuxi_project.pool import has_input
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,8 @@ async def _take_kept(kept: dict[str, Any] | None, conninfo: str):
     conn = kept.pop(conninfo, None) if kept is not None else None
     if conn is None:
         return None
-    if not (conn.closed or conn.broken):
-        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-        if not readable:
-            return conn
+    if not (conn.closed or conn.broken or has_input(conn)):
+        return conn
     with contextlib.suppress(Exception):
         await conn.close()
     return None

@@ -23,13 +23,20 @@ def pool_check_connection(conn) -> None:
     connection out for every audit write (R-RUN-5)."""
     if conn.closed or conn.broken:
         raise psycopg.OperationalError("the connection is closed")
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    if readable:
+    if has_input(conn):
         try:
             ConnectionPool.check_connection(conn)
         except psycopg.Error:
             _check_idle_connections(conn)
             raise
+
+
+def has_input(conn) -> bool:
+    """Whether the socket of ``conn`` (a psycopg connection, sync or async)
+    has something to read now, without waiting: for an idle connection, the
+    sign that the server ended it (end of file or a final error message)."""
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    return bool(readable)
 
 
 def _check_idle_connections(conn) -> None:

@@ -35,6 +35,16 @@ def _sessions(db_name) -> list[tuple[int, str]]:
         ).fetchall()
 
 
+def _sessions_once(db_name, settled, timeout: float = 5.0) -> list[tuple[int, str]]:
+    """The checkpointer's sessions once ``settled(sessions)`` holds, or as
+    they are after ``timeout`` seconds (the server ends a session shortly
+    after its client closed it)."""
+    deadline = time.monotonic() + timeout
+    while not settled(sessions := _sessions(db_name)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sessions
+
+
 def _config(thread_id: str) -> dict:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
 
@@ -61,9 +71,7 @@ def test_the_next_run_on_a_worker_loop_takes_the_connection_the_last_one_left(db
     assert _sessions(db_name) == [(first_pid, "idle")], "one connection for both runs"
     close_kept_connections()
     assert first.conn.closed
-    deadline = time.monotonic() + 5
-    while _sessions(db_name) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _sessions_once(db_name, lambda sessions: not sessions)
     assert _sessions(db_name) == []
 
 
@@ -96,9 +104,7 @@ def test_a_kept_connection_the_server_ended_is_replaced_R_RUN_8(db_name):
     first, first_pid = run_in_worker_loop(_one_run(conninfo, str(uuid.uuid4())))
     with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres", autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", [first_pid])
-    deadline = time.monotonic() + 5
-    while _sessions(db_name) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _sessions_once(db_name, lambda sessions: not sessions)
     thread_id = str(uuid.uuid4())
     second, second_pid = run_in_worker_loop(_one_run(conninfo, thread_id))
     assert second_pid != first_pid and first.conn.closed
@@ -124,18 +130,12 @@ def test_a_connection_that_is_not_idle_when_its_run_ends_is_closed_not_kept(db_n
     if how == "transaction open":
         first, first_pid = run_in_worker_loop(_one_run(conninfo, str(uuid.uuid4()), inside=leave_a_transaction_open))
     else:
-        first, first_pid = run_in_worker_loop(_interrupted())
+        first, first_pid = run_in_worker_loop(
+            _one_run(conninfo, str(uuid.uuid4()), inside=lambda saver: saver.interrupt())
+        )
     assert first.conn.closed
     second, second_pid = run_in_worker_loop(_one_run(conninfo, str(uuid.uuid4())))
     assert second.conn is not first.conn and second_pid != first_pid
-
-
-async def _interrupted() -> tuple:
-    async with open_checkpointer(postgres_conninfo()) as saver:
-        await saver.aput(_config(str(uuid.uuid4())), empty_checkpoint(), {"step": 0}, {})
-        pid = saver.conn.info.backend_pid
-        await saver.interrupt()
-    return saver, pid
 
 
 def test_outside_a_worker_loop_the_connection_ends_with_its_run(db_name):
@@ -145,9 +145,7 @@ def test_outside_a_worker_loop_the_connection_ends_with_its_run(db_name):
     connection.close()
     saver, _ = asyncio.run(_one_run(conninfo, str(uuid.uuid4())))
     assert saver.conn.closed
-    deadline = time.monotonic() + 5
-    while _sessions(db_name) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _sessions_once(db_name, lambda sessions: not sessions)
     assert _sessions(db_name) == []
 
 
@@ -175,9 +173,7 @@ def test_a_write_cancelled_inside_its_pipeline_leaves_no_connection_in_pipeline_
             saver.conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF and saver.conn._pipeline is None
         ), "a connection in pipeline mode was kept"
         run_in_worker_loop(_one_run(conninfo, str(uuid.uuid4())))
-        deadline = time.monotonic() + 5
-        while any(state != "idle" for _, state in _sessions(db_name)) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _sessions_once(db_name, lambda sessions: all(state == "idle" for _, state in sessions))
         assert all(state == "idle" for _, state in _sessions(db_name)), _sessions(db_name)
 
 
