@@ -40,144 +40,274 @@ class ModelPriceConfig(BaseModel):
 
 
 class Config(BaseSettings):
-    """The environment, parsed. Field names are the variable names."""
+    """The environment, parsed. Field names are the variable names; each
+    field's ``description`` is its entry in ``docs/configuration.md``, which
+    ``manage.py config_reference --write docs/configuration.md`` renders from
+    this class (a test fails when the two differ)."""
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore")
 
-    # Empty: SQLite under var/, which the product's PostgreSQL statements do
-    # not run on; bin/quickstart starts an embedded PostgreSQL instead.
-    DATABASE_URL: str = ""
-    # Celery broker and the live event stream. Empty: in-process worker and
-    # events served from the database only.
-    REDIS_URL: str = ""
-    SECRET_KEY: str = "dev-insecure-change-me"
-    DEBUG: bool = False
-    ALLOWED_HOSTS: Annotated[list[str], NoDecode] = ["127.0.0.1", "localhost", "testserver"]
-    # Model names users may pick for a thread, comma separated. Every bundled
-    # replay scenario is always allowed as ``replay:<scenario>``.
-    MODELS: Annotated[list[str], NoDecode] = []
-    DEFAULT_MODEL: str = "replay:plain_answer"
-    REPLAY_MODEL_URL: str = "http://127.0.0.1:8765/v1"
-    OPENAI_BASE_URL: str = ""
-    OPENAI_API_KEY: str = ""
-    # Seconds a worker's lease on a run lasts without renewal (R-RUN-7).
-    LEASE_TTL_SECONDS: float = Field(default=30.0, gt=0)
-    # Seconds between two runs of the lease sweeper, which fails runs whose
-    # lease expired (R-RUN-7). Celery beat schedules it.
-    LEASE_SWEEP_INTERVAL_SECONDS: float = Field(default=10.0, gt=0)
-    # Seconds a process waits for a pooled database connection before the
-    # write counts as failed (then retried, R-RUN-8).
-    DB_POOL_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0)
-    # Prepare the audit writes' statements on the server once per connection
-    # (they are then planned once, not on every write). Turn off behind a
-    # pooler that cannot keep prepared statements (PgBouncer before 1.21 in
-    # transaction mode; see docs/SCALING.md).
-    DB_PREPARED_STATEMENTS: bool = True
-    # Attempts for one critical audit write before the run fails (R-RUN-8).
-    AUDIT_WRITE_ATTEMPTS: int = Field(default=3, ge=1, le=20)
-    # --- dispatch from PostgreSQL (R-RUN-9) ---
-    # Seconds a run may wait at the head of its thread's queue, handed to
-    # the broker, before the dispatcher hands it over again (its message may
-    # be lost). A normal pickup takes well under a second.
-    DISPATCH_GRACE_SECONDS: float = Field(default=10.0, gt=0)
-    # Seconds between two runs of the dispatcher (Celery beat).
-    DISPATCH_INTERVAL_SECONDS: float = Field(default=5.0, gt=0)
-    # The queue of the dispatcher and the lease sweeper. Its own queue, served
-    # by its own worker, so that busy run workers cannot starve them.
-    CELERY_MAINTENANCE_QUEUE: str = "agent-maintenance"
-    # --- bounded waits (R-RUN-10) ---
-    # Milliseconds a web request waits for a run or thread row lock before it
-    # answers 503 ``run_busy``.
-    WEB_LOCK_TIMEOUT_MS: int = Field(default=1000, ge=1)
-    # Worker connections: lock wait, statement time and idle time inside a
-    # transaction after which PostgreSQL gives up (the last one ends a frozen
-    # worker's transaction and releases its row lock).
-    WORKER_LOCK_TIMEOUT_MS: int = Field(default=5000, ge=1)
-    WORKER_STATEMENT_TIMEOUT_MS: int = Field(default=30000, ge=1)
-    WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS: int = Field(default=5000, ge=1)
-    # How long a run's terminal transaction waits for a dashboard rollup row
-    # another transaction holds before it leaves the run to the catch-up of
-    # the next dispatch round (R-DASH-1; dashboard.rollups.run_roll_up).
-    ROLLUP_LOCK_WAIT_MS: int = Field(default=200, ge=1)
-    # Tool results longer than this many characters go to the thread
-    # workspace instead of the graph State (R-TA-4).
-    LARGE_TOOL_RESULT_CHARS: int = Field(default=4000, ge=1)
-    # Live events a run's Redis stream keeps (about: Redis trims in whole
-    # nodes); a reader that needs older ones gets a ``gap`` event with the
-    # run's state from PostgreSQL instead (R-EVT-2).
-    EVENT_STREAM_MAXLEN: int = Field(default=50_000, ge=1)
-    WORKSPACE_ROOT: Path = BASE_DIR / "var" / "workspaces"
-    CELERY_QUEUE: str = "agent-runs"
-    # How each model's provider reports token usage while streaming (R-MA-11):
-    # JSON {"<model name>": "final" | "cumulative" | "delta"}; a model not
-    # listed is "final", a replay:<scenario> model not listed takes the mode
-    # its scenario turn declares. See README "Token usage".
-    MODEL_USAGE_MODES: dict[str, Literal["final", "cumulative", "delta"]] = {}
-    # Provider faults (R-RUN-12): attempts for one model request that fails
-    # before its first streamed chunk (the first attempt included), and the
-    # exponential backoff between them: initial * 2**(n-1) seconds plus a
-    # random jitter of up to MODEL_RETRY_JITTER_SECONDS, capped at
-    # MODEL_RETRY_MAX_DELAY_SECONDS. A provider's Retry-After is honoured; one
-    # longer than the cap ends the retries.
-    MODEL_RETRY_ATTEMPTS: int = Field(default=6, ge=1, le=20)
-    MODEL_RETRY_INITIAL_DELAY_SECONDS: float = Field(default=0.5, ge=0)
-    MODEL_RETRY_MAX_DELAY_SECONDS: float = Field(default=8.0, ge=0)
-    MODEL_RETRY_JITTER_SECONDS: float = Field(default=0.5, ge=0)
-    LANGFUSE_PUBLIC_KEY: str = ""
-    LANGFUSE_SECRET_KEY: str = ""
-    LANGFUSE_HOST: str = ""
-    # Operations (R-OPS-1, ops/). A bearer token for Prometheus scrapers of
-    # GET /metrics; empty: staff only (session or staff API token).
-    METRICS_TOKEN: str = ""
-    # False: record no metrics (the endpoint still answers).
-    METRICS_ENABLED: bool = True
-    # prometheus-client's multiprocess directory, read by the client from
-    # the environment itself; validated here. The same empty directory for
-    # the web and every worker process of a deployment.
-    PROMETHEUS_MULTIPROC_DIR: str = ""
-    # plain (human-readable) or json (one JSON object per line with
-    # run_id, thread_id, request_id, worker).
-    LOG_FORMAT: Literal["plain", "json"] = "plain"
-    # Seconds GET /readyz waits for its checks in all.
-    READYZ_TIMEOUT_SECONDS: float = Field(default=2.0, gt=0, le=30)
-    # Cost (R-COST-1): JSON, model name -> USD per million tokens for
-    # input, cached_input, cache_creation, output, reasoning. Overrides the
-    # genai-prices catalogue and the replay models' default prices.
-    MODEL_PRICES: dict[str, ModelPriceConfig] = {}
-    # Budgets (R-COST-3): the zone whose days and months a budget period
-    # follows, and the USD each unfinished run of a user holds against the
-    # budget when another run is admitted.
-    BUDGET_TIME_ZONE: str = "UTC"
-    BUDGET_RUN_RESERVE_USD: Decimal = Field(default=Decimal("0.01"), ge=0, allow_inf_nan=False)
-    # OpenTelemetry export of the audit (R-OTEL-1). The OTLP/HTTP base URL
-    # (``/v1/traces`` is appended); empty: no export, no beat entry.
-    OTEL_EXPORTER_OTLP_ENDPOINT: str = ""
-    # Request headers, ``key=value`` pairs separated by commas (W3C baggage
-    # format, as the OpenTelemetry SDKs read it), e.g. for Langfuse
-    # ``Authorization=Basic <base64 of public:secret key>``.
-    OTEL_EXPORTER_OTLP_HEADERS: str = ""
-    # Seconds one export request may take, the SDK's retries included.
-    OTEL_EXPORTER_OTLP_TIMEOUT: float = Field(default=10.0, gt=0)
-    # Export message content and tool arguments and results (off: only ids,
-    # names, timing, usage, status).
-    OTEL_EXPORT_CONTENT: bool = False
-    # Longest exported payload string, characters; longer ones are cut and
-    # marked ``…[truncated N of M chars]``.
-    OTEL_EXPORT_MAX_PAYLOAD_CHARS: int = Field(default=4000, ge=16)
-    # Spans per OTLP request.
-    OTEL_EXPORT_BATCH_SPANS: int = Field(default=512, ge=1, le=10000)
-    # Seconds between two export passes (beat task, `export_otel` loop).
-    OTEL_EXPORT_INTERVAL_SECONDS: float = Field(default=30.0, gt=0)
-    # Seconds a finished run waits before export (clock skew margin, see
-    # otel_export.selectors.export_horizon).
-    OTEL_EXPORT_SETTLE_SECONDS: float = Field(default=5.0, ge=0)
-    # Celery queue of the export task, apart from the agent runs.
-    OTEL_EXPORT_QUEUE: str = "otel-export"
-    # Retention (R-GOV-1): purge the payloads of audit rows of runs that
-    # finished more than this many days ago (unset: keep them; the beat
-    # task is then not scheduled), every RETENTION_PURGE_INTERVAL_SECONDS.
-    RETENTION_DAYS: int | None = Field(default=None, ge=0)
-    RETENTION_PURGE_INTERVAL_SECONDS: float = Field(default=3600.0, gt=0)
+    # --- services ---
+    DATABASE_URL: str = Field(
+        default="",
+        description=(
+            "PostgreSQL, `postgres://user@host:port/name`. Unset: SQLite under `var/`, which the product's "
+            "PostgreSQL statements do not run on; `bin/quickstart` and `bin/test` set "
+            "`postgres://postgres@127.0.0.1:5432/yuxi` when it is unset, and `bin/quickstart` starts an "
+            "embedded PostgreSQL when that does not answer."
+        ),
+    )
+    REDIS_URL: str = Field(
+        default="",
+        description=(
+            "Redis, the Celery broker and the live event stream; `rediss://` verifies the server certificate "
+            "(add `?ssl_cert_reqs=none` to opt out). Unset: runs execute in an in-process worker thread and "
+            "`/events` sends only the terminal event, rebuilt from PostgreSQL. `bin/quickstart` sets database 0 "
+            "of a local Redis, `bin/test` database 15."
+        ),
+    )
+    CELERY_QUEUE: str = Field(default="agent-runs", description="The Celery queue of agent runs.")
+    # Its own queue, served by its own worker, so that busy run workers
+    # cannot starve the dispatcher and the sweeper.
+    CELERY_MAINTENANCE_QUEUE: str = Field(
+        default="agent-maintenance",
+        description="The queue of the dispatcher and the lease sweeper, served by its own worker (R-RUN-9).",
+    )
+    # --- Django ---
+    SECRET_KEY: str = Field(default="dev-insecure-change-me", description="Django's secret key; set it in production.")
+    DEBUG: bool = Field(default=False, description="Django's debug mode.")
+    ALLOWED_HOSTS: Annotated[list[str], NoDecode] = Field(
+        default=["127.0.0.1", "localhost", "testserver"],
+        description="Host names the web server answers, comma separated.",
+    )
+    # --- models ---
+    MODELS: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description=(
+            "Model names users may pick for a thread besides the bundled replay scenarios, comma separated "
+            "(`openai:gpt-4o-mini`). Every `replay:<scenario>` is always allowed."
+        ),
+    )
+    DEFAULT_MODEL: str = Field(default="replay:plain_answer", description="A new thread's model.")
+    REPLAY_MODEL_URL: str = Field(
+        default="http://127.0.0.1:8765/v1", description="The replay model server (`manage.py replay_model_server`)."
+    )
+    OPENAI_BASE_URL: str = Field(default="", description="Endpoint of `openai:` models (any OpenAI-compatible server).")
+    OPENAI_API_KEY: str = Field(default="", description="API key of `openai:` models.")
+    MODEL_USAGE_MODES: dict[str, Literal["final", "cumulative", "delta"]] = Field(
+        default={},
+        description=(
+            'JSON `{"<model name>": "final" | "cumulative" | "delta"}`: how each provider reports token usage '
+            "while streaming (R-MA-11). A model not listed is `final`; a `replay:` model not listed takes its "
+            "scenario turn's mode. See [models and agents](models-and-agents.md)."
+        ),
+    )
+    MODEL_RETRY_ATTEMPTS: int = Field(
+        default=6,
+        ge=1,
+        le=20,
+        description=(
+            "Requests for one model call that fails before its first streamed chunk, the first included (R-RUN-12)."
+        ),
+    )
+    MODEL_RETRY_INITIAL_DELAY_SECONDS: float = Field(
+        default=0.5,
+        ge=0,
+        description=(
+            "Backoff between those requests: this × 2^(n−1) seconds, plus up to "
+            "`MODEL_RETRY_JITTER_SECONDS`, at most `MODEL_RETRY_MAX_DELAY_SECONDS` (about 16 s in all by "
+            "default). A provider's `Retry-After` is honoured; one above the cap ends the retries."
+        ),
+    )
+    MODEL_RETRY_MAX_DELAY_SECONDS: float = Field(
+        default=8.0, ge=0, description="The longest wait between two requests."
+    )
+    MODEL_RETRY_JITTER_SECONDS: float = Field(default=0.5, ge=0, description="The random part of each wait, at most.")
+    # --- runs, leases and dispatch (R-RUN-7..10) ---
+    LEASE_TTL_SECONDS: float = Field(
+        default=30.0, gt=0, description="How long a worker's lease on a run lasts without renewal (R-RUN-7)."
+    )
+    LEASE_SWEEP_INTERVAL_SECONDS: float = Field(
+        default=10.0,
+        gt=0,
+        description="How often Celery beat runs the lease sweeper, which fails runs whose lease expired (R-RUN-7).",
+    )
+    AUDIT_WRITE_ATTEMPTS: int = Field(
+        default=3, ge=1, le=20, description="Tries of one audit write before the run fails (R-RUN-8)."
+    )
+    DB_POOL_TIMEOUT_SECONDS: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Wait for a pooled database connection before a write counts as failed and is retried (R-RUN-8); "
+            "workers wait at most a sixth of the lease."
+        ),
+    )
+    DB_PREPARED_STATEMENTS: bool = Field(
+        default=True,
+        description=(
+            "Prepare the audit writes' statements on the server once per connection, so they are planned once. "
+            "`false` behind a pooler that cannot keep prepared statements (PgBouncer before 1.21 in transaction "
+            "mode; see [scaling](scaling.md))."
+        ),
+    )
+    # A normal pickup takes well under a second; the grace covers a lost
+    # broker message.
+    DISPATCH_GRACE_SECONDS: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "A pending run at the head of its thread not picked up for this long is handed to the broker again "
+            "(R-RUN-9)."
+        ),
+    )
+    DISPATCH_INTERVAL_SECONDS: float = Field(
+        default=5.0, gt=0, description="How often Celery beat runs the dispatcher."
+    )
+    WEB_LOCK_TIMEOUT_MS: int = Field(
+        default=1000,
+        ge=1,
+        description="A web request's wait for a run or thread row lock, then 503 `run_busy` (R-RUN-10).",
+    )
+    # The idle-in-transaction limit is what ends a frozen worker's
+    # transaction and releases its row lock.
+    WORKER_LOCK_TIMEOUT_MS: int = Field(
+        default=5000, ge=1, description="Worker connections' `lock_timeout` (R-RUN-10)."
+    )
+    WORKER_STATEMENT_TIMEOUT_MS: int = Field(
+        default=30000, ge=1, description="Worker connections' `statement_timeout`."
+    )
+    WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS: int = Field(
+        default=5000,
+        ge=1,
+        description=(
+            "Worker connections' `idle_in_transaction_session_timeout`: PostgreSQL ends a frozen worker's "
+            "transaction and releases its row."
+        ),
+    )
+    # --- tools, events, dashboard ---
+    LARGE_TOOL_RESULT_CHARS: int = Field(
+        default=4000,
+        ge=1,
+        description="Tool results longer than this many characters go to the thread workspace, not the State (R-TA-4).",
+    )
+    WORKSPACE_ROOT: Path = Field(default=BASE_DIR / "var" / "workspaces", description="Per-thread workspace folders.")
+    EVENT_STREAM_MAXLEN: int = Field(
+        default=50_000,
+        ge=1,
+        description=(
+            "Live events a run's Redis stream keeps (about: Redis trims in whole nodes); a reader that needs "
+            "older ones gets a `gap` event with the run's state from PostgreSQL (R-EVT-2)."
+        ),
+    )
+    ROLLUP_LOCK_WAIT_MS: int = Field(
+        default=200,
+        ge=1,
+        description=(
+            "How long a run's end waits for a dashboard rollup row another transaction holds; past it the run is "
+            "rolled up by the next dispatch round, and counted from its rows meanwhile (R-DASH-1)."
+        ),
+    )
+    # --- cost and budgets ---
+    MODEL_PRICES: dict[str, ModelPriceConfig] = Field(
+        default={},
+        description=(
+            'JSON: model name → USD per million tokens, e.g. `{"openai:my-llama": {"input": 0.2, "output": 0.6}}`; '
+            "`input` and `output` required, `cached_input`, `cache_creation`, `reasoning` optional. Overrides the "
+            "genai-prices catalogue and the replay defaults (R-COST-1)."
+        ),
+    )
+    BUDGET_TIME_ZONE: str = Field(
+        default="UTC", description="The IANA zone whose days and months budget periods follow (R-COST-3)."
+    )
+    BUDGET_RUN_RESERVE_USD: Decimal = Field(
+        default=Decimal("0.01"),
+        ge=0,
+        allow_inf_nan=False,
+        description="USD each unfinished run holds against its user's budget when another run is submitted.",
+    )
+    # --- operations (R-OPS-1) ---
+    METRICS_TOKEN: str = Field(
+        default="",
+        description="Bearer token for Prometheus scrapers of `GET /metrics`. Unset: staff only (session or staff API token).",
+    )
+    METRICS_ENABLED: bool = Field(default=True, description="`false`: record no metrics (the endpoint still answers).")
+    # prometheus-client reads it from the environment itself; validated here.
+    PROMETHEUS_MULTIPROC_DIR: str = Field(
+        default="",
+        description=(
+            "One existing, empty directory shared by the web and every worker process, so `/metrics` adds up "
+            "every process. Unset: each process's own values only."
+        ),
+    )
+    LOG_FORMAT: Literal["plain", "json"] = Field(
+        default="plain",
+        description="`json`: one JSON object per line with `run_id`, `thread_id`, `request_id` and `worker`.",
+    )
+    READYZ_TIMEOUT_SECONDS: float = Field(
+        default=2.0, gt=0, le=30, description="How long `GET /readyz` waits for its checks in all."
+    )
+    LANGFUSE_PUBLIC_KEY: str = Field(
+        default="",
+        description=(
+            "Optional Langfuse tracing (with `LANGFUSE_SECRET_KEY`, `LANGFUSE_HOST`; "
+            "`pip install -e '.[langfuse]'`): the run's trace id is stored on the run; Langfuse failures never "
+            "affect a run. Unset: off."
+        ),
+    )
+    LANGFUSE_SECRET_KEY: str = Field(default="", description="See `LANGFUSE_PUBLIC_KEY`.")
+    LANGFUSE_HOST: str = Field(default="", description="See `LANGFUSE_PUBLIC_KEY`.")
+    # --- OpenTelemetry export (R-OTEL-1) ---
+    OTEL_EXPORTER_OTLP_ENDPOINT: str = Field(
+        default="",
+        description=(
+            "OTLP/HTTP base URL for `export_otel` and its beat task (`/v1/traces` is appended). Unset: no export, "
+            "no beat entry. See [export](export.md)."
+        ),
+    )
+    OTEL_EXPORTER_OTLP_HEADERS: str = Field(
+        default="",
+        description=(
+            "Request headers, `key=value` pairs separated by commas, e.g. for Langfuse "
+            "`Authorization=Basic <base64 of public:secret key>`."
+        ),
+    )
+    OTEL_EXPORTER_OTLP_TIMEOUT: float = Field(
+        default=10.0, gt=0, description="Seconds one export request may take, the SDK's retries included."
+    )
+    OTEL_EXPORT_CONTENT: bool = Field(
+        default=False,
+        description="Also export message content and tool arguments and results (off: ids, names, timing, usage, status).",
+    )
+    OTEL_EXPORT_MAX_PAYLOAD_CHARS: int = Field(
+        default=4000,
+        ge=16,
+        description="Longest exported payload string; longer ones are cut and marked `…[truncated N of M chars]`.",
+    )
+    OTEL_EXPORT_BATCH_SPANS: int = Field(default=512, ge=1, le=10000, description="Spans per OTLP request.")
+    OTEL_EXPORT_INTERVAL_SECONDS: float = Field(
+        default=30.0, gt=0, description="Seconds between two export passes (beat task, `export_otel` without `--once`)."
+    )
+    OTEL_EXPORT_SETTLE_SECONDS: float = Field(
+        default=5.0,
+        ge=0,
+        description="Seconds a finished run waits before export (a clock skew margin; `otel_export.selectors.export_horizon`).",
+    )
+    OTEL_EXPORT_QUEUE: str = Field(
+        default="otel-export", description="Celery queue of the export task, apart from the agent runs."
+    )
+    # --- retention (R-GOV-1) ---
+    RETENTION_DAYS: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Purge the payloads of audit rows of runs that finished more than this many days ago (a beat task). "
+            "Unset: keep them; the task is not scheduled. See [governance](governance.md)."
+        ),
+    )
+    RETENTION_PURGE_INTERVAL_SECONDS: float = Field(
+        default=3600.0, gt=0, description="How often Celery beat runs that purge."
+    )
 
     @field_validator("ALLOWED_HOSTS", "MODELS", mode="before")
     @classmethod

@@ -33,6 +33,9 @@ INSTALLED_APPS = [
     "dashboard",
     "costs",
     "otel_export",
+    # Operations (R-OPS-1): metrics, health; its commands render the docs
+    # generated from code (config_reference, performance_report).
+    "ops",
     # Append-only audit triggers declared on the models (R-GOV-3).
     "pgtrigger",
     "governance",
