@@ -119,6 +119,10 @@ def _drop_database(name: str) -> None:
 def _use_database(name: str) -> None:
     conn = connections["default"]
     conn.close()
+    # A connection pool keeps the database it was opened on: without
+    # closing it, the next connection would still be the old database's.
+    if conn.settings_dict.get("OPTIONS", {}).get("pool"):
+        conn.close_pool()
     conn.settings_dict["NAME"] = name
 
 

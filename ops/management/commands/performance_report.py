@@ -1,0 +1,237 @@
+"""``python manage.py performance_report [--write docs/performance.md]``:
+run the benchmarks at short sizes and print (or write) the performance page
+with one current table; see :mod:`ops.performance`.
+
+Runs, in this order and each inside ``dispatch_held`` (its runs are its
+own, no worker may take them): ``bench_audit_writes``,
+``bench_run_overhead`` (after ``settle_unless_autovacuum``, as its command
+does), ``bench_seal`` and ``bench_read_paths`` (its dataset in a database
+of its own, ``<database>_report_bench``, created, migrated and dropped
+here). ``bench_dashboard`` is not run: it empties the rollup tables of the
+database it is given and has no library function returning figures; the
+dashboard's endpoints are measured by ``bench_read_paths``. Progress goes
+to stderr, the page to stdout or ``--write``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import platform
+import time
+from pathlib import Path
+
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from audit.management.commands._database import DatabaseCommand
+from ops import performance
+
+BENCHMARKS = ("audit_writes", "run_overhead", "seal", "read_paths")
+
+# Short defaults, so that the whole report takes a few minutes on a 2-core
+# machine: measured on an idle one, bench_audit_writes 24 s,
+# bench_run_overhead 44 s, bench_seal 2 s, bench_read_paths at 200,000 rows
+# 47 s with 3 rounds (about a minute with 5): about 2.5 minutes in all.
+# The first three are the sizes the README's figures were taken with; the
+# read paths' targets are for 1M rows (--read-rows 1000000: several minutes
+# more, most of it building the dataset and its rollups).
+DEFAULTS = {
+    "writes": 200,
+    "rounds": 5,
+    "runs": 30,
+    "seal_runs": 40,
+    "read_rows": 200_000,
+    "read_rounds": 5,
+    "read_repeat": 10,
+}
+
+
+class Command(DatabaseCommand):
+    help = (
+        "Run the benchmarks (bench_audit_writes, bench_run_overhead, bench_seal, bench_read_paths) at short sizes "
+        "and print the performance page: one table of every figure beside its same-work baseline, the ratio, the "
+        "target and whether it is met, the machine's load before and after, and the command reproducing each. "
+        "With --write PATH the page is written there (docs/performance.md). Leaves the database as it was."
+    )
+
+    def add_arguments(self, parser):
+        d = DEFAULTS
+        parser.add_argument("--writes", type=int, default=d["writes"], help="bench_audit_writes --writes")
+        parser.add_argument(
+            "--rounds", type=int, default=d["rounds"], help="rounds of bench_audit_writes and bench_run_overhead"
+        )
+        parser.add_argument(
+            "--writers",
+            default="1,8",
+            help="bench_audit_writes --threads: comma-separated writer counts (default 1,8; at most the pool's 8)",
+        )
+        parser.add_argument("--runs", type=int, default=d["runs"], help="bench_run_overhead --runs (per round)")
+        parser.add_argument("--seal-runs", type=int, default=d["seal_runs"], help="bench_seal --runs")
+        parser.add_argument("--read-rows", type=int, default=d["read_rows"], help="bench_read_paths --rows")
+        parser.add_argument("--read-rounds", type=int, default=d["read_rounds"], help="bench_read_paths --rounds")
+        parser.add_argument("--read-repeat", type=int, default=d["read_repeat"], help="bench_read_paths --repeat")
+        parser.add_argument(
+            "--skip",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help=f"leave a benchmark out (repeatable): {', '.join(BENCHMARKS)}",
+        )
+        parser.add_argument("--write", default="", metavar="PATH", help="write the page to PATH instead of stdout")
+
+    def handle(self, *args, **options) -> None:
+        sizes = {k: options[k] for k in DEFAULTS}
+        skip = {name.removeprefix("bench_") for name in options["skip"]}
+        unknown = skip - set(BENCHMARKS)
+        if unknown:
+            raise CommandError(f"--skip takes {', '.join(BENCHMARKS)}; not {', '.join(sorted(unknown))}")
+        if skip >= set(BENCHMARKS):
+            raise CommandError("--skip leaves no benchmark to run")
+        too_small = [
+            f"--{name.replace('_', '-')} must be at least {least}"
+            for name, least in (
+                ("writes", 2),
+                ("rounds", 1),
+                ("runs", 1),
+                ("seal_runs", 4),
+                ("read_rows", 1000),
+                ("read_rounds", 1),
+                ("read_repeat", 1),
+            )
+            if sizes[name] < least
+        ]
+        try:
+            writers = tuple(int(part) for part in options["writers"].split(","))
+        except ValueError:
+            writers = ()
+        if not writers or not all(1 <= n <= 8 for n in writers):
+            too_small.append(f"--writers takes comma-separated counts from 1 to 8, not {options['writers']!r}")
+        sizes["writers"] = writers
+        if too_small:
+            raise CommandError("; ".join(too_small))
+        if connection.vendor != "postgresql":
+            raise CommandError("performance_report needs PostgreSQL (DATABASE_URL=postgres://...)")
+        target = Path(options["write"]) if options["write"] else None
+        if target is not None and not target.parent.is_dir():
+            raise CommandError(f"--write: no directory {target.parent}")
+
+        log = self.stderr.write if options["verbosity"] > 0 else (lambda _line: None)
+        load_before = os.getloadavg()
+        started = time.monotonic()
+        rows: list[performance.PerformanceRow] = []
+        for name in BENCHMARKS:
+            if name in skip:
+                continue
+            log(f"{name} ...")
+            began = time.monotonic()
+            rows += getattr(self, f"_{name}")(sizes, log)
+            log(f"{name}: {time.monotonic() - began:.0f} s")
+        machine = performance.Machine(
+            cpus=os.cpu_count() or 0,
+            load_before=load_before,
+            load_after=os.getloadavg(),
+            python=platform.python_version(),
+            postgresql=_postgresql_version(),
+            redis=_redis_version(),
+        )
+        page = performance.render_markdown(rows, machine)
+        log(f"all benchmarks: {time.monotonic() - started:.0f} s")
+        if target is None:
+            self.stdout.write(page, ending="")
+        else:
+            target.write_text(page, encoding="utf-8")
+            log(f"wrote {target}")
+
+    def _audit_writes(self, sizes: dict, log) -> list[performance.PerformanceRow]:
+        from audit.benchmark import bench_audit_writes
+        from audit.dispatch import dispatch_held
+
+        writes, rounds = sizes["writes"], sizes["rounds"]
+        # Its warm-up as the command's default, but never more than the measured writes.
+        warmup = min(50, writes)
+        with dispatch_held():
+            result = bench_audit_writes(writes=writes, warmup=warmup, thread_counts=sizes["writers"], rounds=rounds)
+        threads = ",".join(str(n) for n in sizes["writers"])
+        command = (
+            f"manage.py bench_audit_writes --writes {writes} --warmup {warmup} --threads {threads} --rounds {rounds}"
+        )
+        return performance.audit_write_rows(result, command)
+
+    def _run_overhead(self, sizes: dict, log) -> list[performance.PerformanceRow]:
+        from audit.dispatch import dispatch_held
+        from audit.run_benchmark import bench_run_overhead, settle_unless_autovacuum
+
+        runs, rounds = sizes["runs"], sizes["rounds"]
+        warmup = min(5, runs)
+        # Memory sampled about five times over the product's runs.
+        rss_every = max(1, runs * rounds // 5)
+        settle_unless_autovacuum(log)
+        with dispatch_held():
+            result = bench_run_overhead(runs=runs, rounds=rounds, warmup=warmup, rss_every=rss_every)
+        command = (
+            f"manage.py bench_run_overhead --runs {runs} --rounds {rounds} --warmup {warmup} --rss-every {rss_every}"
+        )
+        return performance.run_overhead_rows(result, command, warmup=warmup)
+
+    def _seal(self, sizes: dict, log) -> list[performance.PerformanceRow]:
+        from audit.dispatch import dispatch_held
+        from governance.benchmark import bench_seal
+
+        runs, rows = sizes["seal_runs"], 10
+        with dispatch_held():
+            result = bench_seal(runs=runs, rows=rows)
+        return performance.seal_rows(result, f"manage.py bench_seal --runs {runs} --rows {rows}")
+
+    def _read_paths(self, sizes: dict, log) -> list[performance.PerformanceRow]:
+        # The database helpers of bench_read_paths' command: its dataset
+        # lives in a database of its own, never the configured one.
+        from audit import bench_reads
+        from audit.management.commands.bench_read_paths import _create_database, _drop_database, _use_database
+
+        rows, rounds, repeat = sizes["read_rows"], sizes["read_rounds"], sizes["read_repeat"]
+        original = connection.settings_dict["NAME"]
+        # Not bench_read_paths' own <database>_bench, which may hold a large
+        # dataset someone built on purpose: this one is dropped at the end.
+        name = f"{original}_report_bench"
+        _create_database(name, drop_first=True)
+        _use_database(name)
+        try:
+            call_command("migrate", verbosity=0, stdout=io.StringIO())
+            log(f"building {rows:,} audit rows in database {name} ...")
+            dataset = bench_reads.build_dataset(rows=rows, log=lambda _line: None)
+            call_command("rebuild_rollups", stdout=io.StringIO())
+            bench_reads.settle(log=lambda _line: None)
+            points = bench_reads.measure(dataset, rounds=rounds, repeat=repeat, log=log)
+        finally:
+            _use_database(original)
+            _drop_database(name)
+        command = f"manage.py bench_read_paths --rows {rows} --rounds {rounds} --repeat {repeat}"
+        return performance.read_path_rows(points, command, audit_rows=dataset.audit_rows)
+
+
+def _postgresql_version() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        return cursor.fetchone()[0].split()[0]
+
+
+def _redis_version() -> str:
+    """The Redis server's version, or "" without Redis (embedded mode) or
+    when it does not answer within a second."""
+    from yuxi_project.config import get_config
+
+    url = get_config().REDIS_URL
+    if not url:
+        return ""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            return str(client.info("server").get("redis_version", ""))
+        finally:
+            client.close()
+    except redis.RedisError:
+        return ""
