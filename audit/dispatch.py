@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -31,6 +32,10 @@ from ops import metrics
 from yuxi_project.config import get_config
 
 from .models import AgentRun, RunCancelRequest
+
+# The worker's task (audit.tasks.execute_run), sent by name: dispatch sits
+# below the Celery tasks that call into it (docs/architecture.md#layers).
+EXECUTE_RUN_TASK = "audit.execute_run"
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +70,16 @@ def enqueue_run(run_id: uuid.UUID) -> bool:
     in PostgreSQL and the dispatcher hands it over once the broker is back
     (R-RUN-9), so a submission that committed still answers 202. Returns
     whether the broker took the message."""
-    from .tasks import execute_run
-
     if _held.is_set():
         log.debug("run %s not handed over: dispatch is held in this process", run_id)
         return False
     if getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False):
-        thread = threading.Thread(target=execute_run.apply, args=((str(run_id),),), name=f"run-{run_id}", daemon=True)
+        task = current_app.tasks[EXECUTE_RUN_TASK]
+        thread = threading.Thread(target=task.apply, args=((str(run_id),),), name=f"run-{run_id}", daemon=True)
         thread.start()
         return True
     try:
-        execute_run.apply_async(args=(str(run_id),))
+        current_app.send_task(EXECUTE_RUN_TASK, args=(str(run_id),))
     except Exception as exc:  # kombu OperationalError, redis errors, timeouts
         log.warning("run %s not enqueued (the dispatcher will hand it over): %s: %s", run_id, type(exc).__name__, exc)
         return False

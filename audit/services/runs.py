@@ -138,9 +138,10 @@ def _enqueue_on_commit(run_id: uuid.UUID) -> None:
 def run_acquire(*, run_id: uuid.UUID, owner: str, ttl_seconds: float, now: datetime | None = None) -> Lease:
     """Take the lease on a pending run.
 
-    Locks the run row (``SELECT … FOR UPDATE``), checks that the run is
-    ``pending`` and that no run of an earlier turn of its thread holds the
-    thread (FIFO, see :func:`_earlier_blocking_run`),
+    Locks the run row (the usual run: by the ``UPDATE … RETURNING`` that
+    takes it; any other: ``SELECT … FOR NO KEY UPDATE`` first), checks that
+    the run is ``pending`` and that no run of an earlier turn of its thread
+    holds the thread (FIFO, see :func:`_earlier_blocking_run`),
     then moves it to ``running``, sets the owner, increments the fencing
     token and sets the expiry ``now + ttl_seconds``.
 
