@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 from yuxi_project.config import get_config
+from yuxi_project.redis_client import REDIS_CLIENT_OPTIONS, redis_client
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,6 @@ def cancel_signal_send(*, run_id: uuid.UUID | str) -> None:
     if not redis_url:
         return
     import redis
-
-    from .events import REDIS_CLIENT_OPTIONS
 
     try:
         client = redis.Redis.from_url(redis_url, socket_timeout=2, **REDIS_CLIENT_OPTIONS)
@@ -81,8 +80,6 @@ class CancelSignalListener:
     async def _ensure(self) -> None:
         if self._pubsub is not None or not self._redis_url:
             return
-        from .events import redis_client
-
         if self._client is None:
             self._client = redis_client(self._redis_url)
         self._pubsub = self._shared.pubsub() if self._shared is not None else self._client.pubsub()

@@ -54,6 +54,7 @@ from asgiref.sync import sync_to_async
 
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
+from yuxi_project.redis_client import redis_client
 
 log = logging.getLogger(__name__)
 
@@ -65,20 +66,6 @@ ERROR_EVENT = "error"
 
 def stream_key(run_id: uuid.UUID | str) -> str:
     return f"yuxi:run:{run_id}:events"
-
-
-#: Options of every Redis client of the live events and the cancel signal:
-#: no ``CLIENT SETINFO`` (library name and version) on each new connection,
-#: and a bounded connect (Redis is a hint, never something a run waits on).
-REDIS_CLIENT_OPTIONS: dict[str, Any] = {"driver_info": None, "socket_connect_timeout": 2}
-
-
-def redis_client(url: str):
-    """An asyncio Redis client (its own connection pool) for one run's
-    events and cancel signal, or one event stream reader."""
-    from redis import asyncio as aioredis
-
-    return aioredis.from_url(url, **REDIS_CLIENT_OPTIONS)
 
 
 # Appends a batch of events to a run's stream after its last entry, in one

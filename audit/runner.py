@@ -43,6 +43,7 @@ from yuxi_project.db import (
     worker_connection_wait,
 )
 from yuxi_project.errors import ApplicationError, NotFound
+from yuxi_project.redis_client import redis_client
 
 from . import services
 from .agents.assistant import build_agent
@@ -60,7 +61,7 @@ from .errors import (
     LeaseLost,
     RunNotStartable,
 )
-from .events import RunEventPublisher, redis_client
+from .events import RunEventPublisher
 from .lease import Lease
 from .model_requests import ModelRequestAudit
 from .models import AgentRun, RunCancelRequest

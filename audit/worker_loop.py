@@ -30,6 +30,8 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any
 
+from yuxi_project.redis_client import REDIS_CLIENT_OPTIONS
+
 _local = threading.local()
 
 
@@ -39,8 +41,6 @@ class LoopRedis:
 
     def __init__(self, url: str):
         from redis import asyncio as aioredis
-
-        from .events import REDIS_CLIENT_OPTIONS
 
         # Named, so that an operator tells a worker's connections apart in
         # ``CLIENT LIST`` (a client connection or two and one subscription

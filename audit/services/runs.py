@@ -21,6 +21,7 @@ from yuxi_project.errors import Conflict, InvalidInput, NotFound
 
 from ..cancellation import cancel_signal_send
 from ..errors import RunNotResumable, RunNotStartable
+from ..handover import enqueue_run
 from ..idempotency import existing_request, resume_fingerprint, turn_fingerprint
 from ..lease import Lease, lock_run
 from ..locks import web_lock_wait
@@ -125,8 +126,6 @@ def _refuse_if_interrupted(thread: Conversation) -> None:
 
 
 def _enqueue_on_commit(run_id: uuid.UUID) -> None:
-    from ..dispatch import enqueue_run
-
     transaction.on_commit(lambda: enqueue_run(run_id))
 
 

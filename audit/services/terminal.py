@@ -23,6 +23,7 @@ from ops import metrics
 from yuxi_project.db import atomic, execute_prepared_all, on_commit
 from yuxi_project.errors import InvalidInput
 
+from ..handover import enqueue_run
 from ..lease import Lease, lock_run, lock_run_then_read
 from ..models import AgentRun
 
@@ -686,7 +687,5 @@ def _enqueue_pending(rows: list[tuple]) -> None:
     :func:`_pending_runs`), oldest first: the acquisition check decides
     which one may start (a resume run keeps its turn's place), the others
     are skipped and offered again when the next run ends."""
-    from ..dispatch import enqueue_run
-
     for (run_id,) in rows:
         enqueue_run(run_id)

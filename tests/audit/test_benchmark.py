@@ -109,7 +109,7 @@ def test_benchmarks_start_their_own_runs_even_beside_a_worker(settings, user):
     the run stays pending for whoever submitted it."""
     import threading
 
-    from audit.dispatch import dispatch_held, enqueue_run
+    from audit.handover import dispatch_held, enqueue_run
     from conversations.models import Conversation
     from tests.conftest import make_run
 

@@ -13,7 +13,7 @@ import redis
 from celery import current_app
 from django.conf import settings
 
-from audit.dispatch import EXECUTE_RUN_TASK, enqueue_run
+from audit.handover import EXECUTE_RUN_TASK, enqueue_run
 from audit.tasks import execute_run
 
 

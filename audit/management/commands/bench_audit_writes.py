@@ -8,7 +8,7 @@ import statistics
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.benchmark import bench_audit_writes
-from audit.dispatch import dispatch_held
+from audit.handover import dispatch_held
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from audit.dispatch import dispatch_held
+from audit.handover import dispatch_held
 from audit.run_benchmark import VARIANTS, bench_run_overhead, settle_unless_autovacuum
 
 

@@ -29,7 +29,7 @@ from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.test import Client
 
-from audit.dispatch import dispatch_held
+from audit.handover import dispatch_held
 from audit.management.commands._database import DatabaseCommand
 from audit.models import AgentRun
 from conversations.models import ApiToken, Conversation, Message

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError
 
-from audit.dispatch import dispatch_held
+from audit.handover import dispatch_held
 from audit.management.commands._database import DatabaseCommand
 from governance.benchmark import bench_seal
 

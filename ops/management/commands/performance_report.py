@@ -146,7 +146,7 @@ class Command(DatabaseCommand):
 
     def _audit_writes(self, sizes: dict, log) -> list[performance.PerformanceRow]:
         from audit.benchmark import bench_audit_writes
-        from audit.dispatch import dispatch_held
+        from audit.handover import dispatch_held
 
         writes, rounds = sizes["writes"], sizes["rounds"]
         # Its warm-up as the command's default, but never more than the measured writes.
@@ -160,7 +160,7 @@ class Command(DatabaseCommand):
         return performance.audit_write_rows(result, command)
 
     def _run_overhead(self, sizes: dict, log) -> list[performance.PerformanceRow]:
-        from audit.dispatch import dispatch_held
+        from audit.handover import dispatch_held
         from audit.run_benchmark import bench_run_overhead, settle_unless_autovacuum
 
         runs, rounds = sizes["runs"], sizes["rounds"]
@@ -176,7 +176,7 @@ class Command(DatabaseCommand):
         return performance.run_overhead_rows(result, command, warmup=warmup)
 
     def _seal(self, sizes: dict, log) -> list[performance.PerformanceRow]:
-        from audit.dispatch import dispatch_held
+        from audit.handover import dispatch_held
         from governance.benchmark import bench_seal
 
         runs, rows = sizes["seal_runs"], 10

@@ -1,0 +1,19 @@
+"""Options shared by every Redis client of the product outside Celery: the
+live event streams (``audit.events``), the cancel signal
+(``audit.cancellation``) and the worker loop's connections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: No ``CLIENT SETINFO`` (library name and version) on each new connection,
+#: and a bounded connect: Redis is a hint, never something a run waits on.
+REDIS_CLIENT_OPTIONS: dict[str, Any] = {"driver_info": None, "socket_connect_timeout": 2}
+
+
+def redis_client(url: str):
+    """An asyncio Redis client (its own connection pool) for one run's
+    events and cancel signal, or one event stream reader."""
+    from redis import asyncio as aioredis
+
+    return aioredis.from_url(url, **REDIS_CLIENT_OPTIONS)
