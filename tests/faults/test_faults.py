@@ -70,7 +70,10 @@ def test_redis_killed_and_restarted_empty_mid_batch_loses_no_run_R_RUN_9(stack):
     """Finding 1: Redis ``kill -9`` mid-batch, back without persistence; and
     finding 7: the workers reconnect instead of exiting (two kills)."""
     batch = Batch(stack)
-    batch.spread(threads=6, turns_per_thread=3)
+    # Half the threads stream for about 6 s a turn, so the batch is still in
+    # flight when Redis goes: quick turns alone could all end while the
+    # batch is being submitted, and the kill would then hit an idle system.
+    batch.spread(threads=6, turns_per_thread=3, models=["replay:slow_answer", "replay:tool_then_answer"])
     wait_until(lambda: running_count(stack, batch) >= 1)
     for _ in range(2):
         stack.redis.kill9()
