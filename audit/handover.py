@@ -26,6 +26,18 @@ log = logging.getLogger(__name__)
 # sits below the Celery tasks that call into it (docs/architecture.md#layers).
 EXECUTE_RUN_TASK = "audit.execute_run"
 
+
+def execute_run_task():
+    """The worker's task object, found by its name (for the embedded worker,
+    which runs it in this process). Where nothing imported the apps' task
+    modules yet (a web process), Celery's loader imports them, as a worker
+    does at start-up (``autodiscover_tasks``). Raises ``KeyError`` when no
+    task of that name exists."""
+    if EXECUTE_RUN_TASK not in current_app.tasks:
+        current_app.loader.import_default_modules()
+    return current_app.tasks[EXECUTE_RUN_TASK]
+
+
 # Set by :func:`dispatch_held`: this process hands no run over.
 _held = threading.Event()
 
@@ -58,7 +70,7 @@ def enqueue_run(run_id: uuid.UUID) -> bool:
         log.debug("run %s not handed over: dispatch is held in this process", run_id)
         return False
     if getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False):
-        task = current_app.tasks[EXECUTE_RUN_TASK]
+        task = execute_run_task()
         thread = threading.Thread(target=task.apply, args=((str(run_id),),), name=f"run-{run_id}", daemon=True)
         thread.start()
         return True

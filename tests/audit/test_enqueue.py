@@ -59,3 +59,26 @@ def test_the_embedded_worker_runs_the_named_task_in_a_thread_R_RUN_9(settings, m
     assert enqueue_run(run_id) is True
     assert done.wait(30)
     assert ran == {"run_id": str(run_id), "thread": f"run-{run_id}"}
+
+
+def test_a_fresh_web_process_finds_the_task_by_name_R_RUN_9():
+    """In a web process nothing has imported audit.tasks (dispatch no longer
+    does): the embedded worker must still find the task by its name (a
+    quick start without Redis answered 500 on every submission)."""
+    import os
+    import subprocess
+    import sys
+
+    from yuxi_project.config import BASE_DIR
+
+    code = (
+        "import django, sys; django.setup(); "
+        "assert 'audit.tasks' not in sys.modules; "
+        "from audit.handover import execute_run_task; print(execute_run_task().name)"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "yuxi_project.settings", "REDIS_URL": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == EXECUTE_RUN_TASK
