@@ -236,6 +236,9 @@ class FaultStack:
             process.stop()
         self.redis.kill9()
         self.pg.stop("immediate")
+        # The cluster's log is in test-artifacts/ by now; its data directory
+        # and workspaces (tens of MB) would otherwise stay in /tmp per run.
+        shutil.rmtree(self.root, ignore_errors=True)
 
     # -- HTTP ---------------------------------------------------------------
 
