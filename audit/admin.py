@@ -32,10 +32,9 @@ from yuxi_project.paginator import EstimatingPaginator
 from yuxi_project.storable import visible, visible_fields
 
 from . import export, search, selectors
-from .agents.assistant import AGENTS
-from .agents.models import available_models
 from .agents.researcher import RESEARCHER_TOOL_NAMES
 from .agents.tools import ASSISTANT_TOOLS
+from .catalogue import AGENTS, available_models
 from .models import AgentRun
 from .schemas import RunFilterQuery
 from .templatetags.yx_admin import time_html

@@ -54,7 +54,7 @@ from asgiref.sync import sync_to_async
 
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
-from yuxi_project.redis_client import redis_client
+from yuxi_project.redis_client import redis_client, stream_key
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +62,6 @@ STREAM_TTL_SECONDS = 24 * 3600
 TERMINAL_EVENT = "run.finished"
 GAP_EVENT = "gap"
 ERROR_EVENT = "error"
-
-
-def stream_key(run_id: uuid.UUID | str) -> str:
-    return f"yuxi:run:{run_id}:events"
 
 
 # Appends a batch of events to a run's stream after its last entry, in one

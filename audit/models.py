@@ -4,6 +4,7 @@ which worker may write into it (SPEC §3, R-RUN-*)."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -156,6 +157,18 @@ class AgentRun(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL_STATUSES
+
+
+def pending_action_requests(interrupts: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The action requests ``[{name, args, description}]`` of an
+    interrupted run's approval interrupts (``AgentRun.interrupts``), in
+    order (R-TA-5)."""
+    actions: list[dict[str, Any]] = []
+    for item in interrupts or []:
+        value = item.get("value") if isinstance(item, dict) else None
+        if isinstance(value, dict):
+            actions += [a for a in value.get("action_requests") or [] if isinstance(a, dict)]
+    return actions
 
 
 class RunCancelRequest(models.Model):

@@ -59,12 +59,12 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from conversations.models import Conversation
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
+from yuxi_project.redis_client import stream_key
 
 from .agents.assistant import build_agent
 from .agents.models import model_http_client
 from .agents.tools import AgentContext
 from .checkpoint import open_checkpointer, postgres_conninfo
-from .events import stream_key
 from .runner import run_execute
 from .services import run_submit
 from .worker_loop import close_kept_connections, run_in_worker_loop

@@ -14,10 +14,12 @@ from conversations.models import Message
 from conversations.sql import MESSAGE_TABLE, message_columns, message_rows, predicate_sql
 from costs.selectors import usd_text
 from governance.payloads import payload_note
+from yuxi_project.config import get_config
 from yuxi_project.cursors import page_cursor, parse_cursor
 from yuxi_project.errors import InvalidInput, NotFound
+from yuxi_project.workspace import tool_row_large_result_path
 
-from .models import AgentRun
+from .models import AgentRun, pending_action_requests
 
 
 def run_of(user, run_id: uuid.UUID) -> AgentRun:
@@ -316,10 +318,6 @@ def tool_row_workspace_path(row: Message) -> str | None:
     """The workspace-relative file of a tool row's large result (the path
     its run's State holds), else None; for the timeline and the admin
     (R-TA-4, R-TA-7)."""
-    from yuxi_project.config import get_config
-
-    from .agents.workspace import tool_row_large_result_path
-
     if len(row.content or "") <= get_config().LARGE_TOOL_RESULT_CHARS:
         return None
     return tool_row_large_result_path(
@@ -345,8 +343,6 @@ def approval_of(run: AgentRun) -> dict[str, Any] | None:
     """
     if run.status != AgentRun.Status.INTERRUPTED or not run.interrupts:
         return None
-    from .services.terminal import pending_action_requests
-
     allowed: list[list[str]] = []
     for item in run.interrupts:
         value = item.get("value") if isinstance(item, dict) else None

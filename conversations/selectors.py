@@ -12,10 +12,12 @@ from django.db import connection
 from django.db.models import F, Q
 from django.db.models.functions import Length, Substr
 
+from yuxi_project.config import get_config
 from yuxi_project.cursors import page_cursor, parse_cursor
 from yuxi_project.db import execute_prepared_all, serial_plans, stand_ins_bound
 from yuxi_project.errors import InvalidInput, NotFound
 from yuxi_project.storable import _StorableText, decode_text
+from yuxi_project.workspace import PREVIEW_CHARS, offloaded_summary, tool_row_large_result_path
 
 from .models import Conversation, Message, history_carrier_q, history_ordinary_q
 from .sql import MESSAGE_TABLE, message_columns, message_rows, predicate_sql
@@ -318,7 +320,6 @@ def _memory_with_tools(thread_id: uuid.UUID, fetched: list[tuple], call_dict) ->
     """The messages of ``memory_sql(include_tools=True)`` rows. A declared
     call's execution is the last finished tool row of that call id in the
     same turn (an approved call runs in the turn's resume run)."""
-    from yuxi_project.config import get_config
 
     executions: dict[tuple[str, str | None], tuple] = {}
     declared = []  # the calls of each model row, as stored: read in one go below
@@ -499,9 +500,6 @@ _TOOL_ROW_FIELDS = ("id", "thread_id", "run_id", "operation_id", "tool_name", "e
 
 
 def _content_head_chars() -> int:
-    from audit.agents.large_results import PREVIEW_CHARS
-    from yuxi_project.config import get_config
-
     # Enough to hold a whole result up to the threshold, and the preview.
     return max(get_config().LARGE_TOOL_RESULT_CHARS, PREVIEW_CHARS)
 
@@ -540,10 +538,6 @@ def _tool_result(*, thread_id, run_id, tool_call_id: str, head: str | None, size
     """:func:`tool_result_view` of a tool row's values: ``head`` is its
     content cut to :func:`_content_head_chars`, ``size`` its full length in
     characters; ``run_id`` a UUID or its text."""
-    from audit.agents.large_results import offloaded_summary
-    from audit.agents.workspace import tool_row_large_result_path
-    from yuxi_project.config import get_config
-
     if size <= get_config().LARGE_TOOL_RESULT_CHARS:
         return ToolResultView(content=head or "", size_chars=size, workspace_path=None)
     path = tool_row_large_result_path(thread_id=thread_id, run_id=run_id, tool_call_id=tool_call_id)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 
-from audit.agents.assistant import validate_agent_id
-from audit.agents.models import validate_model_name
+from audit.catalogue import validate_agent_id, validate_model_name
 from audit.models import AgentRun
 from dashboard.rollups import feedback_changed
 from yuxi_project.config import get_config

@@ -106,7 +106,7 @@ _ROLLUP_ORDER = "total_usd DESC NULLS LAST, calls DESC, key"
 
 
 def _costs_by_from_rollups(window, *, group_by: str, limit: int) -> list[dict[str, Any]]:
-    from dashboard import rollups
+    from dashboard import facts
     from dashboard import selectors as dashboard
 
     having = "SUM(closed_calls) > 0"
@@ -123,7 +123,7 @@ def _costs_by_from_rollups(window, *, group_by: str, limit: int) -> list[dict[st
     if group_by == "user":
         # Summed per user id first, then the (few) sums joined to their names.
         inner = dashboard.rollup_sql(
-            window, table=rollups.USER_TABLE, group={"user_id": "user_id"}, extra=_ROLLUP_TOTALS, having=having
+            window, table=facts.USER_TABLE, group={"user_id": "user_id"}, extra=_ROLLUP_TOTALS, having=having
         )
         sql = (
             "SELECT u.username AS key, a.user_id, a.total_usd, a.calls, a.unknown_cost_calls"

@@ -128,7 +128,7 @@ class RollupUserHour(models.Model):
 
 class RollupUserDay(models.Model):
     """:class:`RollupUserHour` summed over aligned blocks of UTC days: a row
-    of ``span`` days (1, 2, 4, … :data:`dashboard.rollups.USER_SPANS`)
+    of ``span`` days (1, 2, 4, … :data:`dashboard.facts.USER_SPANS`)
     starting at ``day``, a multiple of ``span`` days after 1970-01-01. Any
     run of whole days is a handful of such blocks (at most two per span),
     so the window totals of costs by user read about 10 rows per user, not
@@ -167,9 +167,9 @@ class RollupLatencyHour(models.Model):
 
     Bucket 0 holds durations below 1 ms; bucket ``i >= 1`` holds
     ``[2**((i-1)/4), 2**(i/4))`` ms (four buckets per doubling, at most
-    :data:`dashboard.rollups.LATENCY_BUCKETS`). A percentile read from it
+    :data:`dashboard.facts.LATENCY_BUCKETS`). A percentile read from it
     is within +9.1 % / -8.3 % of the exact one (see
-    :func:`dashboard.rollups.bucket_value`)."""
+    :func:`dashboard.facts.bucket_value`)."""
 
     hour = models.DateTimeField()
     model = models.CharField(max_length=200)

@@ -39,7 +39,7 @@ from audit.models import AgentRun
 from conversations.models import Conversation, Message, MessageFeedback
 from yuxi_project.errors import InvalidInput
 
-from . import rollups
+from . import facts
 from .models import RUN_STATUS_COLUMNS
 
 DEFAULT_DAYS = 30
@@ -355,14 +355,14 @@ def models_report(window: Window) -> dict:
 # The figures from the rollups (dashboard.models): O(hours × groups) rows.
 # Each figure = the rollup rows of the window + the figures of the runs not
 # rolled up yet, computed from their rows by the same SQL
-# (dashboard.rollups.facts_sql), so the answers equal the row-based ones
+# (dashboard.facts.facts_sql), so the answers equal the row-based ones
 # above, which stay as the fallback for windows the hourly grain cannot cut.
 # --------------------------------------------------------------------------
 
 # Up to this many completed model calls in the window, latency percentiles
 # are computed exactly from the rows (one index range scan of at most this
 # many calls); above it they come from the latency sketch (error bound in
-# dashboard.rollups.bucket_value).
+# dashboard.facts.bucket_value).
 EXACT_LATENCY_CALLS = 5000
 
 
@@ -384,7 +384,7 @@ def uses_rollups(window: Window) -> bool:
 def rollup_figures(
     window: Window,
     *,
-    table: str = rollups.HOUR_TABLE,
+    table: str = facts.HOUR_TABLE,
     group: dict[str, str] | None = None,
     sums: tuple[str, ...] = (),
     extra: dict[str, str] | None = None,
@@ -418,7 +418,7 @@ def rollup_params(window: Window) -> dict:
     ``[days_until, end)``; a window holding no whole UTC day has
     ``days_from = days_until = end`` (hour rows only). ``block_days`` and
     ``block_spans`` are the whole UTC days as blocks of the per-user day
-    table (:func:`dashboard.rollups.day_blocks`)."""
+    table (:func:`dashboard.facts.day_blocks`)."""
     start, end = window.start.astimezone(dt.UTC), window.end.astimezone(dt.UTC)
     days_from = dt.datetime.combine(start.date(), dt.time.min, tzinfo=dt.UTC)
     if days_from < start:
@@ -426,7 +426,7 @@ def rollup_params(window: Window) -> dict:
     days_until = dt.datetime.combine(end.date(), dt.time.min, tzinfo=dt.UTC)
     if days_from >= days_until:
         days_from = days_until = end
-    blocks = rollups.day_blocks(days_from.date(), days_until.date())
+    blocks = facts.day_blocks(days_from.date(), days_until.date())
     return {
         "start": window.start,
         "end": window.end,
@@ -465,7 +465,7 @@ def _utc_days_are_local_days(window: Window) -> bool:
 def rollup_sql(
     window: Window,
     *,
-    table: str = rollups.HOUR_TABLE,
+    table: str = facts.HOUR_TABLE,
     group: dict[str, str] | None = None,
     sums: tuple[str, ...] = (),
     extra: dict[str, str] | None = None,
@@ -477,20 +477,20 @@ def rollup_sql(
     """The SQL of :func:`rollup_figures` (parameters: :func:`rollup_params`).
 
     The rows read are the hour rows of ``table`` at the window's edges, the
-    day rows (:data:`dashboard.rollups.DAY_TABLES`) of its whole UTC days,
+    day rows (:data:`dashboard.facts.DAY_TABLES`) of its whole UTC days,
     each standing as one row at its UTC midnight ``hour``, and the live
     figures. A query that groups by an expression of ``hour`` (a local day)
     reads the day rows only where a UTC day is a local day
     (:func:`_utc_days_are_local_days`); otherwise it reads hour rows only.
     Either way every fact is counted once and the answer is the same."""
-    keys, counters, _ = rollups.TABLES[table]
+    keys, counters, _ = facts.TABLES[table]
     group = group or {}
     # Only the counters this query reads travel through the union, and only
     # the live branches that feed them are planned.
     text = " ".join([*sums, *(extra or {}).values(), having])
     needed = tuple(c for c in counters if re.search(rf"\b{c}\b", text))
     columns = ", ".join((*keys, *needed))
-    live = rollups.facts_sql(
+    live = facts.facts_sql(
         table, runs="r.rolled_up_at IS NULL", since="%(start)s::timestamptz", until="%(end)s::timestamptz", only=needed
     )
     condition = f" AND {where}" if where else ""
@@ -501,10 +501,10 @@ def rollup_sql(
     if per_hour and not _utc_days_are_local_days(window):
         stored = f"SELECT {columns} FROM {table} WHERE hour >= %(start)s AND hour < %(end)s{condition}"
     else:
-        day_table = rollups.DAY_TABLES[table]
+        day_table = facts.DAY_TABLES[table]
         day_columns = ", ".join(("(d.day::timestamp AT TIME ZONE 'UTC') AS hour", *keys[1:], *needed))
         days = f"{day_table} d WHERE d.day >= %(first_utc_day)s AND d.day < %(end_utc_day)s"
-        if day_table == rollups.USER_DAY_TABLE:
+        if day_table == facts.USER_DAY_TABLE:
             if per_hour:
                 days += " AND d.span = 1"
             else:
@@ -547,10 +547,10 @@ RUNS = " + ".join(RUN_STATUS_COLUMNS)
 # read every user hour of the window first (15x slower at 1M audit rows).
 _ACTIVE_USERS = (
     "SELECT COUNT(*) FROM (SELECT u.id FROM auth_user u WHERE EXISTS (SELECT 1 FROM "
-    f"{rollups.USER_TABLE} h WHERE h.user_id = u.id AND h.hour >= %(start)s AND h.hour < %(end)s"
+    f"{facts.USER_TABLE} h WHERE h.user_id = u.id AND h.hour >= %(start)s AND h.hour < %(end)s"
     " AND h.user_messages > 0 OFFSET 0) UNION SELECT user_id FROM ("
-    + rollups.facts_sql(
-        rollups.USER_TABLE,
+    + facts.facts_sql(
+        facts.USER_TABLE,
         runs="r.rolled_up_at IS NULL",
         since="%(start)s::timestamptz",
         until="%(end)s::timestamptz",
@@ -618,12 +618,12 @@ def model_latency(window: Window) -> list[dict]:
     percentiles (PostgreSQL's ``percentile_cont``): exact from the rows
     when the window holds at most :data:`EXACT_LATENCY_CALLS` completed
     calls; above that, interpolated from the rollups' latency sketch, within
-    +9.1 % / -8.3 % of the exact figure (:func:`dashboard.rollups.bucket_value`)."""
+    +9.1 % / -8.3 % of the exact figure (:func:`dashboard.facts.bucket_value`)."""
     if not uses_rollups(window):
         return model_latency_from_rows(window)
     histogram: dict[str, dict[int, int]] = {}
     for row in rollup_figures(
-        window, table=rollups.LATENCY_TABLE, group={"model": "model", "bucket": "bucket"}, sums=("calls",)
+        window, table=facts.LATENCY_TABLE, group={"model": "model", "bucket": "bucket"}, sums=("calls",)
     ):
         if row["calls"]:
             histogram.setdefault(row["model"], {})[row["bucket"]] = row["calls"]
@@ -653,7 +653,7 @@ def sketch_percentile(buckets: dict[int, int], fraction: float) -> float:
         for bucket in sorted(buckets):
             seen += buckets[bucket]
             if rank < seen:
-                return rollups.bucket_value(bucket)
+                return facts.bucket_value(bucket)
         raise ValueError("rank beyond the sketch")
 
     low_value = value_at(low)
@@ -741,7 +741,7 @@ def timeseries(window: Window) -> list[dict]:
 
 
 _CONVERSATIONS_BY_HOUR = (
-    f"SELECT {rollups.hour_bucket('created_at')} AS hour, COUNT(*) FROM conversations_conversation"
+    f"SELECT {facts.hour_bucket('created_at')} AS hour, COUNT(*) FROM conversations_conversation"
     " WHERE created_at >= %(start)s AND created_at < %(end)s GROUP BY 1"
 )
 

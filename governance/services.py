@@ -22,15 +22,17 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from audit.agents.workspace import (
+from audit.models import AgentRun
+from conversations.models import ApiToken, Conversation, Message, MessageFeedback
+from yuxi_project.config import get_config
+from yuxi_project.redis_client import REDIS_CLIENT_OPTIONS, stream_key
+from yuxi_project.workspace import (
     LARGE_RESULTS_DIR,
     OUTBOX_DIR,
     execution_file_name,
     legacy_large_result_path,
     thread_workspace,
 )
-from audit.models import AgentRun
-from conversations.models import ApiToken, Conversation, Message, MessageFeedback
 
 from . import payloads
 from .bypass import open_bypass
@@ -422,17 +424,13 @@ def _erase_rest(action, user, threads: list, *, now: datetime, outcome: Outcome)
 
 def _erase_event_streams(run_ids: list) -> None:
     """The runs' live event streams (text deltas) in Redis, if reachable."""
-    from yuxi_project.config import get_config
-
     url = get_config().REDIS_URL
     if not url or not run_ids:
         return
     try:
         import redis
 
-        from audit.events import stream_key
-
-        client = redis.Redis.from_url(url)
+        client = redis.Redis.from_url(url, **REDIS_CLIENT_OPTIONS)
         try:
             for start in range(0, len(run_ids), 500):
                 client.delete(*[stream_key(pk) for pk in run_ids[start : start + 500]])

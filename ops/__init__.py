@@ -1,4 +1,5 @@
-"""Operations (R-OPS-1): Prometheus metrics (:mod:`ops.metrics`), health and
+"""Operations (R-OPS-1): Prometheus metrics (recorded by :mod:`ops.metrics`,
+served with the queue gauges by :mod:`ops.exposition`), health and
 readiness probes (:mod:`ops.health`), request and run ids on every log line
 (:mod:`ops.logcontext`), and their HTTP views (:mod:`ops.views`).
 

@@ -3,25 +3,30 @@
 Processes: the web server and every Celery worker process record into
 ``prometheus_client``. With ``PROMETHEUS_MULTIPROC_DIR`` set (the same empty
 directory for every process of one deployment, emptied before they start)
-the client keeps each process's values in files there, and ``GET /metrics``
-on any web process sums them, so prefork children, several workers and the
-web report together. Without it each process keeps its own values and
-``/metrics`` shows only the web process's (fine for a first look, wrong for
-a deployment: the workers' counters are missing).
+the client keeps each process's values in files there, so prefork children,
+several workers and the web report together. Without it each process keeps
+its own values (fine for a first look, wrong for a deployment). The scrape
+itself — ``GET /metrics`` and the queue gauges read from PostgreSQL — is
+:mod:`ops.exposition`.
+
+This module records only: it sits in the foundation layer, below the
+ledger services, the run execution and the API that call it, and reads no
+table: what it counts per run comes from the rows its caller passes.
 
 What is counted where:
 
 * Run ends, run duration, model calls (duration, tokens, cost) and tool
   executions are recorded once per run, after the run's terminal
-  transaction committed (:func:`run_ended`), from the run's audit rows in
-  PostgreSQL. So they agree with the audit exactly — also for rows the
+  transaction committed (:func:`run_ended`), from the run's audit rows as
+  that transaction wrote them. So they agree with the audit exactly — also for rows the
   terminal transaction closed or reconciled and for runs the lease sweeper
   ended — and a rolled-back terminal write counts nothing.
 * Audit-write latency and refusals: every lease-checked service call
   (:func:`audit_write`, a decorator), measured around its transaction.
 * Lease acquisitions, renewals, expiries and takeovers: after commit.
 * Pending-queue depth, age of the oldest startable pending run, active
-  runs: read from PostgreSQL at scrape time (:class:`QueueCollector`).
+  runs: not here; read from PostgreSQL at scrape time
+  (:class:`ops.exposition.QueueCollector`).
 * Open SSE streams (:func:`track_sse`) and dispatcher re-enqueues
   (:func:`record_reenqueue`).
 
@@ -41,18 +46,9 @@ from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import SynchronousOnlyOperation
-from prometheus_client import (
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-    multiprocess,
-)
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
+from audit.catalogue import available_models
 from yuxi_project.config import get_config
 from yuxi_project.db import NeedsThread
 
@@ -157,6 +153,11 @@ DISPATCHER_REENQUEUES = Counter(
 
 #: Label used for a model name that is not a configured one.
 OTHER = "other"
+#: The ``role`` of a model-call row and of a tool row in the rows given to
+#: :func:`run_ended` (``Message.Role.ASSISTANT`` / ``Message.Role.TOOL``;
+#: a test keeps them equal).
+MODEL_ROLE = "assistant"
+TOOL_ROLE = "tool"
 _LABEL_MAX = 100
 
 
@@ -172,8 +173,6 @@ def multiprocess_dir() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _known_models() -> frozenset[str]:
-    from audit.agents.models import available_models
-
     return frozenset(available_models())
 
 
@@ -303,18 +302,24 @@ def record_reenqueue(reason: str = "stale") -> None:
 
 
 @_safely
-def run_ended(run, *, rows: list[dict[str, Any]] | None = None) -> None:
+def run_ended(run, *, rows: list[dict[str, Any]]) -> None:
     """Call inside the terminal transaction, with ``run`` already given its
     terminal status, error type and ``finished_at``. After commit, records
     the run end, its duration, and — from its audit rows — its model calls
     (count, duration, tokens, cost) and tool executions (R-OPS-1).
 
-    ``rows``: the run's audit rows as the terminal transaction wrote them
-    (dicts with ``role, tool_name, execution_status, started_at,
-    duration_ms, usage, cost_usd``), so nothing is read again after
-    commit; without them they are read then."""
+    ``rows``: every audit row of the run as the terminal transaction wrote
+    them, so nothing is read after commit. Each a dict with:
+
+    * ``role``: :data:`MODEL_ROLE` for a model call, :data:`TOOL_ROLE` for a
+      tool row (a tool row with ``started_at`` None never ran and is not
+      counted); rows of any other role are skipped;
+    * ``execution_status``, ``started_at``, ``duration_ms`` (None when not
+      known), ``usage`` (the provider's usage dict, or None), ``tool_name``;
+    * ``cost_usd`` (optional): the model call's cost, None when unknown
+      (counted in ``yuxi_model_calls_cost_unknown``); a row without the key
+      counts no cost at all."""
     snapshot = {
-        "run_id": run.pk,
         "status": run.status,
         "error_type": error_type_label(run.error_type),
         "model": model_label(run.model),
@@ -327,29 +332,20 @@ def run_ended(run, *, rows: list[dict[str, Any]] | None = None) -> None:
 
 def _record_run_end(
     *,
-    run_id,
     status: str,
     error_type: str,
     model: str,
     started_at: datetime | None,
     finished_at: datetime | None,
-    rows: list[dict[str, Any]] | None = None,
+    rows: list[dict[str, Any]],
 ) -> None:
-    from conversations.models import Message
-
     RUNS_FINISHED.labels(status, error_type, model).inc()
     if started_at and finished_at:
         RUN_DURATION.labels(model, status).observe(max(0.0, (finished_at - started_at).total_seconds()))
-    with_cost = _has_cost_field()
-    columns = ["role", "tool_name", "execution_status", "started_at", "duration_ms", "usage"]
-    if with_cost:
-        columns.append("cost_usd")
-    if rows is None:
-        rows = Message.objects.audit().filter(run_id=run_id).values(*columns)
     for row in rows:
-        if row["role"] == Message.Role.ASSISTANT:
-            _record_model_row(model, row, with_cost)
-        elif row["role"] == Message.Role.TOOL and row["started_at"] is not None:
+        if row["role"] == MODEL_ROLE:
+            _record_model_row(model, row)
+        elif row["role"] == TOOL_ROLE and row["started_at"] is not None:
             # Message.objects.tool_executions(): a rejected call never started.
             tool = _label(row["tool_name"])
             TOOL_EXECUTIONS.labels(tool, row["execution_status"]).inc()
@@ -366,7 +362,7 @@ _TOKEN_KINDS = (
 )
 
 
-def _record_model_row(model: str, row: dict[str, Any], with_cost: bool) -> None:
+def _record_model_row(model: str, row: dict[str, Any]) -> None:
     MODEL_CALLS.labels(model, row["execution_status"]).inc()
     if row["duration_ms"] is not None:
         MODEL_CALL_DURATION.labels(model).observe(row["duration_ms"] / 1000)
@@ -380,18 +376,11 @@ def _record_model_row(model: str, row: dict[str, Any], with_cost: bool) -> None:
                 value = value.get(key) if isinstance(value, dict) else None
             if isinstance(value, int | float) and value > 0:
                 MODEL_TOKENS.labels(model, kind).inc(value)
-    if with_cost:
+    if "cost_usd" in row:
         if row["cost_usd"] is None:
             MODEL_CALLS_COST_UNKNOWN.labels(model).inc()
         else:
             MODEL_COST.labels(model).inc(float(row["cost_usd"]))
-
-
-@functools.lru_cache(maxsize=1)
-def _has_cost_field() -> bool:
-    from conversations.models import Message
-
-    return any(field.name == "cost_usd" for field in Message._meta.concrete_fields)
 
 
 async def track_sse(stream: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -410,88 +399,3 @@ async def track_sse(stream: AsyncIterator[str]) -> AsyncIterator[str]:
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             await aclose()
-
-
-# --------------------------------------------------------------------------
-# Scrape
-# --------------------------------------------------------------------------
-
-
-class QueueCollector:
-    """Gauges read from PostgreSQL at scrape time, in one short query with a
-    statement timeout: pending runs, the age of the oldest pending run that
-    nothing but a worker keeps waiting (no running, cancelling or
-    approval-waiting run in its thread — R-RUN-2 holds the others back on
-    purpose), and running / cancel_requested runs. When the database does
-    not answer, ``yuxi_queue_gauges_up`` is 0 and the other gauges are
-    absent."""
-
-    def collect(self):
-        up = GaugeMetricFamily("yuxi_queue_gauges_up", "1 when the queue gauges below were read from the database.")
-        try:
-            figures = queue_figures()
-        except Exception as exc:
-            log.warning("metrics: queue gauges not read: %s", exc)
-            up.add_metric([], 0)
-            yield up
-            return
-        up.add_metric([], 1)
-        yield up
-        yield GaugeMetricFamily(
-            "yuxi_runs_pending", "Runs waiting to start (status pending).", value=figures["pending"]
-        )
-        yield GaugeMetricFamily(
-            "yuxi_runs_pending_oldest_age_seconds",
-            "Age of the oldest pending run that waits only for a worker (0 when none).",
-            value=figures["oldest_ready_age_seconds"],
-        )
-        active = GaugeMetricFamily("yuxi_runs_active", "Runs holding a lease now, by status.", labels=["status"])
-        for status in ("running", "cancel_requested"):
-            active.add_metric([status], figures[status])
-        yield active
-
-
-def queue_figures() -> dict[str, float]:
-    """``{pending, oldest_ready_age_seconds, running, cancel_requested}``
-    from one query (served by the status and thread indexes of the run
-    table); bounded by a 2 s statement timeout on PostgreSQL."""
-    from django.db import connection, transaction
-    from django.db.models import Count, Exists, Min, OuterRef, Q
-    from django.utils import timezone
-
-    from audit.models import AgentRun
-
-    Status = AgentRun.Status
-    holding = AgentRun.objects.filter(thread_id=OuterRef("thread_id")).filter(
-        Q(status__in=(Status.RUNNING, Status.CANCEL_REQUESTED)) | Q(status=Status.INTERRUPTED, resumed_by__isnull=True)
-    )
-    try:
-        with transaction.atomic():
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute("SET LOCAL statement_timeout = 2000")
-            figures = AgentRun.objects.filter(status__in=AgentRun.ACTIVE_STATUSES).aggregate(
-                pending=Count("id", filter=Q(status=Status.PENDING)),
-                running=Count("id", filter=Q(status=Status.RUNNING)),
-                cancel_requested=Count("id", filter=Q(status=Status.CANCEL_REQUESTED)),
-                oldest_ready=Min("created_at", filter=Q(status=Status.PENDING) & ~Exists(holding)),
-            )
-    finally:
-        if not connection.in_atomic_block:
-            connection.close()
-    oldest = figures.pop("oldest_ready")
-    figures["oldest_ready_age_seconds"] = max(0.0, (timezone.now() - oldest).total_seconds()) if oldest else 0.0
-    return figures
-
-
-def render() -> bytes:
-    """The Prometheus text exposition of every process (multiprocess mode)
-    or of this process, plus the database gauges."""
-    registry = CollectorRegistry(auto_describe=True)
-    if multiprocess_dir():
-        multiprocess.MultiProcessCollector(registry)
-    registry.register(QueueCollector())
-    output = generate_latest(registry)
-    if not multiprocess_dir():
-        output = generate_latest(REGISTRY) + output
-    return output

@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from yuxi_project.config import get_config
 
-from . import metrics
+from .exposition import render
 from .health import readiness
 
 
@@ -60,7 +60,7 @@ def metrics_view(request):
         return _error(401, "unauthenticated", "send Authorization: Bearer <METRICS_TOKEN> or sign in as staff")
     if status == 403:
         return _error(403, "permission_denied", "metrics are for staff")
-    return HttpResponse(metrics.render(), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(render(), content_type=CONTENT_TYPE_LATEST)
 
 
 @never_cache

@@ -1,6 +1,8 @@
 """Options shared by every Redis client of the product outside Celery: the
 live event streams (``audit.events``), the cancel signal
-(``audit.cancellation``) and the worker loop's connections."""
+(``audit.cancellation``) and the worker loop's connections; and the key of
+a run's live event stream, which the erasure deletes too (R-EVT-1,
+R-GOV-2)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,12 @@ from typing import Any
 #: No ``CLIENT SETINFO`` (library name and version) on each new connection,
 #: and a bounded connect: Redis is a hint, never something a run waits on.
 REDIS_CLIENT_OPTIONS: dict[str, Any] = {"driver_info": None, "socket_connect_timeout": 2}
+
+
+def stream_key(run_id) -> str:
+    """The Redis key of run ``run_id``'s live event stream (a UUID or its
+    text): ``yuxi:run:<run id>:events``."""
+    return f"yuxi:run:{run_id}:events"
 
 
 def redis_client(url: str):

@@ -12,13 +12,11 @@ from langchain.agents import create_agent
 from langchain.agents.middleware import HumanInTheLoopMiddleware
 
 from yuxi_project.config import get_config
-from yuxi_project.errors import InvalidInput
 
+from ..catalogue import validate_agent_id
 from .large_results import LargeToolResultMiddleware
 from .models import chat_model
 from .tools import ASSISTANT_TOOLS, AgentContext
-
-AGENTS = ("assistant", "researcher")
 
 # Tools that stop the run for a human decision (R-TA-5).
 APPROVAL_REQUIRED = {"send_email": {"allowed_decisions": ["approve", "edit", "reject"]}}
@@ -29,20 +27,10 @@ SYSTEM_PROMPT = (
 )
 
 
-class UnknownAgent(InvalidInput):
-    code = "unknown_agent"
-
-
-def validate_agent_id(agent_id: str) -> str:
-    if agent_id not in AGENTS:
-        raise UnknownAgent(f"unknown agent {agent_id!r}", extra={"available": list(AGENTS)})
-    return agent_id
-
-
 def build_agent(agent_id: str, *, model: str, checkpointer: Any, http_async_client: Any = None) -> Any:
     """Compile the agent ``agent_id`` with the chat model ``model``.
 
-    Raises :class:`UnknownAgent` / ``UnknownModel``.
+    Raises :class:`~audit.catalogue.UnknownAgent` / :class:`~audit.catalogue.UnknownModel`.
     """
     validate_agent_id(agent_id)
     if agent_id == "researcher":

@@ -6,7 +6,7 @@ Why not deepagents' ``FilesystemMiddleware``: its eviction counts tokens
 to the agent. The product needs a character threshold
 (``LARGE_TOOL_RESULT_CHARS``), the per-execution workspace path
 ``outputs/large_tool_results/<run id>/<tool_call_id>`` (R-TA-7, see
-:mod:`audit.agents.workspace`) and an unchanged tool set, so a small
+:mod:`yuxi_project.workspace`) and an unchanged tool set, so a small
 ``wrap_tool_call`` middleware does it.
 
 The tool's own ``tool-finished`` event carries the full ToolMessage: the
@@ -24,10 +24,9 @@ from typing import Any
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 
-from ..jsonable import message_text
-from .workspace import large_result_path
+from yuxi_project.workspace import PREVIEW_CHARS, large_result_path, offloaded_summary
 
-PREVIEW_CHARS = 500
+from ..jsonable import message_text
 
 
 class LargeToolResultMiddleware(AgentMiddleware):
@@ -65,14 +64,3 @@ class LargeToolResultMiddleware(AgentMiddleware):
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
         return result.model_copy(update={"content": offloaded_summary(relative, text[:PREVIEW_CHARS], len(text))})
-
-
-def offloaded_summary(path: Path, preview: str, size_chars: int) -> str:
-    """What the graph State (and the agent's memory, and the chat history)
-    holds instead of a large result: its size in characters, its
-    workspace-relative ``path`` and the first ``PREVIEW_CHARS`` characters
-    of ``preview`` (R-TA-4, R-READ-2, R-READ-7)."""
-    return (
-        f"The result has {size_chars} characters and was saved to the workspace file "
-        f"{path.as_posix()}. Preview:\n{preview[:PREVIEW_CHARS]}"
-    )

@@ -17,30 +17,9 @@ import ssl
 import httpx
 
 from yuxi_project.config import get_config
-from yuxi_project.errors import InvalidInput
 
+from ..catalogue import UnknownModel
 from .provider import AuditedChatOpenAI
-
-
-class UnknownModel(InvalidInput):
-    code = "unknown_model"
-
-
-def available_models() -> list[str]:
-    """Model names a thread may use: every bundled replay scenario plus the
-    configured ``MODELS`` list."""
-    from audit.replay.scenarios import bundled_scenario_names
-
-    names = [f"replay:{name}" for name in bundled_scenario_names()]
-    names += [m for m in get_config().MODELS if m not in names]
-    return names
-
-
-def validate_model_name(name: str) -> str:
-    """Return ``name`` if it is available; raises :class:`UnknownModel`."""
-    if name not in available_models():
-        raise UnknownModel(f"unknown model {name!r}", extra={"available": available_models()})
-    return name
 
 
 @functools.cache

@@ -2,6 +2,7 @@
 that plays scenario files deterministically (SPEC §5). Start it with
 ``python manage.py replay_model_server``."""
 
-from .scenarios import Scenario, ScenarioError, ToolCall, Turn, Usage, bundled_scenario_names, load_scenarios
+from ..catalogue import bundled_scenario_names
+from .scenarios import Scenario, ScenarioError, ToolCall, Turn, Usage, load_scenarios
 
 __all__ = ["Scenario", "ScenarioError", "ToolCall", "Turn", "Usage", "bundled_scenario_names", "load_scenarios"]

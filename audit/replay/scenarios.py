@@ -41,7 +41,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-BUNDLED_DIR = Path(__file__).resolve().parent / "scenarios"
+from ..catalogue import BUNDLED_SCENARIO_DIR as BUNDLED_DIR
 
 DEFAULT_CHUNK_CHARS = 4
 """Characters per streamed text chunk when a turn gives no ``chunk_chars``:
@@ -306,9 +306,3 @@ def load_scenarios(directory: Path | None = None) -> dict[str, Scenario]:
     if not directory.is_dir():
         raise NotADirectoryError(f"scenario directory not found: {directory}")
     return {path.stem: load_scenario(path) for path in sorted(directory.glob("*.json"))}
-
-
-def bundled_scenario_names() -> list[str]:
-    """Names of the scenarios shipped in ``audit/replay/scenarios/``, sorted
-    (file stems; the files are not validated here)."""
-    return sorted(path.stem for path in BUNDLED_DIR.glob("*.json"))

@@ -25,8 +25,8 @@ from ..handover import enqueue_run
 from ..idempotency import existing_request, resume_fingerprint, turn_fingerprint
 from ..lease import Lease, lock_run
 from ..locks import web_lock_wait
-from ..models import AgentRun, RunCancelRequest
-from .terminal import _terminate, pending_action_requests
+from ..models import AgentRun, RunCancelRequest, pending_action_requests
+from .terminal import _terminate
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from yuxi_project.errors import InvalidInput
 
 from ..handover import enqueue_run
 from ..lease import Lease, lock_run, lock_run_then_read
-from ..models import AgentRun
+from ..models import AgentRun, pending_action_requests
 
 log = logging.getLogger(__name__)
 
@@ -511,17 +511,6 @@ def _rejected_declarations(run: AgentRun) -> dict[str, tuple[Message, dict[str, 
                 result[call["id"]] = (row, call, decision)
                 break
     return result
-
-
-def pending_action_requests(interrupts: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The action requests ``[{name, args, description}]`` of an
-    interrupted run's approval interrupts, in order (R-TA-5)."""
-    actions: list[dict[str, Any]] = []
-    for item in interrupts or []:
-        value = item.get("value") if isinstance(item, dict) else None
-        if isinstance(value, dict):
-            actions += [a for a in value.get("action_requests") or [] if isinstance(a, dict)]
-    return actions
 
 
 def _bind_output(

@@ -18,7 +18,7 @@ def _rollups() -> dict[str, list[tuple]]:
     """Every row of the dashboard's rollup tables (R-DASH-1)."""
     from django.db import connection
 
-    from dashboard.rollups import TABLES
+    from dashboard.facts import TABLES
 
     with connection.cursor() as cursor:
         rows = {}

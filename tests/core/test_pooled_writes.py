@@ -23,7 +23,7 @@ from audit.lease import Lease, lock_run
 from audit.models import AgentRun
 from audit.services import StateMessage
 from conversations.models import Message
-from dashboard import rollups
+from dashboard import facts, rollups
 from tests.conftest import acquire, make_run
 from tests.dashboard.test_rollups import rollup_state
 from tests.ops.test_metrics import delta, scrape
@@ -220,8 +220,8 @@ def test_a_run_ending_on_the_loop_while_a_rollup_row_is_held_ends_at_once_unroll
     waiting = make_run(thread)
     connection.close()
     with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as frozen:
-        frozen.execute(f"SELECT 1 FROM {rollups.HOUR_TABLE} FOR UPDATE")
-        frozen.execute(f"SELECT 1 FROM {rollups.LATENCY_TABLE} FOR UPDATE")
+        frozen.execute(f"SELECT 1 FROM {facts.HOUR_TABLE} FOR UPDATE")
+        frozen.execute(f"SELECT 1 FROM {facts.LATENCY_TABLE} FOR UPDATE")
         state = [StateMessage(kind="ai", id="lc_run--h", content="answer")]
         run = _on_loop(services.run_finish, lease=lease, status="completed", final_state=state)
         frozen.rollback()

@@ -21,7 +21,7 @@ from audit.services import StateMessage
 from conversations.models import Conversation
 from conversations.services import message_feedback_submit
 from costs import selectors as cost_selectors
-from dashboard import rollups, selectors
+from dashboard import facts, rollups, selectors
 from tests.conftest import acquire, make_run
 
 from .world import MODEL_A, MODEL_B, D, build_world
@@ -47,7 +47,7 @@ def rollup_state() -> dict[str, list[tuple]]:
     """Every rollup row, without ids and without all-zero rows (a delta that
     went back to 0 leaves a row of zeros a recomputation does not have)."""
     state = {}
-    for table, (keys, counters, _) in rollups.TABLES.items():
+    for table, (keys, counters, _) in facts.TABLES.items():
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT {', '.join((*keys, *counters))} FROM {table}"
@@ -138,7 +138,7 @@ def test_dashboard_answers_equal_the_row_based_answers_on_the_world_before_and_a
 
     call_command("rebuild_rollups", stdout=open("/dev/null", "w"))  # noqa: SIM115
     assert AgentRun.objects.filter(rolled_up_at__isnull=True).count() == 0
-    assert rollup_state()[rollups.HOUR_TABLE], "the rebuild wrote rollup rows"
+    assert rollup_state()[facts.HOUR_TABLE], "the rebuild wrote rollup rows"
     assert [figures(window) for window in cases] == expected
     utc = selectors.dashboard_window(first_day=D, last_day=D)
     overview = figures(utc)["overview"]
@@ -180,7 +180,7 @@ def test_a_second_terminal_attempt_or_roll_up_adds_nothing_R_DASH_1(thread):
     run.refresh_from_db()
     assert run.rolled_up_at is not None
     once = rollup_state()
-    assert once[rollups.HOUR_TABLE] and once[rollups.LATENCY_TABLE]
+    assert once[facts.HOUR_TABLE] and once[facts.LATENCY_TABLE]
 
     assert rollups.run_roll_up(run_id=run.id) is False
     with pytest.raises(RunTerminal):
@@ -203,8 +203,8 @@ def test_a_rollup_row_held_by_a_frozen_transaction_delays_no_run_end_R_DASH_1(th
     assert AgentRun.objects.get(pk=first.pk).rolled_up_at is not None
     window = selectors.dashboard_window(first_day=T0.date(), last_day=timezone.now().date())
     with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as frozen:
-        frozen.execute(f"SELECT 1 FROM {rollups.HOUR_TABLE} FOR UPDATE")  # held, never committed
-        frozen.execute(f"SELECT 1 FROM {rollups.LATENCY_TABLE} FOR UPDATE")
+        frozen.execute(f"SELECT 1 FROM {facts.HOUR_TABLE} FOR UPDATE")  # held, never committed
+        frozen.execute(f"SELECT 1 FROM {facts.LATENCY_TABLE} FOR UPDATE")
         other = Conversation.objects.create(user=thread.user, agent_id="assistant", model=thread.model)
         second, _ = _completed_run(other, op="lc_run--second")
         second.refresh_from_db()
@@ -230,7 +230,7 @@ def test_a_run_that_is_not_terminal_is_not_rolled_up_R_DASH_1(thread):
     assert rollups.run_roll_up(run_id=run.id) is False
     run.refresh_from_db()
     assert run.rolled_up_at is None
-    assert rollup_state() == {table: [] for table in rollups.TABLES}
+    assert rollup_state() == {table: [] for table in facts.TABLES}
 
 
 def test_feedback_changes_move_the_rollup_counts_R_DASH_1(thread):
@@ -376,7 +376,7 @@ def test_incremental_rollups_equal_a_recomputation_after_random_histories_R_DASH
     world.model(acquire(live), "lc_run--live", 1, [], content="streaming")
 
     incremental = rollup_state()
-    assert incremental[rollups.HOUR_TABLE]
+    assert incremental[facts.HOUR_TABLE]
     cases = windows(T0.date(), T0.date() + dt.timedelta(days=3))
     answers = [figures(window) for window in cases]
     expected = [figures_from_rows(window) for window in cases]
@@ -399,7 +399,7 @@ def test_the_latency_sketch_stays_within_its_error_bound_R_DASH_1():
         values = sorted(int(rng.lognormvariate(rng.uniform(2, 9), rng.uniform(0.1, 2))) + 1 for _ in range(200))
         buckets: dict[int, int] = {}
         for value in values:
-            buckets[rollups.bucket_of(value)] = buckets.get(rollups.bucket_of(value), 0) + 1
+            buckets[facts.bucket_of(value)] = buckets.get(facts.bucket_of(value), 0) + 1
         for fraction in (0.5, 0.95):
             exact = selectors.percentile_cont(values, fraction)
             sketch = selectors.sketch_percentile(buckets, fraction)
@@ -409,9 +409,9 @@ def test_the_latency_sketch_stays_within_its_error_bound_R_DASH_1():
 def test_the_sql_bucket_matches_the_python_bucket_R_DASH_1():
     durations = [0, 1, 2, 3, 7, 8, 100, 1000, 12345, 2**31 - 1]
     with connection.cursor() as cursor:
-        expr = rollups._latency_branches()[0].keys["bucket"].replace("m.duration_ms", "d")
+        expr = facts._latency_branches()[0].keys["bucket"].replace("m.duration_ms", "d")
         cursor.execute(f"SELECT d, {expr} FROM unnest(%s::bigint[]) AS d", [durations])
-        assert dict(cursor.fetchall()) == {d: rollups.bucket_of(d) for d in durations}
+        assert dict(cursor.fetchall()) == {d: facts.bucket_of(d) for d in durations}
 
 
 # --------------------------------------------------------------------------
@@ -450,11 +450,11 @@ def _day_rows_disagreeing_with_their_hours() -> list:
     the invariant of dashboard.rollups holds)."""
     wrong = []
     with connection.cursor() as cursor:
-        for hour_table, day_table in rollups.DAY_TABLES.items():
-            keys, counters, _ = rollups.TABLES[hour_table]
+        for hour_table, day_table in facts.DAY_TABLES.items():
+            keys, counters, _ = facts.TABLES[hour_table]
             rest = ", ".join(keys[1:])
             sums = ", ".join(f"SUM({c}) AS {c}" for c in counters)
-            one = " WHERE span = 1" if day_table == rollups.USER_DAY_TABLE else ""
+            one = " WHERE span = 1" if day_table == facts.USER_DAY_TABLE else ""
             cursor.execute(
                 f"SELECT * FROM ((SELECT (hour AT TIME ZONE 'UTC')::date AS day, {rest}, {sums} FROM {hour_table}"
                 f" GROUP BY 1, {rest}) EXCEPT (SELECT day, {rest}, {', '.join(counters)} FROM {day_table}{one})) a"
@@ -463,12 +463,12 @@ def _day_rows_disagreeing_with_their_hours() -> list:
                 f" GROUP BY 1, {rest})) b"
             )
             wrong += cursor.fetchall()
-        counters = ", ".join(f"b.{c}" for c in rollups.USER_COUNTERS)
-        sums = ", ".join(f"SUM(d.{c})" + ("" if c == "cost_usd" else "::bigint") for c in rollups.USER_COUNTERS)
-        for span in rollups.USER_SPANS[1:]:
+        counters = ", ".join(f"b.{c}" for c in facts.USER_COUNTERS)
+        sums = ", ".join(f"SUM(d.{c})" + ("" if c == "cost_usd" else "::bigint") for c in facts.USER_COUNTERS)
+        for span in facts.USER_SPANS[1:]:
             cursor.execute(
-                f"SELECT b.day, b.user_id FROM {rollups.USER_DAY_TABLE} b CROSS JOIN LATERAL (SELECT ROW({sums}) AS v"
-                f" FROM {rollups.USER_DAY_TABLE} d WHERE d.span = 1 AND d.user_id = b.user_id"
+                f"SELECT b.day, b.user_id FROM {facts.USER_DAY_TABLE} b CROSS JOIN LATERAL (SELECT ROW({sums}) AS v"
+                f" FROM {facts.USER_DAY_TABLE} d WHERE d.span = 1 AND d.user_id = b.user_id"
                 " AND d.day >= b.day AND d.day < b.day + %(span)s) s"
                 f" WHERE b.span = %(span)s AND ROW({counters}) IS DISTINCT FROM s.v",
                 {"span": span},
@@ -476,8 +476,8 @@ def _day_rows_disagreeing_with_their_hours() -> list:
             wrong += cursor.fetchall()
             # Every day row is inside a block of each span.
             cursor.execute(
-                f"SELECT d.day, d.user_id FROM {rollups.USER_DAY_TABLE} d WHERE d.span = 1 AND NOT EXISTS"
-                f" (SELECT 1 FROM {rollups.USER_DAY_TABLE} b WHERE b.span = %(span)s AND b.user_id = d.user_id"
+                f"SELECT d.day, d.user_id FROM {facts.USER_DAY_TABLE} d WHERE d.span = 1 AND NOT EXISTS"
+                f" (SELECT 1 FROM {facts.USER_DAY_TABLE} b WHERE b.span = %(span)s AND b.user_id = d.user_id"
                 " AND b.day <= d.day AND d.day < b.day + %(span)s)",
                 {"span": span},
             )
@@ -505,8 +505,8 @@ def test_day_rows_and_blocks_answer_as_the_hour_rows_and_the_rows_in_every_windo
     for i in range(30):
         world.step(i)
     state = rollup_state()
-    assert state[rollups.DAY_TABLE] and state[rollups.LATENCY_DAY_TABLE]
-    assert {row[1] for row in state[rollups.USER_DAY_TABLE]} == set(rollups.USER_SPANS)
+    assert state[facts.DAY_TABLE] and state[facts.LATENCY_DAY_TABLE]
+    assert {row[1] for row in state[facts.USER_DAY_TABLE]} == set(facts.USER_SPANS)
     assert _day_rows_disagreeing_with_their_hours() == []
 
     first = T0.date() - dt.timedelta(days=1)
@@ -531,7 +531,7 @@ def test_a_window_reads_day_rows_for_its_whole_utc_days_and_hour_rows_at_its_edg
         selectors.dashboard_window(first_day=dt.date(2026, 11, 1), last_day=dt.date(2026, 11, 30), tz="UTC")
     )
     assert utc["days_from"] == utc["start"] and utc["days_until"] == utc["end"]
-    assert sum(utc["block_spans"]) == 30 and len(utc["block_spans"]) <= 2 * len(rollups.USER_SPANS)
+    assert sum(utc["block_spans"]) == 30 and len(utc["block_spans"]) <= 2 * len(facts.USER_SPANS)
     shanghai = selectors.rollup_params(
         selectors.dashboard_window(first_day=dt.date(2026, 11, 1), last_day=dt.date(2026, 11, 30), tz="Asia/Shanghai")
     )
@@ -551,19 +551,19 @@ def test_day_blocks_are_aligned_and_cover_the_days_exactly_R_COST_2():
     for _ in range(300):
         first = dt.date(2026, 1, 1) + dt.timedelta(days=rng.randrange(-800, 800))
         end = first + dt.timedelta(days=rng.randrange(0, 367))
-        blocks = rollups.day_blocks(first, end)
+        blocks = facts.day_blocks(first, end)
         day = first
         for start, span in blocks:
-            assert start == day and span in rollups.USER_SPANS
-            assert (start - rollups.BLOCK_EPOCH).days % span == 0
+            assert start == day and span in facts.USER_SPANS
+            assert (start - facts.BLOCK_EPOCH).days % span == 0
             day += dt.timedelta(days=span)
         assert day == end
-        for span in rollups.USER_SPANS[:-1]:
+        for span in facts.USER_SPANS[:-1]:
             assert sum(1 for _, s in blocks if s == span) <= 2
         with connection.cursor() as cursor:
             for start, span in blocks:
                 last = f"DATE '{start + dt.timedelta(days=span - 1)}'"
-                cursor.execute(f"SELECT {rollups._block(last, str(span))}")
+                cursor.execute(f"SELECT {facts._block(last, str(span))}")
                 assert cursor.fetchone()[0] == start
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from audit.agents.workspace import large_result_path, outbox_path
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
 from tests.conftest import bearer
+from yuxi_project.workspace import large_result_path, outbox_path
 
 from .stack import TERMINAL_STATUSES as TERMINAL
 from .stack import create_thread, wait_for_status

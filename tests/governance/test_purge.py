@@ -15,7 +15,6 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from audit.agents.workspace import large_result_path, thread_workspace
 from audit.models import AgentRun
 from conversations.models import Conversation, Message, MessageFeedback
 from governance.models import GovernanceAction, RunReseal
@@ -24,6 +23,7 @@ from governance.tasks import purge_payloads as purge_task
 from tests.conftest import bearer
 from tests.read.builders import RunDriver, tool_turn
 from yuxi_project.config import get_config
+from yuxi_project.workspace import large_result_path, thread_workspace
 
 from .helpers import behind_the_back, verify
 

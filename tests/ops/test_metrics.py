@@ -3,7 +3,7 @@ durations, tokens, tool executions, audit-write latency and refusals, lease
 acquisitions / renewals / expiries / takeovers, queue gauges read at scrape
 time, open SSE streams, dispatcher re-enqueues.
 
-Values are read back through :func:`ops.metrics.render` — what ``/metrics``
+Values are read back through :func:`ops.exposition.render` — what ``/metrics``
 serves — and compared as deltas, so the tests share the process registry."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from audit.lease import Lease
 from audit.models import AgentRun
 from audit.runner import run_execute
 from conversations.models import Conversation, Message
-from ops import metrics
+from ops import exposition, metrics
 from tests.conftest import acquire, make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def scrape() -> dict[tuple[str, tuple], float]:
     """Every sample of ``/metrics``: ``{(name, sorted labels): value}``."""
     samples = {}
-    for family in text_string_to_metric_families(metrics.render().decode()):
+    for family in text_string_to_metric_families(exposition.render().decode()):
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
@@ -231,6 +231,12 @@ def test_dispatcher_reenqueues_are_counted_by_reason_R_OPS_1():
     assert delta(before, after, "yuxi_dispatcher_reenqueues_total", reason="lost_task") == 1
 
 
+def test_the_row_roles_run_ended_reads_are_the_models_roles_R_OPS_1():
+    # ops.metrics sits below the models and names the roles itself.
+    assert metrics.MODEL_ROLE == Message.Role.ASSISTANT
+    assert metrics.TOOL_ROLE == Message.Role.TOOL
+
+
 def test_labels_stay_bounded_R_OPS_1():
     assert metrics.model_label("replay:plain_answer") == "replay:plain_answer"
     assert metrics.model_label(f"openai:made-up-{uuid.uuid4().hex}") == "other"
@@ -239,7 +245,7 @@ def test_labels_stay_bounded_R_OPS_1():
     assert metrics.error_type_label("x" * 500) == "x" * 100
     # No id is ever a label: every label name of the exposition is one of these.
     allowed = {"status", "error_type", "model", "kind", "tool", "error", "reason", "le"}
-    for family in text_string_to_metric_families(metrics.render().decode()):
+    for family in text_string_to_metric_families(exposition.render().decode()):
         if family.name.startswith("yuxi_"):
             for sample in family.samples:
                 assert set(sample.labels) <= allowed, (sample.name, sample.labels)
@@ -275,7 +281,7 @@ def test_the_grafana_dashboard_uses_only_metrics_that_are_exposed_R_OPS_1():
     used = {re.sub(r"_(bucket|total|count|sum)$", "", name) for e in exprs for name in re.findall(r"yuxi_\w+", e)}
     exposed = {
         re.sub(r"_(bucket|total|count|sum)$", "", line.split()[2])
-        for line in metrics.render().decode().splitlines()
+        for line in exposition.render().decode().splitlines()
         if line.startswith("# HELP yuxi_")
     }
     assert used and used <= exposed, used - exposed

@@ -102,7 +102,7 @@ def test_a_pipe_in_a_figure_does_not_break_the_table():
 
 def _rollups() -> dict[str, list[tuple]]:
     """Every row of the dashboard's rollup tables, without their serial id."""
-    from dashboard.rollups import TABLES
+    from dashboard.facts import TABLES
 
     with connection.cursor() as cursor:
         rows = {}

@@ -10,11 +10,10 @@ import re
 import pytest
 from django.test import Client
 
-from audit.agents.large_results import PREVIEW_CHARS
-from audit.agents.workspace import large_result_path
 from conversations.selectors import thread_memory
 from tests.conftest import bearer
 from yuxi_project.config import get_config
+from yuxi_project.workspace import PREVIEW_CHARS, large_result_path
 
 from .builders import RunDriver
 

@@ -20,13 +20,8 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 from starlette.testclient import TestClient
 
-from audit.replay.scenarios import (
-    Scenario,
-    ScenarioError,
-    bundled_scenario_names,
-    load_scenario,
-    load_scenarios,
-)
+from audit.catalogue import bundled_scenario_names
+from audit.replay.scenarios import Scenario, ScenarioError, load_scenario, load_scenarios
 from audit.replay.server import build_app, turn_index
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

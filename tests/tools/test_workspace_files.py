@@ -15,18 +15,18 @@ from django.test import Client
 from django.urls import reverse
 
 from audit import services
-from audit.agents.workspace import (
-    execution_file_name,
-    large_result_path,
-    legacy_large_result_path,
-    outbox_path,
-)
 from audit.checkpoint import postgres_conninfo
 from audit.runner import run_execute
 from conversations.models import Conversation, Message
 from conversations.selectors import thread_history, thread_memory
 from tests.conftest import bearer, make_run
 from yuxi_project.config import get_config
+from yuxi_project.workspace import (
+    execution_file_name,
+    large_result_path,
+    legacy_large_result_path,
+    outbox_path,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -33,7 +33,7 @@ from audit.handover import dispatch_held
 from audit.management.commands._database import DatabaseCommand
 from audit.models import AgentRun
 from conversations.models import ApiToken, Conversation, Message
-from dashboard import rollups
+from dashboard import facts, rollups
 
 MODELS = [
     "replay:plain_answer",
@@ -97,7 +97,7 @@ class Command(DatabaseCommand):
             "span": (end - start).total_seconds(),
         }
         with transaction.atomic(), connection.cursor() as cursor:
-            for table in rollups.TABLES:
+            for table in facts.TABLES:
                 cursor.execute(f"DELETE FROM {table}")
             cursor.execute(
                 "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name, email, is_staff,"
@@ -173,7 +173,7 @@ class Command(DatabaseCommand):
     def _sizes(self) -> str:
         with connection.cursor() as cursor:
             sizes = []
-            for table in rollups.TABLES:
+            for table in facts.TABLES:
                 cursor.execute(f"SELECT count(*) FROM {table}")
                 sizes.append(f"{table} {cursor.fetchone()[0]:,} rows")
         return ", ".join(sizes)

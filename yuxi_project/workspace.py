@@ -1,4 +1,4 @@
-"""Per-execution workspace files (R-TA-7, R-TA-4).
+"""The thread workspace's layout: per-execution files (R-TA-7, R-TA-4).
 
 Every file a tool execution writes into the thread workspace
 (``WORKSPACE_ROOT/<thread id>/``) is named after the execution, not after
@@ -16,6 +16,15 @@ Files written before this layout stay where they are
 and stay readable: the States of those runs name the old paths, and readers
 of an audit row (:func:`tool_row_large_result_path`) fall back to the old
 path when only the old file exists.
+
+A large result's place in the State is :func:`offloaded_summary`: its
+size, its path and a preview of :data:`PREVIEW_CHARS` characters; the
+agents write it (``audit.agents.large_results``) and the chat history
+projects rows the same way (``conversations.selectors``).
+
+Foundation: the tools and agents that write these files, the readers that
+name them and the purge that deletes them all use this module; it imports
+only the configuration.
 """
 
 from __future__ import annotations
@@ -24,7 +33,10 @@ import hashlib
 import re
 from pathlib import Path
 
+from .config import get_config
+
 LARGE_RESULTS_DIR = Path("outputs") / "large_tool_results"
+PREVIEW_CHARS = 500
 OUTBOX_DIR = Path("outbox")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -74,8 +86,6 @@ def legacy_large_result_path(tool_call_id: str) -> Path:
 
 def thread_workspace(thread_id) -> Path:
     """The thread's workspace folder, ``WORKSPACE_ROOT/<thread id>``."""
-    from yuxi_project.config import get_config
-
     return Path(get_config().WORKSPACE_ROOT) / str(thread_id)
 
 
@@ -93,3 +103,14 @@ def tool_row_large_result_path(*, thread_id, run_id, tool_call_id: str) -> Path:
     if (workspace / legacy).is_file():
         return legacy
     return current
+
+
+def offloaded_summary(path: Path, preview: str, size_chars: int) -> str:
+    """What the graph State (and the agent's memory, and the chat history)
+    holds instead of a large result: its size in characters, its
+    workspace-relative ``path`` and the first ``PREVIEW_CHARS`` characters
+    of ``preview`` (R-TA-4, R-READ-2, R-READ-7)."""
+    return (
+        f"The result has {size_chars} characters and was saved to the workspace file "
+        f"{path.as_posix()}. Preview:\n{preview[:PREVIEW_CHARS]}"
+    )

@@ -1,0 +1,61 @@
+"""What a thread may name: the built-in agents and the chat models (SPEC §5).
+
+A new thread is checked against this catalogue (``conversations.services``),
+the admin offers its names as choices, and the metrics bound their model
+label by it (``ops.metrics``); the agents (``audit.agents``) and the replay
+model server (``audit.replay``) build what it names.
+
+Foundation: it imports only the configuration and the product's errors, so
+every layer above may ask it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from yuxi_project.config import get_config
+from yuxi_project.errors import InvalidInput
+
+#: The built-in agents (``audit.agents.assistant``, ``audit.agents.researcher``).
+AGENTS = ("assistant", "researcher")
+
+#: The replay scenarios shipped with the product: ``replay:<file stem>``.
+BUNDLED_SCENARIO_DIR = Path(__file__).resolve().parent / "replay" / "scenarios"
+
+
+class UnknownAgent(InvalidInput):
+    code = "unknown_agent"
+
+
+class UnknownModel(InvalidInput):
+    code = "unknown_model"
+
+
+def validate_agent_id(agent_id: str) -> str:
+    """Return ``agent_id`` if it is a built-in agent; raises
+    :class:`UnknownAgent` (422, ``available`` lists the agents)."""
+    if agent_id not in AGENTS:
+        raise UnknownAgent(f"unknown agent {agent_id!r}", extra={"available": list(AGENTS)})
+    return agent_id
+
+
+def bundled_scenario_names() -> list[str]:
+    """Names of the scenarios shipped in ``audit/replay/scenarios/``, sorted
+    (file stems; the files are not validated here)."""
+    return sorted(path.stem for path in BUNDLED_SCENARIO_DIR.glob("*.json"))
+
+
+def available_models() -> list[str]:
+    """Model names a thread may use: every bundled replay scenario plus the
+    configured ``MODELS`` list."""
+    names = [f"replay:{name}" for name in bundled_scenario_names()]
+    names += [m for m in get_config().MODELS if m not in names]
+    return names
+
+
+def validate_model_name(name: str) -> str:
+    """Return ``name`` if it is available; raises :class:`UnknownModel` (422,
+    ``available`` lists the names)."""
+    if name not in available_models():
+        raise UnknownModel(f"unknown model {name!r}", extra={"available": available_models()})
+    return name
