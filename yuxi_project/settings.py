@@ -33,9 +33,11 @@ INSTALLED_APPS = [
     "dashboard",
     "costs",
     "otel_export",
-    # Operations (R-OPS-1): metrics, health; its commands render the docs
-    # generated from code (config_reference, performance_report).
+    # Operations (R-OPS-1): metrics, health; its command renders the
+    # configuration reference from code (config_reference).
     "ops",
+    # The benchmarks' commands (bench_*, performance_report); no model.
+    "benchmarks",
     # Append-only audit triggers declared on the models (R-GOV-3).
     "pgtrigger",
     "governance",

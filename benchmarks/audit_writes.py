@@ -43,23 +43,15 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.utils import timezone
 
+from audit.errors import LeaseLost, RunTerminal
+from audit.lease import Lease
+from audit.models import AgentRun
+from audit.services import model_audit, model_call_finish, model_call_start, run_acquire, run_submit
 from conversations.models import Conversation, Message
 from costs.pricing import Cost
 from ops import metrics
 
-from .errors import LeaseLost, RunTerminal
-from .lease import Lease
-from .models import AgentRun
-from .services import model_audit, model_call_finish, model_call_start, run_acquire, run_submit
-
-
-@dataclass(frozen=True)
-class LatencySummary:
-    """Latencies in milliseconds."""
-
-    count: int
-    median_ms: float
-    p95_ms: float
+from .figures import LatencySummary, summarize
 
 
 @dataclass(frozen=True)
@@ -82,13 +74,6 @@ class BenchResult:
     round_median_ms: dict[str, list[float]] = field(default_factory=dict)
     # threads -> {"service": [per round], "raw": [per round]} writes per second.
     round_writes_per_second: dict[int, dict[str, list[float]]] = field(default_factory=dict)
-
-
-def summarize(samples_s: list[float]) -> LatencySummary:
-    """Median and 95th percentile of ``samples_s`` (seconds) in ms."""
-    ms = sorted(s * 1000 for s in samples_s)
-    p95 = statistics.quantiles(ms, n=20, method="inclusive")[18] if len(ms) >= 2 else ms[0]
-    return LatencySummary(count=len(ms), median_ms=statistics.median(ms), p95_ms=p95)
 
 
 class _Fixture:
@@ -212,7 +197,7 @@ class _RawWriter:
     def __init__(self):
         import psycopg
 
-        from .checkpoint import postgres_conninfo
+        from audit.checkpoint import postgres_conninfo
 
         self.conn = psycopg.connect(postgres_conninfo())
         run_table, message_table = AgentRun._meta.db_table, Message._meta.db_table

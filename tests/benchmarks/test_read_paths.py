@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from audit.bench_reads import sizes
+from benchmarks.read_paths import sizes
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

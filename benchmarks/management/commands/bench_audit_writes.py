@@ -1,5 +1,5 @@
 """``python manage.py bench_audit_writes [--writes N] [--threads 1,8]``:
-print the cost of a lease-checked audit write; see :mod:`audit.benchmark`."""
+print the cost of a lease-checked audit write; see :mod:`benchmarks.audit_writes`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import statistics
 
 from django.core.management.base import BaseCommand, CommandError
 
-from audit.benchmark import bench_audit_writes
 from audit.handover import dispatch_held
+from benchmarks.audit_writes import bench_audit_writes
 
 
 class Command(BaseCommand):

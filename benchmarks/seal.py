@@ -22,13 +22,13 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from audit import services
-from audit.benchmark import LatencySummary, summarize
 from audit.services import StateMessage
 from conversations.models import Conversation
 from dashboard.rollups import rollups_rebuild
+from governance.bypass import audited_bypass
+from governance.seal import audit_row_facts, compute_seal
 
-from .bypass import audited_bypass
-from .seal import audit_row_facts, compute_seal
+from .figures import LatencySummary, summarize
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The performance page (issue 40): :func:`ops.performance.render_markdown`
+"""The performance page (issue 40): :func:`benchmarks.report.render_markdown`
 renders one table with each figure's baseline, ratio, target and whether it
 is met; ``manage.py performance_report`` runs the benchmarks at tiny sizes,
 prints the page and leaves the database as it was; the committed
@@ -15,8 +15,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from audit.models import AgentRun
+from benchmarks.report import TABLE_HEADER, TABLE_RULE, Machine, Target, render_markdown, row
 from conversations.models import Message
-from ops.performance import TABLE_HEADER, TABLE_RULE, Machine, Target, render_markdown, row
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "performance.md"
 MACHINE = Machine(

@@ -1,13 +1,13 @@
 """``python manage.py bench_run_overhead [--runs N] [--rounds 5]``: print
 what the product's run path costs over the bare graph and over LangGraph's
-checkpointer; see :mod:`audit.run_benchmark`."""
+checkpointer; see :mod:`benchmarks.run_overhead`."""
 
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.handover import dispatch_held
-from audit.run_benchmark import VARIANTS, bench_run_overhead, settle_unless_autovacuum
+from benchmarks.run_overhead import VARIANTS, bench_run_overhead, settle_unless_autovacuum
 
 
 class Command(BaseCommand):

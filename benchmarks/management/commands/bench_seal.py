@@ -1,5 +1,5 @@
 """``python manage.py bench_seal [--runs N] [--rows N]``: print what sealing
-adds to the terminal transaction; see :mod:`governance.benchmark`."""
+adds to the terminal transaction; see :mod:`benchmarks.seal`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from django.core.management.base import CommandError
 
 from audit.handover import dispatch_held
 from audit.management.commands._database import DatabaseCommand
-from governance.benchmark import bench_seal
+from benchmarks.seal import bench_seal
 
 
 class Command(DatabaseCommand):

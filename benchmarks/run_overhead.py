@@ -56,18 +56,17 @@ from django.utils import timezone
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
+from audit.agents.assistant import build_agent
+from audit.agents.models import model_http_client
+from audit.agents.tools import AgentContext
+from audit.checkpoint import open_checkpointer, postgres_conninfo
+from audit.runner import run_execute
+from audit.services import run_submit
+from audit.worker_loop import close_kept_connections, run_in_worker_loop
 from conversations.models import Conversation
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
 from yuxi_project.redis_client import stream_key
-
-from .agents.assistant import build_agent
-from .agents.models import model_http_client
-from .agents.tools import AgentContext
-from .checkpoint import open_checkpointer, postgres_conninfo
-from .runner import run_execute
-from .services import run_submit
-from .worker_loop import close_kept_connections, run_in_worker_loop
 
 SCENARIO_MODEL = "replay:tool_then_answer"
 VARIANTS = ("plain graph", "checkpointer", "product", "kept checkpointer")
@@ -174,7 +173,7 @@ def settle_unless_autovacuum(log) -> bool:
     ``log`` and ``VACUUM (ANALYZE)`` :data:`RUN_TABLES` and the rollups
     first, the state autovacuum keeps a deployment in. Returns whether it
     did."""
-    from .bench_reads import rollup_tables, settle
+    from .read_paths import rollup_tables, settle
 
     with connection.cursor() as cursor:
         cursor.execute("SHOW autovacuum")

@@ -133,7 +133,7 @@ def test_the_benchmarks_close_without_cost_skips_its_pricing_and_nothing_else_R_
     import datetime as dt
 
     from audit import services
-    from audit.benchmark import _close
+    from benchmarks.audit_writes import _close
     from conversations.models import Conversation
     from tests.conftest import acquire, make_run
 

@@ -8,11 +8,11 @@ that reproduces each figure. The dated history of earlier sessions is not
 kept here.
 
 This module is pure: it turns the benchmarks' result objects
-(:class:`audit.benchmark.BenchResult`, :class:`audit.run_benchmark.
-RunOverheadResult`, :class:`governance.benchmark.SealBench`, the
-:class:`audit.bench_reads.Endpoint` list) into :class:`PerformanceRow`
+(:class:`benchmarks.audit_writes.BenchResult`, :class:`benchmarks.run_overhead.
+RunOverheadResult`, :class:`benchmarks.seal.SealBench`, the
+:class:`benchmarks.read_paths.Endpoint` list) into :class:`PerformanceRow`
 values and renders the page; it runs nothing and touches no database. The
-command (:mod:`ops.management.commands.performance_report`) runs the
+command (:mod:`benchmarks.management.commands.performance_report`) runs the
 benchmarks and measures the machine.
 """
 
@@ -21,6 +21,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from .figures import percentile
 
 #: The command that writes the page; the page says so in its first lines.
 GENERATOR = "manage.py performance_report --write docs/performance.md"
@@ -128,7 +130,7 @@ def _ms(value: float) -> str:
 
 
 def audit_write_rows(result, reproduce: str) -> list[PerformanceRow]:
-    """Rows of a :class:`audit.benchmark.BenchResult`: the write's median and
+    """Rows of a :class:`benchmarks.audit_writes.BenchResult`: the write's median and
     p95 against the raw transaction (target ≤ 1.5x on the median of the
     rounds' ratios), writes per second per thread count against the raw
     writers (target ≥ 0.67 at 8 or more writers), the metrics' cost, and the
@@ -195,7 +197,7 @@ def audit_write_rows(result, reproduce: str) -> list[PerformanceRow]:
 
 
 def run_overhead_rows(result, reproduce: str, *, warmup: int) -> list[PerformanceRow]:
-    """Rows of a :class:`audit.run_benchmark.RunOverheadResult`: the run
+    """Rows of a :class:`benchmarks.run_overhead.RunOverheadResult`: the run
     path (product overhead / checkpointer overhead, target ≤ 1.0x), the
     audit alone (product − kept checkpointer, no target), and the worker's
     memory (last sample / first sample after the ``warmup`` runs, target
@@ -242,7 +244,7 @@ def run_overhead_rows(result, reproduce: str, *, warmup: int) -> list[Performanc
 
 
 def seal_rows(result, reproduce: str) -> list[PerformanceRow]:
-    """Rows of a :class:`governance.benchmark.SealBench`: the terminal
+    """Rows of a :class:`benchmarks.seal.SealBench`: the terminal
     transaction with the seal against the same without it (no target)."""
     return [
         row(
@@ -280,14 +282,12 @@ def read_target(name: str) -> Target | None:
 
 
 def read_path_rows(points, reproduce: str, *, audit_rows: int) -> list[PerformanceRow]:
-    """Rows of :func:`audit.bench_reads.measure`'s endpoints (each with
+    """Rows of :func:`benchmarks.read_paths.measure`'s endpoints (each with
     ``name``, ``samples_ms``, ``sql_ms``, ``sql_source``) on a dataset of
     ``audit_rows`` rows: p50 / p95 over HTTP against the best SQL's time,
     the ratio p50 / SQL, the p95 target where issue 11 set one (for 1M
     rows: a smaller dataset meets it more easily, so the size is in the
     figure's name)."""
-    from audit.bench_reads import percentile
-
     rows = []
     for p in points:
         p50, p95 = statistics.median(p.samples_ms), percentile(p.samples_ms, 0.95)

@@ -29,6 +29,8 @@ from urllib.parse import quote
 
 from django.db import connection
 
+from .figures import percentile
+
 DAYS = 30
 BIG_RUN_ROWS = 20_000
 LONG_THREAD_TURNS = 1_000
@@ -363,13 +365,6 @@ class Endpoint:
     serial: bool = False
     samples_ms: list[float] = field(default_factory=list)
     sql_ms: float | None = None
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    return statistics.quantiles(ordered, n=100, method="inclusive")[round(fraction * 100) - 1]
 
 
 def explain_ms(sql: str, params: list, *, serial: bool = False) -> float:

@@ -1,6 +1,6 @@
 """``python manage.py performance_report [--write docs/performance.md]``:
 run the benchmarks at short sizes and print (or write) the performance page
-with one current table; see :mod:`ops.performance`.
+with one current table; see :mod:`benchmarks.report`.
 
 Runs, in this order and each inside ``dispatch_held`` (its runs are its
 own, no worker may take them): ``bench_audit_writes``,
@@ -26,7 +26,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from audit.management.commands._database import DatabaseCommand
-from ops import performance
+from benchmarks import report
 
 BENCHMARKS = ("audit_writes", "run_overhead", "seal", "read_paths")
 
@@ -120,7 +120,7 @@ class Command(DatabaseCommand):
         log = self.stderr.write if options["verbosity"] > 0 else (lambda _line: None)
         load_before = os.getloadavg()
         started = time.monotonic()
-        rows: list[performance.PerformanceRow] = []
+        rows: list[report.PerformanceRow] = []
         for name in BENCHMARKS:
             if name in skip:
                 continue
@@ -128,7 +128,7 @@ class Command(DatabaseCommand):
             began = time.monotonic()
             rows += getattr(self, f"_{name}")(sizes, log)
             log(f"{name}: {time.monotonic() - began:.0f} s")
-        machine = performance.Machine(
+        machine = report.Machine(
             cpus=os.cpu_count() or 0,
             load_before=load_before,
             load_after=os.getloadavg(),
@@ -136,7 +136,7 @@ class Command(DatabaseCommand):
             postgresql=_postgresql_version(),
             redis=_redis_version(),
         )
-        page = performance.render_markdown(rows, machine)
+        page = report.render_markdown(rows, machine)
         log(f"all benchmarks: {time.monotonic() - started:.0f} s")
         if target is None:
             self.stdout.write(page, ending="")
@@ -144,9 +144,9 @@ class Command(DatabaseCommand):
             target.write_text(page, encoding="utf-8")
             log(f"wrote {target}")
 
-    def _audit_writes(self, sizes: dict, log) -> list[performance.PerformanceRow]:
-        from audit.benchmark import bench_audit_writes
+    def _audit_writes(self, sizes: dict, log) -> list[report.PerformanceRow]:
         from audit.handover import dispatch_held
+        from benchmarks.audit_writes import bench_audit_writes
 
         writes, rounds = sizes["writes"], sizes["rounds"]
         # Its warm-up as the command's default, but never more than the measured writes.
@@ -157,11 +157,11 @@ class Command(DatabaseCommand):
         command = (
             f"manage.py bench_audit_writes --writes {writes} --warmup {warmup} --threads {threads} --rounds {rounds}"
         )
-        return performance.audit_write_rows(result, command)
+        return report.audit_write_rows(result, command)
 
-    def _run_overhead(self, sizes: dict, log) -> list[performance.PerformanceRow]:
+    def _run_overhead(self, sizes: dict, log) -> list[report.PerformanceRow]:
         from audit.handover import dispatch_held
-        from audit.run_benchmark import bench_run_overhead, settle_unless_autovacuum
+        from benchmarks.run_overhead import bench_run_overhead, settle_unless_autovacuum
 
         runs, rounds = sizes["runs"], sizes["rounds"]
         warmup = min(5, runs)
@@ -173,42 +173,42 @@ class Command(DatabaseCommand):
         command = (
             f"manage.py bench_run_overhead --runs {runs} --rounds {rounds} --warmup {warmup} --rss-every {rss_every}"
         )
-        return performance.run_overhead_rows(result, command, warmup=warmup)
+        return report.run_overhead_rows(result, command, warmup=warmup)
 
-    def _seal(self, sizes: dict, log) -> list[performance.PerformanceRow]:
+    def _seal(self, sizes: dict, log) -> list[report.PerformanceRow]:
         from audit.handover import dispatch_held
-        from governance.benchmark import bench_seal
+        from benchmarks.seal import bench_seal
 
         runs, rows = sizes["seal_runs"], 10
         with dispatch_held():
             result = bench_seal(runs=runs, rows=rows)
-        return performance.seal_rows(result, f"manage.py bench_seal --runs {runs} --rows {rows}")
+        return report.seal_rows(result, f"manage.py bench_seal --runs {runs} --rows {rows}")
 
-    def _read_paths(self, sizes: dict, log) -> list[performance.PerformanceRow]:
+    def _read_paths(self, sizes: dict, log) -> list[report.PerformanceRow]:
         # The database helpers of bench_read_paths' command: its dataset
         # lives in a database of its own, never the configured one.
-        from audit import bench_reads
-        from audit.management.commands.bench_read_paths import _create_database, _drop_database, _use_database
+        from benchmarks import read_paths
+        from benchmarks.databases import create_database, drop_database, use_database
 
         rows, rounds, repeat = sizes["read_rows"], sizes["read_rounds"], sizes["read_repeat"]
         original = connection.settings_dict["NAME"]
         # Not bench_read_paths' own <database>_bench, which may hold a large
         # dataset someone built on purpose: this one is dropped at the end.
         name = f"{original}_report_bench"
-        _create_database(name, drop_first=True)
-        _use_database(name)
+        create_database(name, drop_first=True)
+        use_database(name)
         try:
             call_command("migrate", verbosity=0, stdout=io.StringIO())
             log(f"building {rows:,} audit rows in database {name} ...")
-            dataset = bench_reads.build_dataset(rows=rows, log=lambda _line: None)
+            dataset = read_paths.build_dataset(rows=rows, log=lambda _line: None)
             call_command("rebuild_rollups", stdout=io.StringIO())
-            bench_reads.settle(log=lambda _line: None)
-            points = bench_reads.measure(dataset, rounds=rounds, repeat=repeat, log=log)
+            read_paths.settle(log=lambda _line: None)
+            points = read_paths.measure(dataset, rounds=rounds, repeat=repeat, log=log)
         finally:
-            _use_database(original)
-            _drop_database(name)
+            use_database(original)
+            drop_database(name)
         command = f"manage.py bench_read_paths --rows {rows} --rounds {rounds} --repeat {repeat}"
-        return performance.read_path_rows(points, command, audit_rows=dataset.audit_rows)
+        return report.read_path_rows(points, command, audit_rows=dataset.audit_rows)
 
 
 def _postgresql_version() -> str:

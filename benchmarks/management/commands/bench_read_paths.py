@@ -1,18 +1,18 @@
 """``python manage.py bench_read_paths [--rows 1000000] [--rounds 5]``:
 build a large audit in its own database and time every read path; see
-:mod:`audit.bench_reads`."""
+:mod:`benchmarks.read_paths`."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 
-import psycopg
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
 
-from audit import bench_reads
+from benchmarks import read_paths
+from benchmarks.databases import create_database, drop_database, use_database
 
 _MARK_TABLE = "bench_read_paths_dataset"
 
@@ -44,18 +44,18 @@ class Command(BaseCommand):
         name = database or f"{connection.settings_dict['NAME']}_bench"
         out = self.stdout.write
         original = connection.settings_dict["NAME"]
-        created = _create_database(name, drop_first=rebuild)
-        _use_database(name)
+        created = create_database(name, drop_first=rebuild)
+        use_database(name)
         try:
             call_command("migrate", verbosity=0)
             dataset = None if created else _stored_dataset(rows)
             if dataset is None:
                 if not created:  # another size: start from an empty database
                     connections["default"].close()
-                    _create_database(name, drop_first=True)
+                    create_database(name, drop_first=True)
                     call_command("migrate", verbosity=0)
                 out(f"building {rows:,} audit rows in database {name} ...")
-                dataset = bench_reads.build_dataset(rows=rows, log=out)
+                dataset = read_paths.build_dataset(rows=rows, log=out)
                 _store_dataset(dataset, rows)
                 out(f"built in {dataset.build_seconds:.0f} s")
             else:
@@ -66,16 +66,16 @@ class Command(BaseCommand):
             except CommandError as exc:
                 if "Unknown command" not in str(exc):
                     raise
-            bench_reads.settle(log=out)
+            read_paths.settle(log=out)
             out(
                 f"dataset: {dataset.audit_rows:,} audit rows, {dataset.runs:,} runs, {dataset.threads:,} threads, "
                 f"{dataset.users:,} users, {dataset.first_day} to {dataset.last_day}"
             )
             out(f"measuring: {rounds} rounds x {repeat} calls per endpoint, over HTTP (Django test client)")
-            points = bench_reads.measure(
+            points = read_paths.measure(
                 dataset, rounds=rounds, repeat=repeat, only=tuple(w for w in only.split(",") if w), log=out
             )
-            for line in bench_reads.report(points):
+            for line in read_paths.report(points):
                 out(line)
             out(
                 "SQL ms: EXPLAIN ANALYZE execution time, median of 3; 'hand' = one hand-written statement for the "
@@ -83,50 +83,12 @@ class Command(BaseCommand):
                 "memory: its one prepared statement, planned as the endpoint plans it)."
             )
         finally:
-            _use_database(original)
+            use_database(original)
             if drop:
-                _drop_database(name)
+                drop_database(name)
 
 
-def _admin_connection():
-    settings = connection.settings_dict
-    return psycopg.connect(
-        host=settings["HOST"] or None,
-        port=settings["PORT"] or None,
-        user=settings["USER"] or None,
-        password=settings["PASSWORD"] or None,
-        dbname="postgres",
-        autocommit=True,
-    )
-
-
-def _create_database(name: str, *, drop_first: bool) -> bool:
-    """Create ``name`` unless it exists; True when created."""
-    with _admin_connection() as admin:
-        if drop_first:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            return False
-        admin.execute(f'CREATE DATABASE "{name}"')
-        return True
-
-
-def _drop_database(name: str) -> None:
-    with _admin_connection() as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _use_database(name: str) -> None:
-    conn = connections["default"]
-    conn.close()
-    # A connection pool keeps the database it was opened on: without
-    # closing it, the next connection would still be the old database's.
-    if conn.settings_dict.get("OPTIONS", {}).get("pool"):
-        conn.close_pool()
-    conn.settings_dict["NAME"] = name
-
-
-def _stored_dataset(rows: int) -> bench_reads.Dataset | None:
+def _stored_dataset(rows: int) -> read_paths.Dataset | None:
     with connection.cursor() as c:
         c.execute(f"CREATE TABLE IF NOT EXISTS {_MARK_TABLE} (rows integer PRIMARY KEY, dataset jsonb)")
         c.execute(f"SELECT dataset FROM {_MARK_TABLE} WHERE rows = %s", [rows])
@@ -134,10 +96,10 @@ def _stored_dataset(rows: int) -> bench_reads.Dataset | None:
     if not found:
         return None
     data = found[0] if isinstance(found[0], dict) else json.loads(found[0])
-    return bench_reads.Dataset(**data)
+    return read_paths.Dataset(**data)
 
 
-def _store_dataset(dataset: bench_reads.Dataset, rows: int) -> None:
+def _store_dataset(dataset: read_paths.Dataset, rows: int) -> None:
     with connection.cursor() as c:
         c.execute(f"CREATE TABLE IF NOT EXISTS {_MARK_TABLE} (rows integer PRIMARY KEY, dataset jsonb)")
         c.execute(
