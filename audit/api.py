@@ -18,7 +18,7 @@ from yuxi_project.errors import InvalidInput, NotFound, PermissionDenied
 from yuxi_project.responses import json_response
 
 from . import export, search, selectors, services
-from .events import run_event_stream
+from .execution.events import run_event_stream
 from .models import AgentRun
 from .schemas import (
     ExportQuery,

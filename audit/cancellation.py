@@ -64,7 +64,7 @@ class CancelSignalListener:
         """``client``: a Redis client of the caller's (the run's event
         publisher's: the key check then reuses its connection), the
         caller's to close. ``shared``: the worker loop's connections
-        (:class:`~audit.worker_loop.LoopRedis`): the key check uses its
+        (:class:`~audit.execution.worker_loop.LoopRedis`): the key check uses its
         client, and its subscription connection subscribes to this run's
         channel until :meth:`close` unsubscribes it. Without either, the
         listener makes its own client and subscription."""

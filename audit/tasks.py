@@ -9,8 +9,8 @@ from celery.signals import worker_process_shutdown
 from ops import logcontext
 
 from .errors import DatabaseUnavailable
-from .runner import run_execute
-from .worker_loop import close_kept_connections
+from .execution.runner import run_execute
+from .execution.worker_loop import close_kept_connections
 
 # Pickup retries while PostgreSQL is unreachable: 1, 2, 4 … 30 s apart, for
 # about ten minutes; the dispatcher hands the run over again after that
@@ -21,7 +21,7 @@ PICKUP_RETRY_MAX = 25
 @worker_process_shutdown.connect
 def _close_kept_connections(**_: object) -> None:
     """A worker process that ends closes the connection its worker loop
-    kept for a next run (audit.checkpoint.open_checkpointer)."""
+    kept for a next run (audit.execution.checkpoint.open_checkpointer)."""
     close_kept_connections()
 
 
@@ -57,6 +57,6 @@ def dispatch_runs() -> dict[str, int]:
     queue."""
     from dashboard.rollups import rollups_catch_up
 
-    from .dispatch import runs_dispatch
+    from .execution.dispatch import runs_dispatch
 
     return {**runs_dispatch(), "rolled_up": rollups_catch_up()}

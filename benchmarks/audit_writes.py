@@ -197,7 +197,7 @@ class _RawWriter:
     def __init__(self):
         import psycopg
 
-        from audit.checkpoint import postgres_conninfo
+        from audit.execution.checkpoint import postgres_conninfo
 
         self.conn = psycopg.connect(postgres_conninfo())
         run_table, message_table = AgentRun._meta.db_table, Message._meta.db_table

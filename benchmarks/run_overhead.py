@@ -13,18 +13,18 @@ share the machine's load:
   the product's database, opened per run as LangGraph documents it
   (``AsyncPostgresSaver.from_conn_string``: a connection per run);
 * **product** — the worker's whole run path on a submitted run
-  (:func:`audit.runner.run_execute`: lease, audit rows, live events in
+  (:func:`audit.execution.runner.run_execute`: lease, audit rows, live events in
   Redis, terminal transaction, and its checkpointer on the connection the
   worker loop keeps from run to run);
 * **kept checkpointer** — for the record, not in the ratio: the
   checkpointer variant as the product runs it
-  (:func:`audit.checkpoint.open_checkpointer` on the worker loop: the
+  (:func:`audit.execution.checkpoint.open_checkpointer` on the worker loop: the
   connection kept from run to run, reconnecting), so that the audit's
   own cost (product - kept checkpointer) is printed beside the ratio.
 
 Each variant's run time is measured from the call to its end; every run
 uses a thread of its own. All four run on the worker's event loop, as the
-worker runs its runs (:func:`audit.worker_loop.run_in_worker_loop`: one
+worker runs its runs (:func:`audit.execution.worker_loop.run_in_worker_loop`: one
 loop per worker thread, kept from run to run), so that the loop's set-up
 is no variant's overhead. Per round the medians give the checkpointer's
 overhead (checkpointer - plain) and the product's (product - checkpointer)
@@ -59,10 +59,10 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from audit.agents.assistant import build_agent
 from audit.agents.models import model_http_client
 from audit.agents.tools import AgentContext
-from audit.checkpoint import open_checkpointer, postgres_conninfo
-from audit.runner import run_execute
+from audit.execution.checkpoint import open_checkpointer, postgres_conninfo
+from audit.execution.runner import run_execute
+from audit.execution.worker_loop import close_kept_connections, run_in_worker_loop
 from audit.services import run_submit
-from audit.worker_loop import close_kept_connections, run_in_worker_loop
 from conversations.models import Conversation
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection
@@ -241,7 +241,7 @@ def bench_run_overhead(
         return time.perf_counter() - began
 
     previous_url = config.REPLAY_MODEL_URL
-    quiet = [logging.getLogger(name) for name in ("audit.replay.server", "uvicorn.error", "audit.runner")]
+    quiet = [logging.getLogger(name) for name in ("audit.replay.server", "uvicorn.error", "audit.execution.runner")]
     levels = [logger.level for logger in quiet]
     for logger in quiet:
         logger.setLevel(logging.WARNING)

@@ -30,10 +30,10 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def _no_kept_checkpointer_connection():
     """A run on this thread's worker loop leaves its checkpointer connection
-    for the next run (audit.checkpoint.open_checkpointer): each test starts
+    for the next run (audit.execution.checkpoint.open_checkpointer): each test starts
     and ends without one, so that tests counting connections see their own
     runs' only and the test database can be dropped at the end."""
-    from audit.worker_loop import close_kept_connections
+    from audit.execution.worker_loop import close_kept_connections
 
     close_kept_connections()
     yield
@@ -144,7 +144,7 @@ def run_in_a_thread(user, owner: str | None, *, model: str, until) -> tuple:
     import threading
     import time
 
-    from audit.runner import run_execute
+    from audit.execution.runner import run_execute
 
     thread = Conversation.objects.create(user=user, agent_id="assistant", model=model)
     run = make_run(thread)

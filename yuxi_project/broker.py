@@ -18,7 +18,7 @@ logs "Unrecoverable error" and the worker exits once its running tasks end
 connection error out of ``Channel.close``.
 
 The product does not need that restore: PostgreSQL, not the broker, says
-what must run. The dispatcher (:mod:`audit.dispatch`) hands a pending run
+what must run. The dispatcher (:mod:`audit.execution.dispatch`) hands a pending run
 over again when its message is lost, and a run still executing in this
 worker keeps its lease in PostgreSQL. So :class:`QoS` restores as kombu does
 while the connection works (a graceful shutdown), and when it does not,

@@ -564,7 +564,7 @@ def worker_connection_wait(config) -> float:
     connection: at most a sixth of the lease with the default attempts
     (``LEASE_TTL_SECONDS / (2 * AUDIT_WRITE_ATTEMPTS)``), at most
     ``DB_POOL_TIMEOUT_SECONDS``, at least 0.5. The audit writes' pool wait
-    and the checkpointer's reconnection (audit.checkpoint) both use it, so
+    and the checkpointer's reconnection (audit.execution.checkpoint) both use it, so
     both outlast the same outage."""
     bounded = config.LEASE_TTL_SECONDS / (2 * config.AUDIT_WRITE_ATTEMPTS)
     return max(0.5, min(config.DB_POOL_TIMEOUT_SECONDS, bounded))

@@ -172,7 +172,7 @@ if CONFIG.REDIS_URL:
         CELERY_BROKER_USE_SSL = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
 else:
     # Embedded defaults: no broker; tasks run in-process (see
-    # audit.dispatch). Said plainly in the README.
+    # audit.execution.dispatch). Said plainly in the README.
     CELERY_BROKER_URL = "memory://"
     CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_DEFAULT_QUEUE = CONFIG.CELERY_QUEUE

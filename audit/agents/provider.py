@@ -2,7 +2,7 @@
 the provider behaviour the audit must get right (R-MA-11, R-RUN-12).
 
 - **Usage** (R-MA-11): the usage reports of one call are folded by the
-  model's usage mode (:mod:`audit.usage`) and handed to LangChain as one
+  model's usage mode (:mod:`audit.agents.usage`) and handed to LangChain as one
   report in a last chunk, so message-finish carries the billed total.
 - **Retries before the first chunk** (R-RUN-12): a request that fails
   before its first streamed chunk — connection refused, reset or closed,
@@ -49,7 +49,7 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 from yuxi_project.config import get_config
 from yuxi_project.errors import ApplicationError
 
-from ..usage import UsageFold, UsageMode, usage_mode_for
+from .usage import UsageFold, UsageMode, usage_mode_for
 
 
 class RetryPolicy(BaseModel):
@@ -167,7 +167,7 @@ class AuditedChatOpenAI(ChatOpenAI):
 
     ``configured_name`` is the model's configured name (``provider:name``),
     from which the usage mode is resolved per request unless ``usage_mode``
-    is set (:func:`audit.usage.usage_mode_for`).
+    is set (:func:`audit.agents.usage.usage_mode_for`).
     """
 
     configured_name: str = ""

@@ -9,7 +9,7 @@ from django.db import migrations
 def setup_checkpointer(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
-    from audit.checkpoint import postgres_conninfo, setup_postgres_checkpointer
+    from audit.execution.checkpoint import postgres_conninfo, setup_postgres_checkpointer
 
     setup_postgres_checkpointer(postgres_conninfo(schema_editor.connection.alias))
 

@@ -12,8 +12,8 @@ from django.urls import reverse
 
 from audit import services
 from audit.admin import nest_timeline_rows
-from audit.recorder import LifecycleRecorder
-from audit.runner import LeasedAuditSink
+from audit.execution.recorder import LifecycleRecorder
+from audit.execution.runner import LeasedAuditSink
 from conversations.models import Conversation, Message
 from tests.audit.captures import load_capture
 from tests.conftest import acquire, make_run

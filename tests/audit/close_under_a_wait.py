@@ -21,7 +21,7 @@ async def _once(close: str, conninfo: str) -> None:
     import psycopg
     from langgraph.checkpoint.base import empty_checkpoint
 
-    from audit.checkpoint import CHECKPOINTER_APPLICATION_NAME, open_checkpointer
+    from audit.execution.checkpoint import CHECKPOINTER_APPLICATION_NAME, open_checkpointer
 
     config = {"configurable": {"thread_id": str(uuid.uuid4()), "checkpoint_ns": ""}}
     async with (

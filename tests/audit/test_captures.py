@@ -15,9 +15,9 @@ import pytest
 from langchain_core.messages import AIMessage
 
 from audit import services
+from audit.execution.recorder import LifecycleRecorder
+from audit.execution.runner import LeasedAuditSink
 from audit.models import AgentRun
-from audit.recorder import LifecycleRecorder
-from audit.runner import LeasedAuditSink
 from conversations.models import Conversation, Message
 from tests.conftest import acquire, make_run
 

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from langgraph.checkpoint.base import empty_checkpoint
 
-from audit.checkpoint import CHECKPOINTER_APPLICATION_NAME, open_checkpointer, postgres_conninfo
+from audit.execution.checkpoint import CHECKPOINTER_APPLICATION_NAME, open_checkpointer, postgres_conninfo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -194,7 +194,7 @@ def test_an_error_on_a_good_connection_is_raised_at_once_not_retried(db_name, ca
             await saver.aput_writes(saved, [("late", 1)], task_id="late")
         return good
 
-    with caplog.at_level(logging.WARNING, logger="audit.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="audit.execution.checkpoint"):
         good = asyncio.run(scenario())
     assert good.closed  # the connection it had, closed by the run's end, not replaced
     assert not [r for r in caplog.records if "attempt" in r.getMessage()], "no call was made again"
@@ -214,8 +214,8 @@ def test_a_cancel_is_honoured_while_a_checkpoint_write_waits_on_a_lock_R_RUN_6(
     State write as several statements committed one by one, and cancelling
     the running one let the next commit (1 run in 3)."""
     from audit import services
+    from audit.execution.runner import STOP_GRACE_SECONDS
     from audit.models import AgentRun
-    from audit.runner import STOP_GRACE_SECONDS
     from yuxi_project.config import get_config
 
     monkeypatch.setattr(get_config(), "LEASE_TTL_SECONDS", STOP_GRACE_SECONDS * 0.75)
@@ -401,7 +401,7 @@ def test_an_interrupted_checkpointer_stops_a_statement_it_could_not_end_R_RUN_6(
     import logging
     import time
 
-    from audit.checkpoint import CheckpointerClosed
+    from audit.execution.checkpoint import CheckpointerClosed
 
     conninfo = postgres_conninfo()
     connection.close()
@@ -437,7 +437,7 @@ def test_an_interrupted_checkpointer_stops_a_statement_it_could_not_end_R_RUN_6(
         return late_error, refused_in, interrupt_took, write_error, closed, sessions
 
     try:
-        with caplog.at_level(logging.WARNING, logger="audit.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="audit.execution.checkpoint"):
             late_error, refused_in, interrupt_took, write_error, closed, sessions = asyncio.run(scenario())
     finally:
         _allow_connections(db_name, True)

@@ -16,8 +16,13 @@ import pytest
 from django.db import connection
 from langgraph.checkpoint.base import empty_checkpoint
 
-from audit.checkpoint import CHECKPOINTER_APPLICATION_NAME, CheckpointerClosed, open_checkpointer, postgres_conninfo
-from audit.worker_loop import close_kept_connections, run_in_worker_loop
+from audit.execution.checkpoint import (
+    CHECKPOINTER_APPLICATION_NAME,
+    CheckpointerClosed,
+    open_checkpointer,
+    postgres_conninfo,
+)
+from audit.execution.worker_loop import close_kept_connections, run_in_worker_loop
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

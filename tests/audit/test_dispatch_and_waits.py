@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from audit import services
 from audit.causes import failure_cause_send
-from audit.dispatch import runs_dispatch
 from audit.errors import RunBusy
+from audit.execution.dispatch import runs_dispatch
 from audit.models import AgentRun, RunCancelRequest
 from conversations.models import Conversation
 from tests.conftest import acquire, make_run

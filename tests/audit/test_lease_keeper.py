@@ -17,10 +17,17 @@ from django.utils import timezone
 
 from audit import services
 from audit.causes import failure_causes
-from audit.checkpoint import postgres_conninfo
 from audit.errors import AuditWriteFailed
+from audit.execution.checkpoint import postgres_conninfo
+from audit.execution.runner import (
+    STOP_GRACE_SECONDS,
+    RunExecutor,
+    _current_run,
+    _Outcome,
+    run_execute,
+    write_with_retry,
+)
 from audit.models import AgentRun
-from audit.runner import STOP_GRACE_SECONDS, RunExecutor, _current_run, _Outcome, run_execute, write_with_retry
 from audit.services.runs import run_acquire_with_row
 from tests.conftest import make_run
 from tests.e2e.stack import free_port

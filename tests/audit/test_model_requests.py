@@ -25,10 +25,10 @@ from langgraph.graph import MessagesState, StateGraph
 from audit import services
 from audit.agents.models import chat_model
 from audit.errors import AuditConflict
-from audit.model_requests import ModelRequestAudit
+from audit.execution.model_requests import ModelRequestAudit
+from audit.execution.recorder import LifecycleRecorder, namespace_of_checkpoint, request_operation_id
+from audit.execution.runner import LeasedAuditSink, run_execute
 from audit.models import AgentRun
-from audit.recorder import LifecycleRecorder, namespace_of_checkpoint, request_operation_id
-from audit.runner import LeasedAuditSink, run_execute
 from conversations.models import Conversation, Message
 from tests.conftest import acquire, make_run
 

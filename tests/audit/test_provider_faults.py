@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from audit.agents.provider import AttemptFailure, failed_request_error_type, retry_after_seconds
+from audit.execution.runner import run_execute
 from audit.replay.scenarios import Scenario, load_scenarios
 from audit.replay.server import make_server
-from audit.runner import run_execute
 from conversations.models import Conversation, Message
 from tests.conftest import make_run
 from yuxi_project.config import get_config

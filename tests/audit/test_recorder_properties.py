@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from audit import services
 from audit.errors import AuditConflict
-from audit.recorder import LifecycleRecorder
-from audit.runner import LeasedAuditSink
+from audit.execution.recorder import LifecycleRecorder
+from audit.execution.runner import LeasedAuditSink
 from conversations.models import Conversation, Message
 from tests.conftest import acquire, make_run
 

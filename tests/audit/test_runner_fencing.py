@@ -11,9 +11,9 @@ import pytest
 from django.db import connection
 from django.db.models import F
 
-from audit.checkpoint import CHECKPOINTER_APPLICATION_NAME
+from audit.execution.checkpoint import CHECKPOINTER_APPLICATION_NAME
+from audit.execution.recorder import LifecycleRecorder
 from audit.models import AgentRun
-from audit.recorder import LifecycleRecorder
 from conversations.models import Message
 from tests.conftest import run_in_a_thread
 

@@ -18,9 +18,9 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.types import Interrupt
 
 from audit import services
+from audit.execution.recorder import LifecycleRecorder
+from audit.execution.runner import LeasedAuditSink
 from audit.models import AgentRun
-from audit.recorder import LifecycleRecorder
-from audit.runner import LeasedAuditSink
 from audit.selectors import run_timeline, timeline_item
 from conversations.models import Conversation, Message
 from conversations.selectors import thread_history

@@ -24,12 +24,12 @@ from langgraph.graph import MessagesState, StateGraph
 
 from audit.agents.models import chat_model
 from audit.agents.provider import AuditedChatOpenAI
-from audit.model_requests import ModelRequestAudit
-from audit.recorder import LifecycleRecorder
+from audit.agents.usage import UsageFold, normalize_usage, usage_mode_for
+from audit.execution.model_requests import ModelRequestAudit
+from audit.execution.recorder import LifecycleRecorder
+from audit.execution.runner import LeasedAuditSink
 from audit.replay.scenarios import Scenario, load_scenarios
 from audit.replay.server import make_server
-from audit.runner import LeasedAuditSink
-from audit.usage import UsageFold, normalize_usage, usage_mode_for
 from conversations.models import Conversation, Message
 from tests.conftest import acquire, make_run
 from yuxi_project.config import get_config

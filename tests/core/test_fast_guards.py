@@ -13,9 +13,9 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.test import AsyncClient
 
-from audit.events import RunEventPublisher
+from audit.execution.events import RunEventPublisher
+from audit.execution.runner import run_execute
 from audit.models import AgentRun
-from audit.runner import run_execute
 from conversations.models import Conversation, Message
 from tests.conftest import bearer, make_run
 from tests.read.builders import tool_turn

@@ -14,7 +14,7 @@ from django.db import connection, transaction
 
 from audit import services
 from audit.errors import LeaseLost, RunTerminal
-from audit.events import RunEventPublisher, stream_key
+from audit.execution.events import RunEventPublisher, stream_key
 from audit.lease import lock_run
 from audit.models import AgentRun
 from conversations.models import Conversation, Message

@@ -17,8 +17,9 @@ from asgiref.sync import sync_to_async
 from django.db import DataError, connection, connections, transaction
 from psycopg_pool import PoolTimeout
 
-from audit import runner, services
+from audit import services
 from audit.errors import LeaseLost
+from audit.execution import runner
 from audit.lease import Lease, lock_run
 from audit.models import AgentRun
 from audit.services import StateMessage
@@ -464,7 +465,7 @@ def test_a_run_whose_pooled_connections_the_server_ended_between_writes_ends_exa
     lands once — on a fresh pooled connection, or in a thread while the pool
     refills — and the run completes with its rows, none twice, none left
     running, and no write error counted for a call sent to a thread."""
-    from audit.runner import LeasedAuditSink, run_execute
+    from audit.execution.runner import LeasedAuditSink, run_execute
     from conversations.models import Conversation
 
     ended: list[int] = []

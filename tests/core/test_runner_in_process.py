@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from audit.execution.runner import run_execute
 from audit.models import AgentRun
-from audit.runner import run_execute
 from conversations.models import Conversation, Message
 from tests.conftest import make_run
 

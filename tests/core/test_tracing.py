@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from langfuse import Langfuse
 
-from audit.runner import run_execute
+from audit.execution.runner import run_execute
 from conversations.models import Conversation, Message
 from tests.conftest import make_run
 from yuxi_project.config import get_config

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.errors import AuditWriteRejected
+from audit.execution.runner import run_execute, write_with_retry
 from audit.models import AgentRun
-from audit.runner import run_execute, write_with_retry
 from conversations.models import Conversation, Message
 from tests.conftest import bearer, make_run
 from yuxi_project.storable import decode_json, decode_text, escape_json, escape_text, fit_text, visible

@@ -16,8 +16,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from audit import services
+from audit.execution.runner import run_execute
 from audit.models import AgentRun
-from audit.runner import run_execute
 from conversations.models import Conversation, Message
 from costs.budgets import BudgetExceeded, budget_admit, budget_check_running, period_start
 from costs.models import Budget

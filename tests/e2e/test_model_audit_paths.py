@@ -17,7 +17,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from audit.events import stream_key
+from audit.execution.events import stream_key
 from audit.models import AgentRun
 from audit.replay.scenarios import load_scenarios
 from conversations.models import Message

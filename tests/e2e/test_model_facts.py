@@ -17,7 +17,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from audit.events import stream_key
+from audit.execution.events import stream_key
 from audit.models import AgentRun
 from conversations.models import Message
 from tests.conftest import bearer

@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
+from audit.execution.runner import run_execute
 from audit.models import AgentRun
-from audit.runner import run_execute
 from conversations.models import Conversation, Message
 from otel_export.models import ExportCursor
 from otel_export.spans import row_span_id, run_span_id

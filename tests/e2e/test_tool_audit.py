@@ -47,7 +47,7 @@ def _checkpoint_messages(thread_id: str) -> list:
     """The messages of the thread's latest checkpoint (the graph State)."""
     from langgraph.checkpoint.postgres import PostgresSaver
 
-    from audit.checkpoint import postgres_conninfo
+    from audit.execution.checkpoint import postgres_conninfo
 
     with PostgresSaver.from_conn_string(postgres_conninfo()) as saver:
         saved = saver.get_tuple({"configurable": {"thread_id": thread_id}})

@@ -14,7 +14,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from audit.events import stream_key
+from audit.execution.events import stream_key
 from audit.models import AgentRun
 from conversations.models import Message
 from governance.bypass import audited_bypass

@@ -14,7 +14,7 @@ import time
 import psycopg
 import pytest
 
-from audit.checkpoint import CHECKPOINTER_APPLICATION_NAME
+from audit.execution.checkpoint import CHECKPOINTER_APPLICATION_NAME
 
 from . import harness, invariants
 from .harness import Batch, FaultStack, figures, new_turn_on_each_thread, settle

@@ -19,10 +19,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
+from audit.execution.runner import run_execute
 from audit.models import AgentRun
 from audit.replay.scenarios import load_scenarios
 from audit.replay.server import make_server
-from audit.runner import run_execute
 from conversations.models import Conversation, Message, MessageFeedback
 from governance.models import GovernanceAction, RunReseal
 from tests.conftest import make_run

@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from audit import services
 from audit.errors import LeaseLost
+from audit.execution.runner import run_execute
 from audit.lease import Lease
 from audit.models import AgentRun
-from audit.runner import run_execute
 from conversations.models import Conversation, Message
 from ops import exposition, metrics
 from tests.conftest import acquire, make_run

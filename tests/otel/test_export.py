@@ -15,8 +15,8 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from audit import services
+from audit.execution.runner import run_execute
 from audit.models import AgentRun
-from audit.runner import run_execute
 from conversations.models import Conversation, Message
 from otel_export.models import ExportCursor
 from otel_export.services import OtlpReceiver as Exporter

@@ -11,7 +11,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.conf import settings
 
-from audit.events import RunEventPublisher, run_event_stream
+from audit.execution.events import RunEventPublisher, run_event_stream
 from audit.models import AgentRun
 from yuxi_project.config import get_config
 

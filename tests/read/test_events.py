@@ -9,7 +9,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.conf import settings
 
-from audit.events import RunEventPublisher, run_event_stream, stream_key
+from audit.execution.events import RunEventPublisher, run_event_stream, stream_key
 
 from .builders import tool_turn
 

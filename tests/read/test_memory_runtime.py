@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 
 from audit.agents.assistant import build_agent
-from audit.checkpoint import open_checkpointer, postgres_conninfo
-from audit.runner import run_execute
+from audit.execution.checkpoint import open_checkpointer, postgres_conninfo
+from audit.execution.runner import run_execute
 from conversations.models import Conversation, Message
 from tests.conftest import make_run
 
@@ -62,10 +62,10 @@ def test_a_threads_first_run_rebuilds_no_history_R_READ_2(user, replay_models, m
     # Nothing to rebuild: the lease acquisition already told that the run
     # has no earlier run in its thread, and no memory query is made. The
     # next turn with a lost checkpoint rebuilds it (test above).
-    import audit.runner
+    import audit.execution.runner
 
     calls = []
-    monkeypatch.setattr(audit.runner, "thread_memory_messages", lambda **kwargs: calls.append(kwargs) or [])
+    monkeypatch.setattr(audit.execution.runner, "thread_memory_messages", lambda **kwargs: calls.append(kwargs) or [])
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:tool_then_answer")
     first = make_run(thread, text="weather in Paris?")
     assert run_execute(run_id=first.id, owner="w1") == "completed"

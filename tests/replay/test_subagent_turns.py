@@ -10,9 +10,9 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from starlette.testclient import TestClient
 
+from audit.agents.usage import replay_usage_mode
 from audit.replay.scenarios import ScenarioError, load_scenario, load_scenarios, scenario_turns
 from audit.replay.server import build_app
-from audit.usage import replay_usage_mode
 
 USER = {"role": "user", "content": "Check the retention period."}
 

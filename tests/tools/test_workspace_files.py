@@ -15,8 +15,8 @@ from django.test import Client
 from django.urls import reverse
 
 from audit import services
-from audit.checkpoint import postgres_conninfo
-from audit.runner import run_execute
+from audit.execution.checkpoint import postgres_conninfo
+from audit.execution.runner import run_execute
 from conversations.models import Conversation, Message
 from conversations.selectors import thread_history, thread_memory
 from tests.conftest import bearer, make_run

@@ -62,7 +62,7 @@ async def open_checkpointer(conninfo: str | None) -> AsyncIterator[object]:
     On PostgreSQL it is a :class:`ReconnectingPostgresSaver` (its
     connection named ``CHECKPOINTER_APPLICATION_NAME`` in
     ``pg_stat_activity``). On a worker loop
-    (:func:`~audit.worker_loop.run_in_worker_loop`) its connection is the
+    (:func:`~audit.execution.worker_loop.run_in_worker_loop`) its connection is the
     one the loop's previous run left, when that one is still sound, and is
     left for the next run when the run ends with it idle
     (:meth:`ReconnectingPostgresSaver.keep_in`): a run pays neither the

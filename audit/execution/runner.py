@@ -2,7 +2,7 @@
 
 :func:`run_execute` is the one service the Celery task calls. It acquires
 the lease (R-RUN-3), drives the agent with ``astream_events(version="v3")``,
-feeds every event to the :class:`~audit.recorder.LifecycleRecorder` whose
+feeds every event to the :class:`~audit.execution.recorder.LifecycleRecorder` whose
 writes go through the lease-checking services in short transactions
 (R-RUN-4, R-RUN-5), renews the lease while it works, stops at the next
 event boundary when cancellation is requested (R-RUN-6), and ends the run
@@ -45,14 +45,13 @@ from yuxi_project.db import (
 from yuxi_project.errors import ApplicationError, NotFound
 from yuxi_project.redis_client import redis_client
 
-from . import services
-from .agents.assistant import build_agent
-from .agents.models import model_http_client
-from .agents.tools import AgentContext
-from .cancellation import CancelSignalListener
-from .causes import failure_cause_clear, failure_cause_send
-from .checkpoint import ReconnectingPostgresSaver, open_checkpointer, postgres_conninfo, retry_delay
-from .errors import (
+from .. import services
+from ..agents.assistant import build_agent
+from ..agents.models import model_http_client
+from ..agents.tools import AgentContext
+from ..cancellation import CancelSignalListener
+from ..causes import failure_cause_clear, failure_cause_send
+from ..errors import (
     AuditWriteFailed,
     AuditWriteRejected,
     DatabaseUnavailable,
@@ -61,13 +60,14 @@ from .errors import (
     LeaseLost,
     RunNotStartable,
 )
+from ..lease import Lease
+from ..models import AgentRun, RunCancelRequest
+from ..services.runs import run_acquire_with_row
+from ..services.trace import run_set_trace
+from .checkpoint import ReconnectingPostgresSaver, open_checkpointer, postgres_conninfo, retry_delay
 from .events import RunEventPublisher
-from .lease import Lease
 from .model_requests import ModelRequestAudit
-from .models import AgentRun, RunCancelRequest
 from .recorder import LifecycleRecorder
-from .services.runs import run_acquire_with_row
-from .services.trace import run_set_trace
 from .tracing import start_run_trace
 from .worker_loop import LoopRedis, run_in_worker_loop, worker_redis
 
@@ -267,7 +267,7 @@ class RunExecutor:
 
     def __init__(self, *, lease: Lease, run: AgentRun, conninfo: str | None, shared_redis: LoopRedis | None = None):
         """``shared_redis``: the worker loop's Redis connections
-        (:func:`~audit.worker_loop.worker_redis`), when :meth:`execute`
+        (:func:`~audit.execution.worker_loop.worker_redis`), when :meth:`execute`
         runs on that loop; without it the run makes its own client (closed
         at its end) and subscription."""
         self.lease = lease

@@ -13,7 +13,7 @@ client (:func:`worker_redis`) serves every run's live events and cancel
 signal; its subscription connection subscribes to one run's channel at a
 time (:class:`~audit.cancellation.CancelSignalListener`). The loop also
 keeps its last run's checkpointer connection, idle, for the next run
-(:func:`kept_connections`, :func:`audit.checkpoint.open_checkpointer`).
+(:func:`kept_connections`, :func:`audit.execution.checkpoint.open_checkpointer`).
 
 A loop belongs to its thread and process: a forked child, or another
 thread, makes its own.
@@ -71,7 +71,7 @@ class _WorkerLoop:
         # code outside a run (asyncio.run elsewhere in the thread) is unaffected.
         self.runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
         self.redis: dict[str, LoopRedis] = {}
-        # conninfo -> one idle connection kept from run to run (audit.checkpoint).
+        # conninfo -> one idle connection kept from run to run (audit.execution.checkpoint).
         self.kept: dict[str, Any] = {}
 
     def run[T](self, coro: Coroutine[Any, Any, T]) -> T:
@@ -137,7 +137,7 @@ def worker_redis(url: str) -> LoopRedis:
 def kept_connections() -> dict[str, Any] | None:
     """Where the worker loop running the caller keeps connections from run
     to run (``{conninfo: connection}``, at most one each, idle): the
-    checkpointer's (:func:`audit.checkpoint.open_checkpointer`). ``None``
+    checkpointer's (:func:`audit.execution.checkpoint.open_checkpointer`). ``None``
     outside a run of :func:`run_in_worker_loop` on this thread (a
     connection kept there would outlive its loop)."""
     worker = getattr(_local, "worker", None)

@@ -7,7 +7,7 @@ failed before then would leave no trace. LangChain's callbacks do: the
 chat-model start callback fires with the model run id before the request
 goes out, and langchain-core names the streamed message
 ``lc_run--<model run id>`` — the id message-start then carries. This handler
-feeds those callbacks to the run's :class:`~audit.recorder.LifecycleRecorder`:
+feeds those callbacks to the run's :class:`~audit.execution.recorder.LifecycleRecorder`:
 
 - ``on_chat_model_start`` → the row opens (``running``,
   ``awaiting_first_chunk``), awaited before the request is sent, only

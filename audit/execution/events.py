@@ -222,7 +222,7 @@ def _terminal_event_data(run_id: uuid.UUID) -> dict[str, Any] | None:
     run is not terminal, or :data:`_RUN_GONE` when the run no longer exists.
     Gives the connection back at once: the stream must not hold one while
     it waits (R-EVT-1)."""
-    from .models import AgentRun
+    from ..models import AgentRun
 
     try:
         row = (
@@ -247,7 +247,7 @@ def _gap_event_data(run_id: uuid.UUID, *, missed_from: int, first_retained: int)
     """The ``gap`` event's data, with the run's state rebuilt from
     PostgreSQL (:func:`audit.selectors.run_live_state`), or
     :data:`_RUN_GONE`. Gives the connection back at once (R-EVT-2)."""
-    from .selectors import run_live_state
+    from ..selectors import run_live_state
 
     try:
         state = run_live_state(run_id)

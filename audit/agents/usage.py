@@ -71,8 +71,8 @@ def replay_usage_mode(scenario: str, messages: Sequence[BaseMessage]) -> UsageMo
     """The ``usage_mode`` of the bundled scenario's turn that ``messages``
     select (number of AI messages after the last human message, as the
     replay server counts them); ``final`` when there is no such turn."""
-    from .replay.scenarios import BUNDLED_DIR, SUBAGENT_SEPARATOR
-    from .replay.server import turn_index
+    from ..replay.scenarios import BUNDLED_DIR, SUBAGENT_SEPARATOR
+    from ..replay.server import turn_index
 
     # ``<scenario>/<subagent>``: that subagent's turns (R-SUB-1).
     scenario, _, subagent = scenario.partition(SUBAGENT_SEPARATOR)

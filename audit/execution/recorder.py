@@ -7,7 +7,7 @@ message-start, message-finish, tool-started, tool-finished, tool-error —
 never per token (R-MA-4, R-RUN-5). Every sink call is awaited before the
 next event is consumed: no fire-and-forget writes.
 
-A second feed comes from LangChain's callbacks (``audit.model_requests``):
+A second feed comes from LangChain's callbacks (``audit.execution.model_requests``):
 :meth:`LifecycleRecorder.model_request` when a model request is sent (the
 row opens before any chunk, R-MA-10), :meth:`~LifecycleRecorder.model_retry`
 per failed attempt (R-RUN-12) and :meth:`~LifecycleRecorder.model_error`.
@@ -25,14 +25,14 @@ from typing import Any, Protocol
 from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.utils.utils import LC_ID_PREFIX
 
-from .errors import AuditConflict
-from .jsonable import message_text, to_jsonable
-from .services.terminal import StateMessage
+from ..errors import AuditConflict
+from ..jsonable import message_text, to_jsonable
+from ..services.terminal import StateMessage
 
 
 class AuditSink(Protocol):
     """Where the recorder's facts go. The worker's sink writes them through
-    the lease-checking services (``audit.runner``)."""
+    the lease-checking services (``audit.execution.runner``)."""
 
     async def model_open(
         self,
