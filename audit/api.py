@@ -17,7 +17,7 @@ from yuxi_project.db import release_connection
 from yuxi_project.errors import InvalidInput, NotFound, PermissionDenied
 from yuxi_project.responses import json_response
 
-from . import export, search, selectors, services
+from . import export, ledger, search, selectors
 from .execution.events import run_event_stream
 from .models import AgentRun
 from .schemas import (
@@ -46,7 +46,7 @@ def submit_run(request, thread_id: uuid.UUID, payload: RunIn):
     """Submit a user turn (R-RUN-1): 202 with the new run; the same
     ``request_id`` again answers 200 with the same run and starts nothing.
     402 ``budget_exceeded`` when the user's budget has no room (R-COST-3)."""
-    run, created = services.run_submit(
+    run, created = ledger.run_submit(
         user=request.auth, thread_id=thread_id, request_id=payload.request_id, text=payload.input.text
     )
     return (202 if created else 200), RunOut.from_run(run)
@@ -64,7 +64,7 @@ def cancel_run(request, run_id: uuid.UUID):
     """Request cancellation (R-RUN-6). Answers at once, also while a worker
     holds the run (R-RUN-10): the request is recorded and applied by the
     worker or the dispatcher. A terminal run is returned unchanged."""
-    return 202, RunOut.from_run(services.run_request_cancel(user=request.auth, run_id=run_id))
+    return 202, RunOut.from_run(ledger.run_request_cancel(user=request.auth, run_id=run_id))
 
 
 @router.post("/runs/{run_id}/resume", response={200: RunOut, 202: RunOut, 402: BudgetExceededOut, **WRITE_ERRORS})
@@ -73,7 +73,7 @@ def resume_run(request, run_id: uuid.UUID, payload: RunResumeIn):
     same turn; the same ``request_id`` again answers 200 with the same run.
     409 when the run is not interrupted or was already resumed; 402 over
     budget (R-COST-3)."""
-    run, created = services.run_resume(
+    run, created = ledger.run_resume(
         user=request.auth,
         run_id=run_id,
         request_id=payload.request_id,

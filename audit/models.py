@@ -47,7 +47,7 @@ class AgentRun(models.Model):
     request_id = models.CharField(max_length=200)
     # SHA-256 (hex) of the request's kind, target and input, to tell a retry
     # from another request under the same key; empty on runs created before
-    # it was stored (see audit.idempotency).
+    # it was stored (see audit.ledger.idempotency).
     request_fingerprint = models.CharField(max_length=64, blank=True, default="")
     thread = models.ForeignKey("conversations.Conversation", on_delete=models.CASCADE, related_name="runs")
     # All runs of one user input share a turn: the first run and each resume.

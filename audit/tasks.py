@@ -43,7 +43,7 @@ def sweep_expired_leases() -> int:
     """End the runs whose lease expired (R-RUN-7); scheduled by Celery beat
     every ``LEASE_SWEEP_INTERVAL_SECONDS`` on the maintenance queue.
     Returns how many it ended."""
-    from .services import run_sweep_expired_leases
+    from .ledger import run_sweep_expired_leases
 
     return len(run_sweep_expired_leases())
 

@@ -4,7 +4,7 @@ Measures, in one run against the configured database:
 
 * latency (median, p95) of one ``model_call_start`` through the service —
   one statement that locks the run row, checks the lease
-  (:func:`~audit.lease.leased_run_sql`) and inserts the row;
+  (:func:`~audit.ledger.lease.leased_run_sql`) and inserts the row;
 * latency of the raw SQL baseline — plain psycopg on its own connection:
   ``BEGIN``; lock the run row and compare its lease fields; ``INSERT`` one
   message row; ``COMMIT`` — and the ratio of the two (target: at most
@@ -44,9 +44,9 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.errors import LeaseLost, RunTerminal
-from audit.lease import Lease
+from audit.ledger import model_audit, model_call_finish, model_call_start, run_acquire, run_submit
+from audit.ledger.lease import Lease
 from audit.models import AgentRun
-from audit.services import model_audit, model_call_finish, model_call_start, run_acquire, run_submit
 from conversations.models import Conversation, Message
 from costs.pricing import Cost
 from ops import metrics

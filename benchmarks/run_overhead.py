@@ -62,7 +62,7 @@ from audit.agents.tools import AgentContext
 from audit.execution.checkpoint import open_checkpointer, postgres_conninfo
 from audit.execution.runner import run_execute
 from audit.execution.worker_loop import close_kept_connections, run_in_worker_loop
-from audit.services import run_submit
+from audit.ledger import run_submit
 from conversations.models import Conversation
 from yuxi_project.config import get_config
 from yuxi_project.db import release_connection

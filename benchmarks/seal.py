@@ -3,7 +3,7 @@ bench_seal``, R-GOV-3).
 
 Drives runs through the real services (lease, model and tool rows closed
 by their lifecycles), then times their terminal transaction
-(:func:`audit.services.run_finish`) alternately with the seal and with the
+(:func:`audit.ledger.run_finish`) alternately with the seal and with the
 seal switched off, and times the seal's own work (reading the run's rows
 and hashing them). Creates a throw-away user, threads and runs and deletes
 them at the end through the recorded bypass. A benchmark, not a test: it
@@ -21,8 +21,8 @@ from unittest import mock
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from audit import services
-from audit.services import StateMessage
+from audit import ledger
+from audit.ledger import StateMessage
 from conversations.models import Conversation
 from dashboard.rollups import rollups_rebuild
 from governance.bypass import audited_bypass
@@ -44,14 +44,14 @@ class SealBench:
 
 
 def _driven_run(user, thread, rows: int):
-    run, _ = services.run_submit(user=user, thread_id=thread.id, request_id=f"bench-{uuid.uuid4().hex}", text="x")
-    lease = services.run_acquire(run_id=run.id, owner=f"bench-{uuid.uuid4().hex[:8]}", ttl_seconds=3600)
+    run, _ = ledger.run_submit(user=user, thread_id=thread.id, request_id=f"bench-{uuid.uuid4().hex}", text="x")
+    lease = ledger.run_acquire(run_id=run.id, owner=f"bench-{uuid.uuid4().hex[:8]}", ttl_seconds=3600)
     state = [StateMessage(kind="human", id=f"h-{run.id}", content="x")]
     now = timezone.now()
     for i in range(rows // 2):
         op, call = f"lc_run--bench-{i}", f"call_bench_{i}"
-        services.model_call_start(lease=lease, operation_id=op, sequence=2 * i + 1, started_at=now, metadata={})
-        services.model_call_finish(
+        ledger.model_call_start(lease=lease, operation_id=op, sequence=2 * i + 1, started_at=now, metadata={})
+        ledger.model_call_finish(
             lease=lease,
             operation_id=op,
             content="",
@@ -60,7 +60,7 @@ def _driven_run(user, thread, rows: int):
             finished_at=now,
             duration_ms=5,
         )
-        services.tool_call_start(
+        ledger.tool_call_start(
             lease=lease,
             tool_call_id=call,
             tool_name="calculator",
@@ -70,7 +70,7 @@ def _driven_run(user, thread, rows: int):
             declared_by_operation_id=op,
             metadata={},
         )
-        services.tool_call_finish(
+        ledger.tool_call_finish(
             lease=lease,
             tool_call_id=call,
             status="completed",
@@ -98,12 +98,12 @@ def bench_seal(*, runs: int = 40, rows: int = 10) -> SealBench:
             seal_on = i % 2 == 0
             started = time.perf_counter()
             if seal_on:
-                services.run_finish(lease=lease, status="completed", final_state=state)
+                ledger.run_finish(lease=lease, status="completed", final_state=state)
                 with_seal.append(time.perf_counter() - started)
                 sealed.append(run.pk)
             else:
-                with mock.patch("audit.services.terminal.seal_run"):
-                    services.run_finish(lease=lease, status="completed", final_state=state)
+                with mock.patch("audit.ledger.terminal.seal_run"):
+                    ledger.run_finish(lease=lease, status="completed", final_state=state)
                 without_seal.append(time.perf_counter() - started)
         for run_id in sealed:
             started = time.perf_counter()

@@ -15,7 +15,7 @@ user (their own, else the default, else none):
   the same moment.
 * **Before each model call**, in the statement that opens the call's
   model row before the request is sent (:func:`budget_allows_sql`, the
-  condition of that insert — ``audit.services.model_call_open``), and when
+  condition of that insert — ``audit.ledger.model_call_open``), and when
   that statement opened nothing, by :func:`budget_check_running`, which
   names the limit and the spend: when the spend has reached the limit, no
   row opens and the call is not made; the run ends ``failed`` with error

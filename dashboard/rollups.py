@@ -7,7 +7,7 @@ cannot disagree:
 
 * :func:`run_roll_up`: inside the run's terminal transaction (run finish,
   its fallback and the lease sweeper all end in
-  ``audit.services.terminal._terminate``) one statement marks the run
+  ``audit.ledger.terminal._terminate``) one statement marks the run
   ``rolled_up_at`` — only if it is not marked yet — and adds the run's
   figures to the rollup tables (hourly and per UTC day). A second
   terminal attempt, a redelivered task or a replayed call finds the mark

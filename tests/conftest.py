@@ -9,8 +9,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from audit import services
-from audit.lease import Lease
+from audit import ledger
+from audit.ledger.lease import Lease
 from conversations.models import ApiToken, Conversation
 
 
@@ -72,13 +72,13 @@ def make_run(thread, *, text: str = "weather in Paris?", request_id: str | None 
     """Submit a turn through the service. In a test wrapped in a transaction
     nothing is enqueued (enqueueing happens on commit); the test drives the
     worker side itself."""
-    return services.run_submit(
+    return ledger.run_submit(
         user=thread.user, thread_id=thread.id, request_id=request_id or uuid.uuid4().hex, text=text
     )[0]
 
 
 def acquire(run, *, owner: str = "worker-a", ttl: float = 60.0) -> Lease:
-    return services.run_acquire(run_id=run.id, owner=owner, ttl_seconds=ttl)
+    return ledger.run_acquire(run_id=run.id, owner=owner, ttl_seconds=ttl)
 
 
 def prepared_executions(pattern: str) -> dict[str, int]:

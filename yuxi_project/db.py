@@ -401,7 +401,7 @@ def call_with_pooled_statements(fn: Callable[..., Any], kwargs: Mapping[str, Any
     :func:`execute_prepared` statements on one connection from Django's
     pool, in autocommit (each statement its own transaction), given back
     when the call ends (R-RUN-5). No thread hop: an audit write that is one
-    prepared statement (:mod:`audit.services.fenced`) costs its round trip
+    prepared statement (:mod:`audit.ledger.fenced`) costs its round trip
     only (issue 11).
 
     With ``atomic``, the call's statements are one transaction: BEGIN goes

@@ -1,6 +1,6 @@
 """Options shared by every Redis client of the product outside Celery: the
 live event streams (``audit.execution.events``), the cancel signal
-(``audit.cancellation``) and the worker loop's connections; and the key of
+(``audit.ledger.cancellation``) and the worker loop's connections; and the key of
 a run's live event stream, which the erasure deletes too (R-EVT-1,
 R-GOV-2)."""
 

@@ -105,7 +105,7 @@ if CONFIG.DATABASE_URL and not CONFIG.DATABASE_URL.startswith("sqlite"):
         # Django turns psycopg's prepared statements off (prepare_threshold
         # None), and then psycopg ignores even an explicit ``prepare=True``.
         # A threshold no ORM query reaches keeps the ORM's queries unprepared
-        # while the audit writes that ask for it (audit.services.fenced) are
+        # while the audit writes that ask for it (audit.ledger.fenced) are
         # prepared once per connection: planning was half of a write's time.
         _db["OPTIONS"]["prepare_threshold"] = 2**31 - 1
         # And planned once: PostgreSQL otherwise keeps planning a prepared

@@ -12,7 +12,7 @@ R-EVT-1, R-SUB-1): a run from its lease to its terminal transaction.
 
 Layer two of ``docs/architecture.md#layers`` with the agents
 (``audit.agents``) and the replay model server (``audit.replay``): it may
-import the audit ledger (``audit.services``, ``audit.lease``, …), the
+import the audit ledger (``audit.ledger``, ``audit.ledger.lease``, …), the
 reads, the models and the foundation; only the interfaces (the Celery
 tasks, the API) and the benchmarks import it.
 """

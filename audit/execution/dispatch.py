@@ -2,7 +2,7 @@
 lost broker message never leaves a run ``pending`` forever.
 
 The broker is only a doorbell. The run rows are the truth: a run is handed
-to the broker (:func:`audit.handover.enqueue_run`) after its submission commits and after
+to the broker (:func:`audit.ledger.handover.enqueue_run`) after its submission commits and after
 the previous run of its thread ends, and ``AgentRun.dispatched_at`` records
 when. :func:`runs_dispatch`, run by Celery beat every
 ``DISPATCH_INTERVAL_SECONDS`` on the maintenance queue, hands over again
@@ -25,7 +25,7 @@ from django.utils import timezone
 from ops import metrics
 from yuxi_project.config import get_config
 
-from ..handover import enqueue_run
+from ..ledger.handover import enqueue_run
 from ..models import AgentRun, RunCancelRequest
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ Status = AgentRun.Status
 def head_of_thread(run: AgentRun) -> bool:
     """Whether a pending ``run`` may start now: no run of an earlier turn of
     its thread holds the thread (R-RUN-2)."""
-    from ..services.runs import _earlier_blocking_run
+    from ..ledger.runs import _earlier_blocking_run
 
     return _earlier_blocking_run(run) is None
 
@@ -82,7 +82,7 @@ def cancel_requests_apply(*, limit: int = 200) -> int:
     """Apply the cancel requests not applied yet, each to a run row that is
     free now (``SKIP LOCKED``: a row a worker holds is left for the next
     round, or for the worker itself). Returns how many were applied."""
-    from ..services.runs import cancel_request_apply
+    from ..ledger.runs import cancel_request_apply
 
     pending = list(
         RunCancelRequest.objects.filter(applied_at__isnull=True)

@@ -27,7 +27,7 @@ from langchain_core.utils.utils import LC_ID_PREFIX
 
 from ..errors import AuditConflict
 from ..jsonable import message_text, to_jsonable
-from ..services.terminal import StateMessage
+from ..ledger.terminal import StateMessage
 
 
 class AuditSink(Protocol):

@@ -45,12 +45,10 @@ from yuxi_project.db import (
 from yuxi_project.errors import ApplicationError, NotFound
 from yuxi_project.redis_client import redis_client
 
-from .. import services
+from .. import ledger
 from ..agents.assistant import build_agent
 from ..agents.models import model_http_client
 from ..agents.tools import AgentContext
-from ..cancellation import CancelSignalListener
-from ..causes import failure_cause_clear, failure_cause_send
 from ..errors import (
     AuditWriteFailed,
     AuditWriteRejected,
@@ -60,10 +58,12 @@ from ..errors import (
     LeaseLost,
     RunNotStartable,
 )
-from ..lease import Lease
+from ..ledger.cancellation import CancelSignalListener
+from ..ledger.causes import failure_cause_clear, failure_cause_send
+from ..ledger.lease import Lease
+from ..ledger.runs import run_acquire_with_row
+from ..ledger.trace import run_set_trace
 from ..models import AgentRun, RunCancelRequest
-from ..services.runs import run_acquire_with_row
-from ..services.trace import run_set_trace
 from .checkpoint import ReconnectingPostgresSaver, open_checkpointer, postgres_conninfo, retry_delay
 from .events import RunEventPublisher
 from .model_requests import ModelRequestAudit
@@ -163,20 +163,20 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
 # The writes made on the event loop's thread, without a thread hop (issue
 # 11), each on a pooled connection (yuxi_project.db): the lifecycle writes
 # whose usual path is one prepared statement fenced by the lease
-# (audit.services.fenced; a model row opens only while the budget has room,
+# (audit.ledger.fenced; a model row opens only while the budget has room,
 # checked in the same statement), each in autocommit, their round trip
 # awaited; and the terminal transaction, whose usual path is three round
 # trips of prepared statements in one transaction (atomic: True). A call
 # that reaches the ORM — a locked path, a reconcile that inserts — is made
 # again in a thread.
 _ON_LOOP = {
-    services.model_call_open: False,
-    services.model_call_start: False,
-    services.model_call_finish: False,
-    services.tool_call_start: False,
-    services.tool_call_finish: False,
-    services.tool_call_error: False,
-    services.run_finish: True,
+    ledger.model_call_open: False,
+    ledger.model_call_start: False,
+    ledger.model_call_finish: False,
+    ledger.tool_call_start: False,
+    ledger.tool_call_finish: False,
+    ledger.tool_call_error: False,
+    ledger.run_finish: True,
 }
 
 
@@ -192,7 +192,7 @@ class LeasedAuditSink:
 
     async def model_open(self, **kwargs: Any) -> None:
         await write_with_retry(
-            services.model_call_open,
+            ledger.model_call_open,
             budget_user_id=self._budget_user_id,
             lease=self._lease,
             returning=False,
@@ -200,22 +200,22 @@ class LeasedAuditSink:
         )
 
     async def model_retry(self, **kwargs: Any) -> None:
-        await write_with_retry(services.model_call_retry, lease=self._lease, **kwargs)
+        await write_with_retry(ledger.model_call_retry, lease=self._lease, **kwargs)
 
     async def model_start(self, **kwargs: Any) -> None:
-        await write_with_retry(services.model_call_start, lease=self._lease, returning=False, **kwargs)
+        await write_with_retry(ledger.model_call_start, lease=self._lease, returning=False, **kwargs)
 
     async def model_finish(self, **kwargs: Any) -> None:
-        await write_with_retry(services.model_call_finish, lease=self._lease, returning=False, **kwargs)
+        await write_with_retry(ledger.model_call_finish, lease=self._lease, returning=False, **kwargs)
 
     async def tool_start(self, **kwargs: Any) -> None:
-        await write_with_retry(services.tool_call_start, lease=self._lease, returning=False, **kwargs)
+        await write_with_retry(ledger.tool_call_start, lease=self._lease, returning=False, **kwargs)
 
     async def tool_finish(self, **kwargs: Any) -> None:
-        await write_with_retry(services.tool_call_finish, lease=self._lease, returning=False, **kwargs)
+        await write_with_retry(ledger.tool_call_finish, lease=self._lease, returning=False, **kwargs)
 
     async def tool_error(self, **kwargs: Any) -> None:
-        await write_with_retry(services.tool_call_error, lease=self._lease, returning=False, **kwargs)
+        await write_with_retry(ledger.tool_call_error, lease=self._lease, returning=False, **kwargs)
 
 
 def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
@@ -442,7 +442,7 @@ class RunExecutor:
                     break
                 try:
                     if time.monotonic() - renewed_at >= ttl / 3:
-                        status = await write_with_retry(services.lease_renew, lease=self.lease, ttl_seconds=ttl)
+                        status = await write_with_retry(ledger.lease_renew, lease=self.lease, ttl_seconds=ttl)
                         renewed_at = await self._renewed()
                     else:
                         status = await write_with_retry(_run_status, lease=self.lease)
@@ -487,7 +487,7 @@ class RunExecutor:
                 log.error("run %s: its drive did not end after the stop; its lease is left to expire", self.run.id)
                 return
             try:
-                await write_with_retry(services.lease_renew, lease=self.lease, ttl_seconds=ttl)
+                await write_with_retry(ledger.lease_renew, lease=self.lease, ttl_seconds=ttl)
             except (LeaseError, AuditWriteFailed, AuditWriteRejected) as exc:
                 log.info("run %s: lease no longer renewed while it ends: %s", self.run.id, exc)
                 return
@@ -579,7 +579,7 @@ class RunExecutor:
         }
         while True:
             try:
-                run = await write_with_retry(services.run_finish, **terminal)
+                run = await write_with_retry(ledger.run_finish, **terminal)
                 break
             except LeaseError as exc:
                 log.warning("run %s could not be finished: %s", self.run.id, exc)
@@ -634,7 +634,7 @@ class RunExecutor:
         while True:
             try:
                 return await write_with_retry(
-                    services.run_finish_fallback, lease=self.lease, error_type=exc.code, error_message=message
+                    ledger.run_finish_fallback, lease=self.lease, error_type=exc.code, error_message=message
                 )
             except LeaseError as lease_exc:
                 log.warning("run %s could not be finished: %s", self.run.id, lease_exc)

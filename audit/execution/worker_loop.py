@@ -11,7 +11,7 @@ and every task the run left behind cancelled and awaited before it
 returns, so nothing of one run survives into the next. The loop's Redis
 client (:func:`worker_redis`) serves every run's live events and cancel
 signal; its subscription connection subscribes to one run's channel at a
-time (:class:`~audit.cancellation.CancelSignalListener`). The loop also
+time (:class:`~audit.ledger.cancellation.CancelSignalListener`). The loop also
 keeps its last run's checkpointer connection, idle, for the next run
 (:func:`kept_connections`, :func:`audit.execution.checkpoint.open_checkpointer`).
 

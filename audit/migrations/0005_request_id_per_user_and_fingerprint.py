@@ -3,7 +3,7 @@
 # Existing rows stay valid: request_id was unique across all runs, so it is
 # unique per user too. The new unique index is built before the old one is
 # dropped (all in one transaction), so no moment allows a duplicate. Existing
-# runs keep an empty request_fingerprint; audit.idempotency derives theirs
+# runs keep an empty request_fingerprint; audit.ledger.idempotency derives theirs
 # from the stored thread, resumed run and input.
 
 from django.conf import settings

@@ -19,10 +19,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
-from audit import services
+from audit import ledger
 from audit.demo import DEMO_TOKEN_NAME, ensure_demo_user
+from audit.ledger import StateMessage
 from audit.models import AgentRun
-from audit.services import StateMessage
 from conversations.models import ApiToken, Message
 from governance.bypass import audited_bypass
 from tests.conftest import bearer
@@ -55,7 +55,7 @@ def interrupted_run(thread) -> AgentRun:
 def rejected_resume(interrupted: AgentRun) -> AgentRun:
     """Resume with a rejection and let the worker finish it: the approval
     middleware's error ToolMessage, then the model's answer."""
-    resume, _ = services.run_resume(
+    resume, _ = ledger.run_resume(
         user=interrupted.user,
         run_id=interrupted.pk,
         request_id="reject-1",

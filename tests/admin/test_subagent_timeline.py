@@ -10,7 +10,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from audit import services
+from audit import ledger
 from audit.admin import nest_timeline_rows
 from audit.execution.recorder import LifecycleRecorder
 from audit.execution.runner import LeasedAuditSink
@@ -34,7 +34,7 @@ def _researcher_run(user):
             await recorder.handle(event)
 
     asyncio.run(feed())
-    services.run_finish(lease=lease, status="completed", final_state=recorder.final_state())
+    ledger.run_finish(lease=lease, status="completed", final_state=recorder.final_state())
     return run
 
 

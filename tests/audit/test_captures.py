@@ -14,7 +14,7 @@ import uuid
 import pytest
 from langchain_core.messages import AIMessage
 
-from audit import services
+from audit import ledger
 from audit.execution.recorder import LifecycleRecorder
 from audit.execution.runner import LeasedAuditSink
 from audit.models import AgentRun
@@ -116,7 +116,7 @@ def test_capture_replays_into_one_row_per_model_call_R_MA_2_R_MA_3_R_MA_4_R_MA_6
                 assert op.startswith("lc_run--")
 
         status = _terminal_status(name, captured, recorder)
-        finished = services.run_finish(
+        finished = ledger.run_finish(
             lease=recorder.lease,  # type: ignore[attr-defined]
             status=status,
             final_state=recorder.final_state(),
@@ -164,7 +164,7 @@ def test_namespaced_calls_are_recorded_with_namespace_and_never_output_R_MA_8(na
     (captured,) = load_capture(name)
     run = make_run(thread)
     recorder = _replay(run, captured)
-    finished = services.run_finish(
+    finished = ledger.run_finish(
         lease=recorder.lease,  # type: ignore[attr-defined]
         status="completed",
         final_state=recorder.final_state(),
@@ -190,7 +190,7 @@ def test_midstream_error_capture_c3_leaves_running_row_closed_failed_R_MA_7_R_RU
     recorder = _replay(run, captured)
     (row,) = Message.objects.filter(run=run, role="assistant")
     assert row.execution_status == "running" and row.usage is None
-    services.run_finish(
+    ledger.run_finish(
         lease=recorder.lease,  # type: ignore[attr-defined]
         status="failed",
         final_state=recorder.final_state(),

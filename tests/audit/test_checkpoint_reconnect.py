@@ -213,7 +213,7 @@ def test_a_cancel_is_honoured_while_a_checkpoint_write_waits_on_a_lock_R_RUN_6(
     the ended run is written once the lock goes: LangGraph pipelines a
     State write as several statements committed one by one, and cancelling
     the running one let the next commit (1 run in 3)."""
-    from audit import services
+    from audit import ledger
     from audit.execution.runner import STOP_GRACE_SECONDS
     from audit.models import AgentRun
     from yuxi_project.config import get_config
@@ -221,7 +221,7 @@ def test_a_cancel_is_honoured_while_a_checkpoint_write_waits_on_a_lock_R_RUN_6(
     monkeypatch.setattr(get_config(), "LEASE_TTL_SECONDS", STOP_GRACE_SECONDS * 0.75)
     blocked = _state_write_blocked(user, db_name, "replay:tool_then_slow_answer", owner=None)
     with blocked as (run, worker, result, holder):
-        services.run_request_cancel(user=user, run_id=run.id)
+        ledger.run_request_cancel(user=user, run_id=run.id)
         worker.join(10)
         ended_in_time = not worker.is_alive()
         at_end = _state_rows(holder, run.thread_id)

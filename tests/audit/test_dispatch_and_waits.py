@@ -12,10 +12,10 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from audit import services
-from audit.causes import failure_cause_send
+from audit import ledger
 from audit.errors import RunBusy
 from audit.execution.dispatch import runs_dispatch
+from audit.ledger.causes import failure_cause_send
 from audit.models import AgentRun, RunCancelRequest
 from conversations.models import Conversation
 from tests.conftest import acquire, make_run
@@ -51,7 +51,7 @@ def test_cancel_while_a_worker_holds_the_row_answers_at_once_and_the_holder_appl
     release = _hold(lambda: AgentRun.objects.select_for_update(no_key=True).get(pk=run.id))
     try:
         began = time.monotonic()
-        answered = services.run_request_cancel(user=thread.user, run_id=run.id)
+        answered = ledger.run_request_cancel(user=thread.user, run_id=run.id)
         took = time.monotonic() - began
     finally:
         release()
@@ -61,7 +61,7 @@ def test_cancel_while_a_worker_holds_the_row_answers_at_once_and_the_holder_appl
     assert AgentRun.objects.get(pk=run.id).status == "running", "the row was not waited for"
     assert RunCancelRequest.objects.get(run_id=run.id).applied_at is None
     # The holder applies it at its next lease renewal.
-    assert services.lease_renew(lease=lease, ttl_seconds=60) == "cancel_requested"
+    assert ledger.lease_renew(lease=lease, ttl_seconds=60) == "cancel_requested"
     assert AgentRun.objects.get(pk=run.id).status == "cancel_requested"
     assert RunCancelRequest.objects.get(run_id=run.id).applied_at is not None
 
@@ -70,7 +70,7 @@ def test_the_dispatcher_applies_a_recorded_cancel_once_the_row_is_free_R_RUN_10(
     run = make_run(thread)
     release = _hold(lambda: AgentRun.objects.select_for_update(no_key=True).get(pk=run.id))
     try:
-        services.run_request_cancel(user=thread.user, run_id=run.id)
+        ledger.run_request_cancel(user=thread.user, run_id=run.id)
         assert runs_dispatch()["cancels_applied"] == 0, "a held row is skipped"
     finally:
         release()
@@ -80,7 +80,7 @@ def test_the_dispatcher_applies_a_recorded_cancel_once_the_row_is_free_R_RUN_10(
 
 def test_a_cancel_on_a_free_row_still_applies_at_once_R_RUN_6(thread):
     run = make_run(thread)
-    assert services.run_request_cancel(user=thread.user, run_id=run.id).status == "cancelled"
+    assert ledger.run_request_cancel(user=thread.user, run_id=run.id).status == "cancelled"
     assert RunCancelRequest.objects.get(run_id=run.id).applied_at is not None
 
 
@@ -108,7 +108,7 @@ def test_the_dispatcher_hands_over_only_stale_runs_at_the_head_of_their_thread_R
     assert first.dispatched_at > stale and second.dispatched_at == stale
     assert runs_dispatch()["dispatched"] == 0, "within its grace again"
     # Once the head ends, the next run's grace starts from that moment.
-    services.run_request_cancel(user=thread.user, run_id=first.id)
+    ledger.run_request_cancel(user=thread.user, run_id=first.id)
     second.refresh_from_db()
     assert second.dispatched_at > stale
 
@@ -125,11 +125,11 @@ def test_the_sweeper_names_the_cause_the_worker_left_and_honours_a_cancel_R_RUN_
     other = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
     cancelled = make_run(other)
     acquire(cancelled, ttl=1)
-    services.run_request_cancel(user=user, run_id=cancelled.id)
+    ledger.run_request_cancel(user=user, run_id=cancelled.id)
     crashed_thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
     crashed = make_run(crashed_thread)
     acquire(crashed, ttl=1)
-    swept = services.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(seconds=5))
+    swept = ledger.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(seconds=5))
     assert set(swept) == {lost.id, cancelled.id, crashed.id}
     ended = {run.id: (run.status, run.error_type) for run in AgentRun.objects.filter(pk__in=swept)}
     assert ended[lost.id] == ("failed", "audit_write_failed")

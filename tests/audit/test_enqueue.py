@@ -13,7 +13,7 @@ import redis
 from celery import current_app
 from django.conf import settings
 
-from audit.handover import EXECUTE_RUN_TASK, enqueue_run
+from audit.ledger.handover import EXECUTE_RUN_TASK, enqueue_run
 from audit.tasks import execute_run
 
 
@@ -74,7 +74,7 @@ def test_a_fresh_web_process_finds_the_task_by_name_R_RUN_9():
     code = (
         "import django, sys; django.setup(); "
         "assert 'audit.tasks' not in sys.modules; "
-        "from audit.handover import execute_run_task; print(execute_run_task().name)"
+        "from audit.ledger.handover import execute_run_task; print(execute_run_task().name)"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "yuxi_project.settings", "REDIS_URL": ""}
     done = subprocess.run(

@@ -15,8 +15,7 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from audit import services
-from audit.causes import failure_causes
+from audit import ledger
 from audit.errors import AuditWriteFailed
 from audit.execution.checkpoint import postgres_conninfo
 from audit.execution.runner import (
@@ -27,8 +26,9 @@ from audit.execution.runner import (
     run_execute,
     write_with_retry,
 )
+from audit.ledger.causes import failure_causes
+from audit.ledger.runs import run_acquire_with_row
 from audit.models import AgentRun
-from audit.services.runs import run_acquire_with_row
 from tests.conftest import make_run
 from tests.e2e.stack import free_port
 from yuxi_project.config import get_config
@@ -86,7 +86,7 @@ def test_a_write_failing_while_the_lease_runs_out_leaves_the_cause_before_it_exp
     asyncio.run(renew_once(executor._hold_lease(time.monotonic() - 1)))
     assert failure_causes([run.id]) == {}, "renewed while the run ends: the cause is taken back"
     asyncio.run(failing_write(lease_left=0.5))
-    swept = services.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(seconds=120))
+    swept = ledger.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(seconds=120))
     assert swept == [run.id]
     run.refresh_from_db()
     assert (run.status, run.error_type) == ("failed", "audit_write_failed")
@@ -118,9 +118,9 @@ def test_a_stopped_drive_that_never_ends_leaves_its_lease_to_expire_R_RUN_7(thre
         while AgentRun.objects.get(pk=run.id).status != "running":
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        services.run_request_cancel(user=thread.user, run_id=run.id)
+        ledger.run_request_cancel(user=thread.user, run_id=run.id)
         time.sleep(STOP_GRACE_SECONDS + 4 * ttl)
-        assert services.run_sweep_expired_leases() == [run.id], "the lease is still renewed"
+        assert ledger.run_sweep_expired_leases() == [run.id], "the lease is still renewed"
         run.refresh_from_db()
         assert (run.status, run.error_type) == ("cancelled", "cancelled")
     finally:

@@ -22,7 +22,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_openai import ChatOpenAI
 from langgraph.graph import MessagesState, StateGraph
 
-from audit import services
+from audit import ledger
 from audit.agents.models import chat_model
 from audit.errors import AuditConflict
 from audit.execution.model_requests import ModelRequestAudit
@@ -178,7 +178,7 @@ def test_cancel_before_the_first_chunk_keeps_the_call_interrupted_with_usage_unk
         assert time.monotonic() < deadline and worker.is_alive(), result
         time.sleep(0.02)
     time.sleep(1.0)
-    services.run_request_cancel(user=user, run_id=run.id)
+    ledger.run_request_cancel(user=user, run_id=run.id)
     worker.join(30)
     assert result["status"] == "cancelled"
 
@@ -210,7 +210,7 @@ def test_a_call_cut_mid_stream_gets_its_duration_R_MA_10_R_MA_4(user, replay_mod
 
 
 def _open(lease, op="lc_run--a", sequence=3):
-    return services.model_call_open(
+    return ledger.model_call_open(
         lease=lease, operation_id=op, sequence=sequence, started_at=T0, metadata={"namespace": []}
     )
 
@@ -221,14 +221,14 @@ def test_message_start_gives_an_opened_row_its_sequence_once_and_never_reopens_i
     assert (row.execution_status, row.sequence, row.metadata["awaiting_first_chunk"]) == ("running", 3, True)
     assert _open(lease, sequence=9).pk == row.pk, "opening again changes nothing"
 
-    started = services.model_call_start(
+    started = ledger.model_call_start(
         lease=lease, operation_id="lc_run--a", sequence=5, started_at=T0 + dt.timedelta(seconds=2), metadata={}
     )
     assert started.pk == row.pk and started.sequence == 5 and "awaiting_first_chunk" not in started.metadata
     assert started.started_at == T0, "the request time stays"
     with pytest.raises(AuditConflict):
-        services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=6, started_at=T0, metadata={})
-    services.model_call_finish(
+        ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=6, started_at=T0, metadata={})
+    ledger.model_call_finish(
         lease=lease,
         operation_id="lc_run--a",
         content="hi",
@@ -237,7 +237,7 @@ def test_message_start_gives_an_opened_row_its_sequence_once_and_never_reopens_i
         finished_at=T0,
         duration_ms=5,
     )
-    again = services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=5, started_at=T0, metadata={})
+    again = ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=5, started_at=T0, metadata={})
     assert again.execution_status == "completed", "never reopened"
     assert Message.objects.model_calls().filter(run_id=lease.run_id).count() == 1
 
@@ -245,7 +245,7 @@ def test_message_start_gives_an_opened_row_its_sequence_once_and_never_reopens_i
 def test_a_whole_message_rekeys_the_row_opened_at_request_start_once_R_MA_10_R_MA_2(thread):
     lease = acquire(make_run(thread))
     _open(lease, op="lc_run--b")
-    row = services.model_call_start(
+    row = ledger.model_call_start(
         lease=lease, operation_id="provider-id-1", sequence=4, started_at=T0, metadata={}, opened_as="lc_run--b"
     )
     assert row.operation_id == "provider-id-1" and row.sequence == 4
@@ -258,14 +258,14 @@ def test_retries_are_counted_on_the_row_only_before_its_first_chunk_R_RUN_12(thr
     lease = acquire(make_run(thread))
     _open(lease)
     failure = {"attempt": 1, "error": "OpenAIConnectionError: Connection error.", "connected": False}
-    services.model_call_retry(lease=lease, operation_id="lc_run--a", failure=failure)
-    row = services.model_call_retry(lease=lease, operation_id="lc_run--a", failure=failure)
+    ledger.model_call_retry(lease=lease, operation_id="lc_run--a", failure=failure)
+    row = ledger.model_call_retry(lease=lease, operation_id="lc_run--a", failure=failure)
     assert row.metadata["attempts"] == 2 and row.metadata["attempt_errors"] == [failure], "the same attempt once"
-    services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=3, started_at=T0, metadata={})
+    ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=3, started_at=T0, metadata={})
     with pytest.raises(AuditConflict):
-        services.model_call_retry(lease=lease, operation_id="lc_run--a", failure={**failure, "attempt": 2})
+        ledger.model_call_retry(lease=lease, operation_id="lc_run--a", failure={**failure, "attempt": 2})
     with pytest.raises(AuditConflict):
-        services.model_call_retry(lease=lease, operation_id="lc_run--zz", failure=failure)
+        ledger.model_call_retry(lease=lease, operation_id="lc_run--zz", failure=failure)
 
 
 @pytest.mark.parametrize(
@@ -277,7 +277,7 @@ def test_the_terminal_closes_a_call_cut_before_its_first_chunk_with_usage_unknow
     run = make_run(thread)
     lease = acquire(run)
     _open(lease)
-    finished = services.run_finish(
+    finished = ledger.run_finish(
         lease=lease, status=status, cut_calls={"lc_run--a": {"duration_ms": 1234, "error": None}}
     )
     row = Message.objects.get(run=run, operation_id="lc_run--a")
@@ -290,7 +290,7 @@ def test_a_model_error_closes_its_call_failed_even_in_a_completed_run_R_MA_10_R_
     run = make_run(thread)
     lease = acquire(run)
     _open(lease)
-    services.run_finish(
+    ledger.run_finish(
         lease=lease,
         status=AgentRun.Status.COMPLETED,
         cut_calls={"lc_run--a": {"duration_ms": 10, "error": "model_unreachable: OpenAIConnectionError: x"}},

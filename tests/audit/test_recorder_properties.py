@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from audit import services
+from audit import ledger
 from audit.errors import AuditConflict
 from audit.execution.recorder import LifecycleRecorder
 from audit.execution.runner import LeasedAuditSink
@@ -175,7 +175,7 @@ def test_generated_lifecycles_keep_the_audit_invariants_R_MA_3_R_MA_4_R_MA_5(gen
         else:
             assert row.execution_status == "running" and row.usage is None
 
-    finished = services.run_finish(lease=lease, status="failed", error_type="agent_error")
+    finished = ledger.run_finish(lease=lease, status="failed", error_type="agent_error")
     assert not Message.objects.filter(run=run, execution_status="running").exists()
     reported = [c.usage for c in calls if c.finishes and c.usage]
     assert finished.usage["total_tokens"] == sum(u["total_tokens"] for u in reported), "usage counted once"
@@ -216,7 +216,7 @@ def test_the_service_refuses_the_same_key_at_another_sequence_even_from_a_new_re
     another sequence: the database row decides, not the recorder's memory."""
     run = make_run(thread)
     lease = acquire(run)
-    services.model_call_start(lease=lease, operation_id="lc_run--x", sequence=3, started_at=run.created_at)
+    ledger.model_call_start(lease=lease, operation_id="lc_run--x", sequence=3, started_at=run.created_at)
     with pytest.raises(AuditConflict):
-        services.model_call_start(lease=lease, operation_id="lc_run--x", sequence=4, started_at=run.created_at)
+        ledger.model_call_start(lease=lease, operation_id="lc_run--x", sequence=4, started_at=run.created_at)
     assert Message.objects.get(run=run, operation_id="lc_run--x").sequence == 3

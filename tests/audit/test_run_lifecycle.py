@@ -17,12 +17,12 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit import services
-from audit.cancellation import CancelSignalListener, cancel_key, cancel_signal_send
+from audit import ledger
 from audit.errors import LeaseLost, RunNotStartable, RunTerminal
-from audit.lease import Lease
+from audit.ledger.cancellation import CancelSignalListener, cancel_key, cancel_signal_send
+from audit.ledger.lease import Lease
+from audit.ledger.runs import _acquire_checked, run_acquire_with_row
 from audit.models import AgentRun
-from audit.services.runs import _acquire_checked, run_acquire_with_row
 from conversations.models import Message
 from tests.conftest import acquire, make_run, prepared_executed_since, prepared_executions
 
@@ -60,7 +60,7 @@ def test_two_workers_racing_for_one_run_exactly_one_owns_it_and_the_loser_writes
 
     def contender(i):
         barrier.wait()
-        return services.run_acquire(run_id=run.id, owner=f"worker-{i}", ttl_seconds=60)
+        return ledger.run_acquire(run_id=run.id, owner=f"worker-{i}", ttl_seconds=60)
 
     started = [_in_thread(contender, i) for i in range(8)]
     for t, _ in started:
@@ -81,7 +81,7 @@ def test_two_workers_racing_for_one_run_exactly_one_owns_it_and_the_loser_writes
         Lease(run.id, run.request_id, run.thread_id, winner.owner, winner.fencing_token - 1),
     ):
         with pytest.raises(LeaseLost):
-            services.model_call_start(lease=forged, operation_id="lc_run--loser", sequence=2, started_at=T0)
+            ledger.model_call_start(lease=forged, operation_id="lc_run--loser", sequence=2, started_at=T0)
     assert not Message.objects.filter(run=run, role="assistant").exists()
 
 
@@ -93,8 +93,8 @@ def test_two_workers_racing_for_one_run_exactly_one_owns_it_and_the_loser_writes
 def test_sweeper_fails_expired_runs_and_closes_their_rows_in_one_transaction_R_RUN_7(thread):
     run = make_run(thread)
     lease = acquire(run, ttl=60)
-    services.model_call_start(lease=lease, operation_id="lc_run--done", sequence=2, started_at=T0)
-    services.model_call_finish(
+    ledger.model_call_start(lease=lease, operation_id="lc_run--done", sequence=2, started_at=T0)
+    ledger.model_call_finish(
         lease=lease,
         operation_id="lc_run--done",
         content="ok",
@@ -103,12 +103,12 @@ def test_sweeper_fails_expired_runs_and_closes_their_rows_in_one_transaction_R_R
         finished_at=T0,
         duration_ms=5,
     )
-    services.model_call_start(lease=lease, operation_id="lc_run--cut", sequence=9, started_at=T0)
+    ledger.model_call_start(lease=lease, operation_id="lc_run--cut", sequence=9, started_at=T0)
     live = make_run(thread.__class__.objects.create(user=thread.user, agent_id="assistant", model="replay:x"))
     live_lease = acquire(live, ttl=600)
 
-    assert services.run_sweep_expired_leases() == [], "a live lease is not swept"
-    swept = services.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(seconds=61))
+    assert ledger.run_sweep_expired_leases() == [], "a live lease is not swept"
+    swept = ledger.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(seconds=61))
     assert swept == [run.id]
 
     run.refresh_from_db()
@@ -122,7 +122,7 @@ def test_sweeper_fails_expired_runs_and_closes_their_rows_in_one_transaction_R_R
 
     # The crashed worker comes back: it can write nothing.
     with pytest.raises(RunTerminal):
-        services.model_call_finish(
+        ledger.model_call_finish(
             lease=lease,
             operation_id="lc_run--cut",
             content="late",
@@ -132,7 +132,7 @@ def test_sweeper_fails_expired_runs_and_closes_their_rows_in_one_transaction_R_R
             duration_ms=5,
         )
     with pytest.raises(RunTerminal):
-        services.lease_renew(lease=lease, ttl_seconds=60)
+        ledger.lease_renew(lease=lease, ttl_seconds=60)
     rows["lc_run--cut"].refresh_from_db()
     assert rows["lc_run--cut"].execution_status == "failed" and rows["lc_run--cut"].content == ""
     live.refresh_from_db()
@@ -155,11 +155,11 @@ def test_sweeper_skips_a_run_whose_row_is_locked_and_takes_it_later_R_RUN_7(thre
     holder, _ = _in_thread(hold_lock)
     assert locked.wait(10)
     try:
-        assert services.run_sweep_expired_leases(now=later) == []
+        assert ledger.run_sweep_expired_leases(now=later) == []
     finally:
         release.set()
         holder.join(10)
-    assert services.run_sweep_expired_leases(now=later) == [run.id]
+    assert ledger.run_sweep_expired_leases(now=later) == [run.id]
 
 
 # --------------------------------------------------------------------------
@@ -176,10 +176,10 @@ def test_runs_of_one_thread_start_in_submission_order_R_RUN_2(thread):
     lease = acquire(first)
     with pytest.raises(RunNotStartable):
         acquire(third)
-    services.run_finish(lease=lease, status="completed")
+    ledger.run_finish(lease=lease, status="completed")
     with pytest.raises(RunNotStartable):
         acquire(third)  # second was submitted earlier
-    services.run_finish(lease=acquire(second), status="failed", error_type="agent_error")
+    ledger.run_finish(lease=acquire(second), status="failed", error_type="agent_error")
     assert acquire(third).fencing_token == 1
 
 
@@ -200,7 +200,7 @@ def test_the_usual_acquisition_is_one_statement_and_tells_a_threads_first_run_R_
     assert (row.status, row.lease_owner, row.fencing_token, row.input) == ("running", "worker-a", 1, {"text": "first"})
     assert lease.fencing_token == 1 and row.started_at is not None and row.lease_expires_at > row.started_at
     assert row.thread_has_earlier_run is False
-    services.run_finish(lease=lease, status="completed")
+    ledger.run_finish(lease=lease, status="completed")
     second = make_run(thread, text="second")
     before = prepared_executions(_ACQUIRE)
     with django_assert_num_queries(1):
@@ -225,7 +225,7 @@ def test_a_later_turn_is_never_recorded_as_started_before_the_turn_it_waited_for
     # With no other turn's end after it, the start is the clock's reading.
     assert row.started_at == started
     clock_read = timezone.now()
-    services.run_finish(lease=lease, status="completed")
+    ledger.run_finish(lease=lease, status="completed")
     first.refresh_from_db()
     assert first.finished_at > clock_read
     if path == "one statement":
@@ -262,7 +262,7 @@ def test_a_run_whose_row_lock_was_waited_for_never_starts_before_the_turn_that_e
         ).fetchone():
             assert time.monotonic() < deadline and waiter.is_alive(), result
             time.sleep(0.01)
-        services.run_finish(lease=lease, status="completed")  # the first turn ends meanwhile
+        ledger.run_finish(lease=lease, status="completed")  # the first turn ends meanwhile
         holder.rollback()
     waiter.join(10)
     assert "value" in result, result
@@ -281,7 +281,7 @@ def test_an_interrupted_run_holds_the_thread_until_its_resume_ends_R_RUN_2(threa
     first = make_run(thread)
     lease = acquire(first)
     waiting = make_run(thread)  # submitted while the first still runs
-    services.run_finish(lease=lease, status="interrupted", interrupts=[{"id": "i1", "value": {}}])
+    ledger.run_finish(lease=lease, status="interrupted", interrupts=[{"id": "i1", "value": {}}])
     with pytest.raises(RunNotStartable):
         acquire(waiting)
     # The resume of the first turn was created after ``waiting`` but keeps
@@ -299,7 +299,7 @@ def test_an_interrupted_run_holds_the_thread_until_its_resume_ends_R_RUN_2(threa
     resume_lease = acquire(resume)
     with pytest.raises(RunNotStartable):
         acquire(waiting)
-    services.run_finish(lease=resume_lease, status="completed")
+    ledger.run_finish(lease=resume_lease, status="completed")
     assert acquire(waiting)
 
 
@@ -307,9 +307,9 @@ def test_cancelling_a_waiting_run_cancels_it_without_it_ever_starting_R_RUN_2_R_
     first = make_run(thread)
     lease = acquire(first)
     waiting = make_run(thread)
-    cancelled = services.run_request_cancel(user=thread.user, run_id=waiting.id)
+    cancelled = ledger.run_request_cancel(user=thread.user, run_id=waiting.id)
     assert cancelled.status == "cancelled" and cancelled.started_at is None
-    services.run_finish(lease=lease, status="completed")
+    ledger.run_finish(lease=lease, status="completed")
     with pytest.raises(RunNotStartable):
         acquire(waiting)
     waiting.refresh_from_db()
@@ -334,7 +334,7 @@ def test_cancel_of_a_running_run_requests_it_and_signals_the_worker_R_RUN_6(thre
         await asyncio.sleep(0.2)
         from asgiref.sync import sync_to_async
 
-        await sync_to_async(services.run_request_cancel)(user=thread.user, run_id=run.id)
+        await sync_to_async(ledger.run_request_cancel)(user=thread.user, run_id=run.id)
         began = time.monotonic()
         signalled = await waiter
         await listener.close()
@@ -347,8 +347,8 @@ def test_cancel_of_a_running_run_requests_it_and_signals_the_worker_R_RUN_6(thre
     assert run.status == "cancel_requested" and run.cancel_requested_at is not None
     assert client.exists(cancel_key(run.id))
     # The worker ends it: cancelled, running rows interrupted.
-    services.model_call_start(lease=lease, operation_id="lc_run--c", sequence=2, started_at=T0)
-    ended = services.run_finish(lease=lease, status="cancelled", error_type="cancelled")
+    ledger.model_call_start(lease=lease, operation_id="lc_run--c", sequence=2, started_at=T0)
+    ended = ledger.run_finish(lease=lease, status="cancelled", error_type="cancelled")
     row = Message.objects.get(run=run, operation_id="lc_run--c")
     assert ended.status == "cancelled" and row.execution_status == "interrupted"
     assert row.metadata["usage_unknown"] is True
@@ -393,10 +393,10 @@ def test_a_first_wait_without_a_signal_lasts_its_timeout_R_RUN_6(thread):
 
 def test_cancel_on_a_terminal_run_changes_nothing_R_RUN_6(thread):
     run = make_run(thread)
-    services.run_finish(lease=acquire(run), status="completed")
+    ledger.run_finish(lease=acquire(run), status="completed")
     run.refresh_from_db()
     before = (run.status, run.updated_at, run.error_type)
-    after = services.run_request_cancel(user=thread.user, run_id=run.id)
+    after = ledger.run_request_cancel(user=thread.user, run_id=run.id)
     after.refresh_from_db()
     assert (after.status, after.updated_at, after.error_type) == before
 
@@ -407,9 +407,9 @@ def test_cancel_on_a_terminal_run_changes_nothing_R_RUN_6(thread):
 
 
 def _call(lease, op, seq, *, content="", usage=USAGE, finish=True, tool_calls=()):
-    services.model_call_start(lease=lease, operation_id=op, sequence=seq, started_at=T0 + dt.timedelta(seconds=seq))
+    ledger.model_call_start(lease=lease, operation_id=op, sequence=seq, started_at=T0 + dt.timedelta(seconds=seq))
     if finish:
-        services.model_call_finish(
+        ledger.model_call_finish(
             lease=lease,
             operation_id=op,
             content=content,
@@ -421,14 +421,14 @@ def _call(lease, op, seq, *, content="", usage=USAGE, finish=True, tool_calls=()
 
 
 def _ai(op, content="", tool_calls=()):
-    return services.StateMessage(kind="ai", id=op, content=content, tool_calls=list(tool_calls))
+    return ledger.StateMessage(kind="ai", id=op, content=content, tool_calls=list(tool_calls))
 
 
 def test_second_run_of_a_thread_neither_duplicates_nor_binds_the_first_runs_operations_R_MA_9(thread):
     first = make_run(thread)
     lease = acquire(first)
     _call(lease, "lc_run--one", 2, content="first answer")
-    first = services.run_finish(lease=lease, status="completed", final_state=[_ai("lc_run--one", "first answer")])
+    first = ledger.run_finish(lease=lease, status="completed", final_state=[_ai("lc_run--one", "first answer")])
     assert first.output_message.operation_id == "lc_run--one"
 
     second = make_run(thread)
@@ -437,11 +437,11 @@ def test_second_run_of_a_thread_neither_duplicates_nor_binds_the_first_runs_oper
     # caller cannot tell which ids were there before (no prior ids), the
     # first run's operation neither binds nor is copied into this run.
     state = [
-        services.StateMessage(kind="human", id="h1"),
+        ledger.StateMessage(kind="human", id="h1"),
         _ai("lc_run--one", "first answer"),
-        services.StateMessage(kind="human", id="h2"),
+        ledger.StateMessage(kind="human", id="h2"),
     ]
-    second = services.run_finish(lease=lease, status="completed", final_state=state)
+    second = ledger.run_finish(lease=lease, status="completed", final_state=state)
     assert second.output_message_id is None
     assert not Message.objects.filter(run=second, role="assistant").exists()
     assert Message.objects.filter(thread=thread, operation_id="lc_run--one").count() == 1
@@ -454,13 +454,13 @@ def test_reconcile_completes_rows_inserts_missed_calls_and_keeps_stream_timing_R
     _call(lease, "lc_run--cut", 8, finish=False)  # the stream lost its finish
     row_before = Message.objects.get(run=run, operation_id="lc_run--tool")
     state = [
-        services.StateMessage(kind="human", id="h"),
+        ledger.StateMessage(kind="human", id="h"),
         _ai("lc_run--tool", "older text"),
         _ai("lc_run--cut", "the State has it"),
         _ai("lc_run--tool", "let me check", [{"id": "c1", "name": "get_weather", "args": {}}]),  # last one counts
         _ai("lc_run--missed", "final answer"),
     ]
-    run = services.run_finish(lease=lease, status="completed", final_state=state)
+    run = ledger.run_finish(lease=lease, status="completed", final_state=state)
     rows = {m.operation_id: m for m in Message.objects.filter(run=run, role="assistant")}
     assert set(rows) == {"lc_run--tool", "lc_run--cut", "lc_run--missed"}
     tool = rows["lc_run--tool"]
@@ -478,7 +478,7 @@ def test_reconcile_completes_rows_inserts_missed_calls_and_keeps_stream_timing_R
     assert run.output_message_id == missed.id and missed.message_type == "text"
     # Run again (a replayed terminal is refused, nothing inserted twice).
     with pytest.raises(RunTerminal):
-        services.run_finish(lease=lease, status="completed", final_state=state)
+        ledger.run_finish(lease=lease, status="completed", final_state=state)
     assert Message.objects.filter(run=run, role="assistant").count() == 3
 
 
@@ -497,7 +497,7 @@ def test_an_interrupted_run_never_falls_back_to_an_earlier_row_R_MA_8(thread):
         run=make_run(thread.__class__.objects.create(user=thread.user, agent_id="assistant", model="x")),
         execution_status="completed",
     )
-    run = services.run_finish(lease=lease, status="interrupted", final_state=state, interrupts=[{"id": "i"}])
+    run = ledger.run_finish(lease=lease, status="interrupted", final_state=state, interrupts=[{"id": "i"}])
     assert run.output_message_id is None
     assert Message.objects.get(run=run, operation_id="lc_run--early").message_type == "model_audit"
 
@@ -510,7 +510,7 @@ def test_terminal_closes_running_rows_by_run_status_R_MA_7(thread, status, close
     run = make_run(thread)
     lease = acquire(run)
     _call(lease, "lc_run--open", 2, finish=False)
-    services.run_finish(lease=lease, status=status)
+    ledger.run_finish(lease=lease, status=status)
     row = Message.objects.get(run=run, operation_id="lc_run--open")
     assert row.execution_status == closed_as
     assert row.usage is None and row.metadata["usage_unknown"] is True

@@ -17,7 +17,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.types import Interrupt
 
-from audit import services
+from audit import ledger
 from audit.execution.recorder import LifecycleRecorder
 from audit.execution.runner import LeasedAuditSink
 from audit.models import AgentRun
@@ -54,7 +54,7 @@ def _feed(run: AgentRun, events: list[dict]) -> LifecycleRecorder:
 
 
 def _finish(recorder: LifecycleRecorder, status: str) -> AgentRun:
-    return services.run_finish(
+    return ledger.run_finish(
         lease=recorder.lease,  # type: ignore[attr-defined]
         status=status,
         final_state=recorder.final_state(),
@@ -239,7 +239,7 @@ def test_a_swept_run_closes_its_subagent_rows_R_SUB_1_R_RUN_7(user):
     running = Message.objects.filter(run=run, execution_status="running")
     assert {r.operation_id for r in running} == {TASK_CALL, *SUBAGENT_TOOL_CALLS}
     AgentRun.objects.filter(pk=run.pk).update(lease_expires_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5))
-    services.run_sweep_expired_leases()
+    ledger.run_sweep_expired_leases()
     run.refresh_from_db()
     assert (run.status, run.error_type) == ("failed", "lease_expired")
     rows = Message.objects.filter(run=run, operation_id__in=[TASK_CALL, *SUBAGENT_TOOL_CALLS])

@@ -12,9 +12,9 @@ import pytest
 import redis
 from django.conf import settings
 
-from audit.cancellation import CancelSignalListener, cancel_channel, cancel_key
 from audit.execution.runner import run_execute
 from audit.execution.worker_loop import run_in_worker_loop, worker_client_name, worker_redis
+from audit.ledger.cancellation import CancelSignalListener, cancel_channel, cancel_key
 from tests.conftest import make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)

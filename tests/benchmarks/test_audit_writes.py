@@ -32,13 +32,13 @@ def _rollups() -> dict[str, list[tuple]]:
 def finished_run(user):
     """A completed run already in the rollups: the dashboard shows figures
     a benchmark must leave as they are."""
-    from audit.services import run_finish
+    from audit.ledger import run_finish
     from conversations.models import Conversation
     from tests.conftest import make_run
 
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
     run = make_run(thread)
-    from audit.services import run_acquire
+    from audit.ledger import run_acquire
 
     run_finish(lease=run_acquire(run_id=run.id, owner="test", ttl_seconds=60), status="completed")
     assert any(_rollups().values())
@@ -109,7 +109,7 @@ def test_benchmarks_start_their_own_runs_even_beside_a_worker(settings, user):
     the run stays pending for whoever submitted it."""
     import threading
 
-    from audit.handover import dispatch_held, enqueue_run
+    from audit.ledger.handover import dispatch_held, enqueue_run
     from conversations.models import Conversation
     from tests.conftest import make_run
 
@@ -132,7 +132,7 @@ def test_the_benchmarks_close_without_cost_skips_its_pricing_and_nothing_else_R_
     no cost) and write the same row otherwise."""
     import datetime as dt
 
-    from audit import services
+    from audit import ledger
     from benchmarks.audit_writes import _close
     from conversations.models import Conversation
     from tests.conftest import acquire, make_run
@@ -140,7 +140,7 @@ def test_the_benchmarks_close_without_cost_skips_its_pricing_and_nothing_else_R_
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
     lease = acquire(make_run(thread))
     for op in ("lc_run--priced", "lc_run--unpriced"):
-        services.model_call_open(lease=lease, operation_id=op, sequence=1, started_at=dt.datetime.now(dt.UTC))
+        ledger.model_call_open(lease=lease, operation_id=op, sequence=1, started_at=dt.datetime.now(dt.UTC))
     _close(lease, "lc_run--priced", with_cost=True)
     _close(lease, "lc_run--unpriced", with_cost=False)
     priced = Message.objects.get(operation_id="lc_run--priced")

@@ -116,7 +116,7 @@ def _rollups() -> dict[str, list[tuple]]:
 def finished_run(user):
     """A completed run already in the rollups: figures the report must
     leave as they are."""
-    from audit.services import run_acquire, run_finish
+    from audit.ledger import run_acquire, run_finish
     from conversations.models import Conversation
     from tests.conftest import make_run
 

@@ -12,10 +12,10 @@ import pytest
 from django.conf import settings
 from django.db import connection, transaction
 
-from audit import services
+from audit import ledger
 from audit.errors import LeaseLost, RunTerminal
 from audit.execution.events import RunEventPublisher, stream_key
-from audit.lease import lock_run
+from audit.ledger.lease import lock_run
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
 from tests.conftest import acquire, make_run, prepared_executed_since, prepared_executions
@@ -26,7 +26,7 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 def _write_in_thread(lease, outcome: dict) -> threading.Thread:
     def write():
         try:
-            services.model_call_start(lease=lease, operation_id="lc_run--late", sequence=3, started_at=T0)
+            ledger.model_call_start(lease=lease, operation_id="lc_run--late", sequence=3, started_at=T0)
             outcome["result"] = "written"
         except Exception as exc:
             outcome["result"] = exc
@@ -63,14 +63,14 @@ def test_a_write_waiting_on_the_run_row_rechecks_the_lease_after_the_holder_comm
 @pytest.mark.django_db
 def test_open_then_start_share_one_row_and_finish_prices_it_once_R_MA_10_R_COST_1(thread):
     lease = acquire(make_run(thread))
-    opened = services.model_call_open(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
-    started = services.model_call_start(
+    opened = ledger.model_call_open(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
+    started = ledger.model_call_start(
         lease=lease, operation_id="lc_run--a", sequence=4, started_at=T0, metadata={"namespace": []}
     )
     assert started.pk == opened.pk and started.sequence == 4
     assert "awaiting_first_chunk" not in started.metadata and started.metadata["attempts"] == 1
     usage = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
-    closed = services.model_call_finish(
+    closed = ledger.model_call_finish(
         lease=lease,
         operation_id="lc_run--a",
         content="hi\x00there",
@@ -154,10 +154,10 @@ def test_fenced_writes_are_prepared_once_per_connection_R_RUN_5(thread):
     write (planning was half of a write's time): Django turns psycopg's
     prepared statements off unless the connection allows them."""
     lease = acquire(make_run(thread))
-    services.model_call_start(lease=lease, operation_id="lc_run--p0", sequence=1, started_at=T0)
+    ledger.model_call_start(lease=lease, operation_id="lc_run--p0", sequence=1, started_at=T0)
     before = prepared_executions("WITH leased_run AS %")
     for i in range(1, 4):
-        services.model_call_start(lease=lease, operation_id=f"lc_run--p{i}", sequence=i + 1, started_at=T0)
+        ledger.model_call_start(lease=lease, operation_id=f"lc_run--p{i}", sequence=i + 1, started_at=T0)
     assert prepared_executed_since(before, "WITH leased_run AS %") == [3], (
         "the model row's start must be one statement prepared on this connection"
     )
@@ -167,10 +167,10 @@ def test_fenced_writes_are_prepared_once_per_connection_R_RUN_5(thread):
 def test_the_rollup_of_a_run_end_is_prepared_once_per_connection_R_DASH_1(thread):
     """The rollup statement of a run's end is planned once per connection:
     planning it took three times its execution."""
-    services.run_finish(lease=acquire(make_run(thread, request_id="rollup-0")), status="completed")
+    ledger.run_finish(lease=acquire(make_run(thread, request_id="rollup-0")), status="completed")
     before = prepared_executions("WITH marked AS %")
     for i in range(1, 3):
-        services.run_finish(lease=acquire(make_run(thread, request_id=f"rollup-{i}")), status="completed")
+        ledger.run_finish(lease=acquire(make_run(thread, request_id=f"rollup-{i}")), status="completed")
     assert prepared_executed_since(before, "WITH marked AS %") == [2]
 
 
@@ -184,7 +184,7 @@ def test_the_terminal_read_sent_with_the_lock_sees_what_the_lock_holder_committe
 
     def finish():
         try:
-            outcome["run"] = services.run_finish(lease=lease, status="completed")
+            outcome["run"] = ledger.run_finish(lease=lease, status="completed")
         except Exception as exc:
             outcome["run"] = exc
         finally:
@@ -222,11 +222,11 @@ def test_a_write_that_reads_nothing_back_stores_the_row_the_loading_write_stores
         op, call = "lc_run--x", "call-x"
         common = {"lease": lease, "returning": returning}
         return [
-            services.model_call_open(operation_id=op, sequence=1, started_at=T0, metadata={"namespace": []}, **common),
-            services.model_call_start(
+            ledger.model_call_open(operation_id=op, sequence=1, started_at=T0, metadata={"namespace": []}, **common),
+            ledger.model_call_start(
                 operation_id=op, sequence=2, started_at=T0, metadata={"ls_model_name": "m"}, **common
             ),
-            services.model_call_finish(
+            ledger.model_call_finish(
                 operation_id=op,
                 content="hi\x00",
                 tool_calls=[{"id": call, "name": "get_weather", "args": {"city": "Par\x00is"}}],
@@ -236,7 +236,7 @@ def test_a_write_that_reads_nothing_back_stores_the_row_the_loading_write_stores
                 metadata={"finish_reason": "tool_calls"},
                 **common,
             ),
-            services.tool_call_start(
+            ledger.tool_call_start(
                 tool_call_id=call,
                 tool_name="get_weather",
                 tool_input={"city": "Par\x00is"},
@@ -246,8 +246,8 @@ def test_a_write_that_reads_nothing_back_stores_the_row_the_loading_write_stores
                 metadata={},
                 **common,
             ),
-            services.tool_call_error(tool_call_id=call, error="boom", **common),
-            services.tool_call_finish(
+            ledger.tool_call_error(tool_call_id=call, error="boom", **common),
+            ledger.tool_call_finish(
                 tool_call_id=call,
                 status="failed",
                 content="boom",
@@ -280,7 +280,7 @@ def test_prepared_statements_are_planned_once_not_on_every_call_R_RUN_5(thread):
     execution. The prepared statements are planned once per connection."""
     lease = acquire(make_run(thread))
     for i in range(8):
-        services.model_call_open(
+        ledger.model_call_open(
             lease=lease, operation_id=f"lc_run--o{i}", sequence=i + 1, started_at=T0, budget_user_id=thread.user_id
         )
     with connection.cursor() as cursor:

@@ -10,7 +10,7 @@ import json
 import pytest
 from django.test import Client
 
-from audit import services
+from audit import ledger
 from audit.agents.tools import AgentContext, send_email
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
@@ -37,7 +37,7 @@ def _post(client, headers, path, payload, raw: str | None = None):
 
 def _interrupted_run(thread) -> AgentRun:
     run = make_run(thread, text="email ops")
-    services.run_finish(lease=acquire(run), status="interrupted", interrupts=INTERRUPT)
+    ledger.run_finish(lease=acquire(run), status="interrupted", interrupts=INTERRUPT)
     run.refresh_from_db()
     return run
 
@@ -110,15 +110,15 @@ def test_last_event_id_must_be_ascii_digits_R_EVT_1(user, thread):
 def test_cancelling_a_resume_run_before_it_starts_gives_the_approval_up_R_TA_5(user):
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:approval_send_email")
     origin = _interrupted_run(thread)
-    resume, _ = services.run_resume(user=user, run_id=origin.id, request_id="resume-1", decisions=[{"type": "approve"}])
-    services.run_request_cancel(user=user, run_id=resume.id)
+    resume, _ = ledger.run_resume(user=user, run_id=origin.id, request_id="resume-1", decisions=[{"type": "approve"}])
+    ledger.run_request_cancel(user=user, run_id=resume.id)
     origin.refresh_from_db()
     resume.refresh_from_db()
     assert resume.status == "cancelled"
     # Not left "interrupted" with an approval nobody can answer any more.
     assert origin.status == "cancelled" and origin.interrupts is None
     # The thread takes new turns again.
-    run, created = services.run_submit(user=user, thread_id=thread.id, request_id="after", text="next")
+    run, created = ledger.run_submit(user=user, thread_id=thread.id, request_id="after", text="next")
     assert created and run.status == "pending"
 
 
@@ -128,9 +128,9 @@ def test_an_unanswered_approval_holds_the_thread_even_behind_a_queued_turn_R_TA_
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:approval_send_email")
     first = make_run(thread, text="email ops")
     make_run(thread, text="queued while the first still ran")  # accepted: nothing waits yet
-    services.run_finish(lease=acquire(first), status="interrupted", interrupts=INTERRUPT)
+    ledger.run_finish(lease=acquire(first), status="interrupted", interrupts=INTERRUPT)
     with pytest.raises(Conflict) as exc:
-        services.run_submit(user=user, thread_id=thread.id, request_id="third", text="third")
+        ledger.run_submit(user=user, thread_id=thread.id, request_id="third", text="third")
     assert exc.value.extra["reason"] == "thread_interrupted" and exc.value.extra["run_id"] == str(first.id)
 
 
@@ -160,11 +160,11 @@ def test_memory_feeds_a_large_tool_result_back_as_path_and_preview_R_TA_4_R_READ
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     lease = acquire(make_run(thread))
     call = {"id": "call_lookup_1", "name": "lookup_docs", "args": {"query": "retention", "size": 20000}}
-    services.model_call_start(lease=lease, operation_id="lc_run--m1", sequence=2, started_at=t0)
-    services.model_call_finish(
+    ledger.model_call_start(lease=lease, operation_id="lc_run--m1", sequence=2, started_at=t0)
+    ledger.model_call_finish(
         lease=lease, operation_id="lc_run--m1", content="", tool_calls=[call], usage=None, finished_at=t0, duration_ms=1
     )
-    services.tool_call_start(
+    ledger.tool_call_start(
         lease=lease,
         tool_call_id="call_lookup_1",
         tool_name="lookup_docs",
@@ -174,7 +174,7 @@ def test_memory_feeds_a_large_tool_result_back_as_path_and_preview_R_TA_4_R_READ
         declared_by_operation_id="lc_run--m1",
     )
     full = "x" * (get_config().LARGE_TOOL_RESULT_CHARS + 5000)
-    services.tool_call_finish(
+    ledger.tool_call_finish(
         lease=lease,
         tool_call_id="call_lookup_1",
         status="completed",
@@ -184,10 +184,10 @@ def test_memory_feeds_a_large_tool_result_back_as_path_and_preview_R_TA_4_R_READ
         duration_ms=1,
     )
     state = [
-        services.StateMessage(kind="ai", id="lc_run--m1", tool_calls=[call]),
-        services.StateMessage(kind="ai", id="lc_run--m2", content="done"),
+        ledger.StateMessage(kind="ai", id="lc_run--m1", tool_calls=[call]),
+        ledger.StateMessage(kind="ai", id="lc_run--m2", content="done"),
     ]
-    services.run_finish(lease=lease, status="completed", final_state=state)
+    ledger.run_finish(lease=lease, status="completed", final_state=state)
     (tool,) = [m for m in thread_memory(thread_id=thread.id, include_tools=True) if m["type"] == "tool"]
     assert tool["tool_call_id"] == "call_lookup_1"
     path = f"outputs/large_tool_results/{lease.run_id}/call_lookup_1"
@@ -201,7 +201,7 @@ def test_the_web_lock_limit_holds_for_its_block_only_inside_a_transaction_R_RUN_
     inside an outer transaction the limit is set back when the block ends."""
     from django.db import connection, transaction
 
-    from audit.locks import web_lock_wait
+    from audit.ledger.locks import web_lock_wait
 
     def limit() -> str:
         with connection.cursor() as cursor:

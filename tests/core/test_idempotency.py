@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from audit import services
+from audit import ledger
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
 from tests.conftest import acquire, bearer, make_run
@@ -38,7 +38,7 @@ def _new_thread(user) -> Conversation:
 
 def _interrupted_run(thread) -> AgentRun:
     run = make_run(thread, text="email ops")
-    services.run_finish(lease=acquire(run), status="interrupted", interrupts=INTERRUPT)
+    ledger.run_finish(lease=acquire(run), status="interrupted", interrupts=INTERRUPT)
     run.refresh_from_db()
     return run
 
@@ -105,7 +105,7 @@ def test_a_resume_key_sent_as_a_turn_is_409_and_drops_nothing_silently_R_IDEM_1(
     origin = _interrupted_run(thread)
     resumed = _resume(headers, origin.id, "resume-1")
     assert resumed.status_code == 202
-    services.run_request_cancel(user=user, run_id=resumed.json()["run_id"])  # frees the thread for turns
+    ledger.run_request_cancel(user=user, run_id=resumed.json()["run_id"])  # frees the thread for turns
     before = _snapshot()
     _assert_reused(_turn(headers, thread.id, "resume-1", "a new question"))
     assert _snapshot() == before

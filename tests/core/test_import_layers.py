@@ -96,7 +96,7 @@ def test_every_module_sits_in_a_layer():
 def test_no_import_circle_among_the_products_modules():
     """The audit's circle (thirteen modules: runner > recorder > terminal >
     dispatch > tasks > runner, …) is gone: dispatch sends the worker's task
-    by name and the services hand runs over through audit.handover."""
+    by name and the services hand runs over through audit.ledger.handover."""
     graph = grimp.build_graph(*LINTER["root_packages"])
     assert _circles(graph) == []
 

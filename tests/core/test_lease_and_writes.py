@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from audit import services
+from audit import ledger
 from audit.errors import AuditConflict, LeaseExpired, LeaseLost, RunIdentityMismatch, RunNotStartable, RunTerminal
-from audit.lease import lock_run
+from audit.ledger.lease import lock_run
 from audit.models import AgentRun
 from conversations.models import Message
 from tests.conftest import acquire, make_run
@@ -58,7 +58,7 @@ def test_every_write_checks_identity_owner_and_fencing_token_R_RUN_4(thread, cha
     run = make_run(thread)
     lease = dataclasses.replace(acquire(run, owner="w1"), **change)
     with pytest.raises(error):
-        services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
+        ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
     assert not Message.objects.audit().exists()
 
 
@@ -67,34 +67,34 @@ def test_an_expired_lease_writes_nothing_R_RUN_4_R_RUN_7(thread):
     lease = acquire(run, owner="w1")
     AgentRun.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     with pytest.raises(LeaseExpired):
-        services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
+        ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
     assert not Message.objects.audit().exists()
 
 
 def test_a_terminal_run_accepts_no_write_R_RUN_4(thread):
     run = make_run(thread)
     lease = acquire(run)
-    services.run_finish(lease=lease, status="failed", error_type="agent_error")
+    ledger.run_finish(lease=lease, status="failed", error_type="agent_error")
     with pytest.raises(RunTerminal):
-        services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
+        ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
 
 
 def test_model_call_start_is_idempotent_and_refuses_another_sequence_R_MA_3(thread):
     lease = acquire(make_run(thread))
-    first = services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
-    again = services.model_call_start(
+    first = ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
+    again = ledger.model_call_start(
         lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0 + timedelta(seconds=5)
     )
     assert again.pk == first.pk and again.started_at == T0
     with pytest.raises(AuditConflict) as exc:
-        services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=9, started_at=T0)
+        ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=9, started_at=T0)
     assert exc.value.extra["reason"] == "sequence_conflict"
     assert Message.objects.audit().count() == 1
 
 
 def test_model_call_finish_sets_result_once_and_never_reopens_R_MA_4_R_MA_5(thread):
     lease = acquire(make_run(thread))
-    services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
+    ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
     usage = {"input_tokens": 10, "output_tokens": 3, "total_tokens": 13}
     finish = dict(
         lease=lease,
@@ -105,22 +105,22 @@ def test_model_call_finish_sets_result_once_and_never_reopens_R_MA_4_R_MA_5(thre
         finished_at=T0 + timedelta(seconds=1),
         duration_ms=812,
     )
-    row = services.model_call_finish(**finish)
+    row = ledger.model_call_finish(**finish)
     assert (row.execution_status, row.usage, row.duration_ms, row.content) == ("completed", usage, 812, "hi")
     # The same finish again is a no-op; a different result is refused.
-    services.model_call_finish(**finish)
+    ledger.model_call_finish(**finish)
     with pytest.raises(AuditConflict):
-        services.model_call_finish(**{**finish, "content": "something else"})
+        ledger.model_call_finish(**{**finish, "content": "something else"})
     # A replayed start never turns the completed row back to running.
-    services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
+    ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
     row.refresh_from_db()
     assert row.execution_status == "completed" and row.content == "hi"
 
 
 def test_model_and_tool_rows_may_share_an_operation_id_R_MA_1(thread):
     lease = acquire(make_run(thread))
-    services.model_call_start(lease=lease, operation_id="same-id", sequence=2, started_at=T0)
-    services.tool_call_start(
+    ledger.model_call_start(lease=lease, operation_id="same-id", sequence=2, started_at=T0)
+    ledger.tool_call_start(
         lease=lease,
         tool_call_id="same-id",
         tool_name="calculator",
@@ -134,8 +134,8 @@ def test_model_and_tool_rows_may_share_an_operation_id_R_MA_1(thread):
 
 def test_tool_row_lifecycle_and_closed_row_immutability_R_TA_1_R_TA_2(thread):
     lease = acquire(make_run(thread))
-    services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
-    services.model_call_finish(
+    ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
+    ledger.model_call_finish(
         lease=lease,
         operation_id="lc_run--a",
         content="",
@@ -153,7 +153,7 @@ def test_tool_row_lifecycle_and_closed_row_immutability_R_TA_1_R_TA_2(thread):
         started_at=T0,
         declared_by_operation_id="lc_run--a",
     )
-    row = services.tool_call_start(**start)
+    row = ledger.tool_call_start(**start)
     assert row.execution_status == "running" and row.declared_by.operation_id == "lc_run--a"
     finish = dict(
         lease=lease,
@@ -164,19 +164,19 @@ def test_tool_row_lifecycle_and_closed_row_immutability_R_TA_1_R_TA_2(thread):
         finished_at=T0,
         duration_ms=3,
     )
-    services.tool_call_finish(**finish)
-    services.tool_call_finish(**finish)  # the same result again: no-op
+    ledger.tool_call_finish(**finish)
+    ledger.tool_call_finish(**finish)  # the same result again: no-op
     with pytest.raises(AuditConflict):
-        services.tool_call_finish(**{**finish, "status": "failed"})
-    again = services.tool_call_start(**start)  # a replayed start does not reopen
+        ledger.tool_call_finish(**{**finish, "status": "failed"})
+    again = ledger.tool_call_start(**start)  # a replayed start does not reopen
     assert again.execution_status == "completed" and again.content == "sunny"
     assert again.metadata["raw_output"]["content"] == "sunny"
 
 
 def test_terminal_transaction_closes_running_rows_and_binds_only_this_runs_last_answer_R_MA_7_R_MA_8(thread):
     lease = acquire(make_run(thread))
-    services.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
-    services.model_call_finish(
+    ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=2, started_at=T0)
+    ledger.model_call_finish(
         lease=lease,
         operation_id="lc_run--a",
         content="answer",
@@ -185,15 +185,13 @@ def test_terminal_transaction_closes_running_rows_and_binds_only_this_runs_last_
         finished_at=T0,
         duration_ms=1,
     )
-    services.model_call_start(lease=lease, operation_id="lc_run--cut", sequence=9, started_at=T0)
+    ledger.model_call_start(lease=lease, operation_id="lc_run--cut", sequence=9, started_at=T0)
     state = [
-        services.StateMessage(kind="human", id="h1", content="q"),
-        services.StateMessage(kind="ai", id="lc_run--old", content="from an earlier run"),
-        services.StateMessage(kind="ai", id="lc_run--a", content="answer"),
+        ledger.StateMessage(kind="human", id="h1", content="q"),
+        ledger.StateMessage(kind="ai", id="lc_run--old", content="from an earlier run"),
+        ledger.StateMessage(kind="ai", id="lc_run--a", content="answer"),
     ]
-    run = services.run_finish(
-        lease=lease, status="completed", final_state=state, prior_message_ids={"h0", "lc_run--old"}
-    )
+    run = ledger.run_finish(lease=lease, status="completed", final_state=state, prior_message_ids={"h0", "lc_run--old"})
     rows = {m.operation_id: m for m in Message.objects.audit().filter(run=run)}
     assert run.status == "completed" and run.output_message_id == rows["lc_run--a"].id
     assert rows["lc_run--a"].message_type == "text" and rows["lc_run--a"].metadata["state_reconciled"] is True

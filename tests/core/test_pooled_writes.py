@@ -17,12 +17,12 @@ from asgiref.sync import sync_to_async
 from django.db import DataError, connection, connections, transaction
 from psycopg_pool import PoolTimeout
 
-from audit import services
+from audit import ledger
 from audit.errors import LeaseLost
 from audit.execution import runner
-from audit.lease import Lease, lock_run
+from audit.ledger import StateMessage
+from audit.ledger.lease import Lease, lock_run
 from audit.models import AgentRun
-from audit.services import StateMessage
 from conversations.models import Message
 from dashboard import facts, rollups
 from tests.conftest import acquire, make_run
@@ -74,9 +74,9 @@ def test_lifecycle_writes_are_made_on_the_loop_and_give_their_connection_back_R_
     lease = acquire(make_run(thread))
     connection.close()
     available = _available()
-    opened = _on_loop(services.model_call_start, lease=lease, operation_id="lc_run--a", sequence=1, started_at=T0)
+    opened = _on_loop(ledger.model_call_start, lease=lease, operation_id="lc_run--a", sequence=1, started_at=T0)
     closed = _on_loop(
-        services.model_call_finish,
+        ledger.model_call_finish,
         lease=lease,
         operation_id="lc_run--a",
         content="hi",
@@ -97,7 +97,7 @@ def test_a_write_whose_statement_wrote_nothing_takes_its_locked_path_in_a_thread
     lease = acquire(make_run(thread))
     stale = Lease(lease.run_id, lease.request_id, lease.thread_id, "someone-else", lease.fencing_token)
     with pytest.raises(LeaseLost):
-        _on_loop(services.model_call_start, lease=stale, operation_id="lc_run--b", sequence=1, started_at=T0)
+        _on_loop(ledger.model_call_start, lease=stale, operation_id="lc_run--b", sequence=1, started_at=T0)
     assert hops == ["model_call_start"]
     assert not Message.objects.audit().filter(operation_id="lc_run--b").exists()
 
@@ -107,9 +107,9 @@ def test_a_repeated_write_is_answered_by_its_locked_path_once_and_counts_no_erro
     thread, where the idempotency rule returns the row unchanged. Stopping
     at the ORM on the loop is no write error."""
     lease = acquire(make_run(thread))
-    first = _on_loop(services.model_call_start, lease=lease, operation_id="lc_run--c", sequence=4, started_at=T0)
+    first = _on_loop(ledger.model_call_start, lease=lease, operation_id="lc_run--c", sequence=4, started_at=T0)
     before = scrape()
-    again = _on_loop(services.model_call_start, lease=lease, operation_id="lc_run--c", sequence=4, started_at=T0)
+    again = _on_loop(ledger.model_call_start, lease=lease, operation_id="lc_run--c", sequence=4, started_at=T0)
     after = scrape()
     assert hops == ["model_call_start"]
     assert again.pk == first.pk and again.sequence == 4
@@ -125,9 +125,9 @@ _FINISHED = {"status": "completed", "error_type": "", "model": "replay:tool_then
 
 def _open_and_close(lease, op: str, *, at: dt.datetime = T0) -> None:
     """A model call of the run at ``at``, opened, started and closed."""
-    services.model_call_open(lease=lease, operation_id=op, sequence=1, started_at=at)
-    services.model_call_start(lease=lease, operation_id=op, sequence=1, started_at=at)
-    services.model_call_finish(
+    ledger.model_call_open(lease=lease, operation_id=op, sequence=1, started_at=at)
+    ledger.model_call_start(lease=lease, operation_id=op, sequence=1, started_at=at)
+    ledger.model_call_finish(
         lease=lease,
         operation_id=op,
         content="answer",
@@ -154,7 +154,7 @@ def test_the_terminal_transaction_is_made_on_the_loop_in_one_transaction_R_RUN_5
         StateMessage(kind="human", id="h-1", content="hi"),
         StateMessage(kind="ai", id="lc_run--t1", content="answer"),
     ]
-    run = _on_loop(services.run_finish, lease=lease, status="completed", final_state=state)
+    run = _on_loop(ledger.run_finish, lease=lease, status="completed", final_state=state)
     after = scrape()
     assert hops == [], "the usual terminal transaction needs no thread"
     assert run.status == "completed" and run.output_message.operation_id == "lc_run--t1"
@@ -191,7 +191,7 @@ def test_a_terminal_transaction_that_reaches_the_orm_on_the_loop_is_undone_and_m
         StateMessage(kind="ai", id="lc_run--seen", content="answer"),
         StateMessage(kind="ai", id="lc_run--unseen", content="from the State"),
     ]
-    run = _on_loop(services.run_finish, lease=lease, status="completed", final_state=state)
+    run = _on_loop(ledger.run_finish, lease=lease, status="completed", final_state=state)
     after = scrape()
     assert hops == ["run_finish"]
     assert run.status == "completed"
@@ -215,7 +215,7 @@ def test_a_run_ending_on_the_loop_while_a_rollup_row_is_held_ends_at_once_unroll
     # A run of the same hour and model ended first: its rollup rows exist.
     earlier = acquire(make_run(Conversation.objects.create(user=thread.user, agent_id="assistant", model=thread.model)))
     _open_and_close(earlier, "lc_run--e")
-    services.run_finish(lease=earlier, status="completed")
+    ledger.run_finish(lease=earlier, status="completed")
     lease = acquire(make_run(thread))
     _open_and_close(lease, "lc_run--h")
     waiting = make_run(thread)
@@ -224,7 +224,7 @@ def test_a_run_ending_on_the_loop_while_a_rollup_row_is_held_ends_at_once_unroll
         frozen.execute(f"SELECT 1 FROM {facts.HOUR_TABLE} FOR UPDATE")
         frozen.execute(f"SELECT 1 FROM {facts.LATENCY_TABLE} FOR UPDATE")
         state = [StateMessage(kind="ai", id="lc_run--h", content="answer")]
-        run = _on_loop(services.run_finish, lease=lease, status="completed", final_state=state)
+        run = _on_loop(ledger.run_finish, lease=lease, status="completed", final_state=state)
         frozen.rollback()
     assert hops == [] and run.status == "completed"
     stored = AgentRun.objects.get(pk=lease.run_id)
@@ -238,7 +238,7 @@ def test_a_terminal_transaction_that_fails_on_the_loop_leaves_the_run_as_it_was_
     """An error after the run's rows were updated rolls the whole pooled
     transaction back: the rows and the run are as before, nothing is rolled
     up, no hook runs, and the connection goes back idle."""
-    from audit.services import terminal
+    from audit.ledger import terminal
 
     lease = acquire(make_run(thread))
     _open_and_close(lease, "lc_run--f")
@@ -252,7 +252,7 @@ def test_a_terminal_transaction_that_fails_on_the_loop_leaves_the_run_as_it_was_
     monkeypatch.setattr(terminal, "seal_run", refuse)
     state = [StateMessage(kind="ai", id="lc_run--f", content="answer")]
     with pytest.raises(RuntimeError, match="the seal failed"):
-        _on_loop(services.run_finish, lease=lease, status="completed", final_state=state)
+        _on_loop(ledger.run_finish, lease=lease, status="completed", final_state=state)
     after = scrape()
     assert hops == []
     stored = AgentRun.objects.get(pk=lease.run_id)
@@ -364,7 +364,7 @@ def test_a_lifecycle_write_waiting_for_postgresql_leaves_the_loop_free_R_RUN_5(t
     async def go(holder):
         write = asyncio.ensure_future(
             runner.write_with_retry(
-                services.model_call_start, lease=lease, operation_id="lc_run--w", sequence=1, started_at=T0
+                ledger.model_call_start, lease=lease, operation_id="lc_run--w", sequence=1, started_at=T0
             )
         )
         ticks = 0
@@ -394,7 +394,7 @@ def test_a_lifecycle_write_cancelled_while_its_statement_waits_ends_its_statemen
     async def go(holder):
         write = asyncio.ensure_future(
             runner.write_with_retry(
-                services.model_call_start, lease=lease, operation_id="lc_run--x", sequence=2, started_at=T0
+                ledger.model_call_start, lease=lease, operation_id="lc_run--x", sequence=2, started_at=T0
             )
         )
         await asyncio.sleep(0.1)
@@ -441,7 +441,7 @@ def test_no_pooled_connection_at_hand_is_no_write_error_R_OPS_1(thread, hops):
         async def go():
             with pytest.raises(NeedsThread):
                 call_with_pooled_statements(
-                    services.model_call_start,
+                    ledger.model_call_start,
                     {"lease": lease, "operation_id": "lc_run--d", "sequence": 1, "started_at": T0},
                 )
 
@@ -449,7 +449,7 @@ def test_no_pooled_connection_at_hand_is_no_write_error_R_OPS_1(thread, hops):
     finally:
         for conn in held:
             pool.putconn(conn)
-    _on_loop(services.model_call_start, lease=lease, operation_id="lc_run--d", sequence=1, started_at=T0)
+    _on_loop(ledger.model_call_start, lease=lease, operation_id="lc_run--d", sequence=1, started_at=T0)
     after = scrape()
     errors = [key for key in after if key[0] == "yuxi_audit_write_errors_total" and after[key] != before.get(key, 0)]
     assert errors == [], "a call sent to a thread is no write error"
@@ -535,7 +535,7 @@ def test_a_write_after_the_server_ended_the_pools_idle_connections_gets_a_new_on
     before = scrape()
     connection.close()
     assert _end_idle_pooled_connections(db_name) == len(held) >= 2
-    _on_loop(services.model_call_start, lease=lease, operation_id="lc_run--e", sequence=1, started_at=T0)
+    _on_loop(ledger.model_call_start, lease=lease, operation_id="lc_run--e", sequence=1, started_at=T0)
     after = scrape()
     errors = [key for key in after if key[0] == "yuxi_audit_write_errors_total" and after[key] != before.get(key, 0)]
     assert errors == [], "the write met the dead connections one by one and waited for the pool"

@@ -15,7 +15,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from audit import services
+from audit import ledger
 from audit.execution.runner import run_execute
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
@@ -95,9 +95,9 @@ def test_the_default_budget_applies_to_users_without_their_own_R_COST_3(user, ot
     _spend(user, "0.5")
     _spend(other_user, "0.5")
     with pytest.raises(BudgetExceeded) as refused:
-        services.run_submit(user=user, thread_id=_thread(user).id, request_id=uuid.uuid4().hex, text="x")
+        ledger.run_submit(user=user, thread_id=_thread(user).id, request_id=uuid.uuid4().hex, text="x")
     assert refused.value.extra["period"] == "month"
-    services.run_submit(user=other_user, thread_id=_thread(other_user).id, request_id=uuid.uuid4().hex, text="x")
+    ledger.run_submit(user=other_user, thread_id=_thread(other_user).id, request_id=uuid.uuid4().hex, text="x")
 
 
 def test_spend_counts_the_current_period_in_the_budget_time_zone_R_COST_3(user, monkeypatch):
@@ -149,7 +149,7 @@ def test_concurrent_submits_at_the_edge_of_a_budget_admit_exactly_the_ones_that_
     def submit(thread):
         try:
             barrier.wait()
-            services.run_submit(user=user, thread_id=thread.id, request_id=uuid.uuid4().hex, text="x")
+            ledger.run_submit(user=user, thread_id=thread.id, request_id=uuid.uuid4().hex, text="x")
             outcomes.append("admitted")
         except BudgetExceeded:
             outcomes.append("refused")
@@ -183,7 +183,7 @@ def test_a_running_run_that_crosses_its_budget_stops_before_its_next_model_call_
     monkeypatch.setattr(get_config(), "BUDGET_RUN_RESERVE_USD", Decimal("0"))
     budget_set(user=user, limit_usd="0.0001", period="day")
     thread = _thread(user)
-    run, _ = services.run_submit(user=user, thread_id=thread.id, request_id=uuid.uuid4().hex, text="Paris?")
+    run, _ = ledger.run_submit(user=user, thread_id=thread.id, request_id=uuid.uuid4().hex, text="Paris?")
     assert run_execute(run_id=run.id, owner="in-process") == "failed"
     run.refresh_from_db()
     assert run.error_type == "budget_exceeded", run.error_message
@@ -195,7 +195,7 @@ def test_a_running_run_that_crosses_its_budget_stops_before_its_next_model_call_
     assert not Message.objects.filter(run=run, execution_status="running").exists()
     # The next turn is refused at once: nothing more is spent.
     with pytest.raises(BudgetExceeded):
-        services.run_submit(user=user, thread_id=thread.id, request_id=uuid.uuid4().hex, text="again")
+        ledger.run_submit(user=user, thread_id=thread.id, request_id=uuid.uuid4().hex, text="again")
 
 
 @pytest.mark.parametrize(
@@ -265,7 +265,7 @@ def test_a_model_row_opens_only_while_the_budget_has_room_in_one_statement_R_COS
     now = dt.datetime.now(dt.UTC)
 
     def open_call(operation_id: str):
-        return services.model_call_open(
+        return ledger.model_call_open(
             lease=lease, operation_id=operation_id, sequence=1, started_at=now, budget_user_id=user.pk
         )
 
@@ -299,7 +299,7 @@ def test_a_lost_lease_is_named_before_the_budget_when_a_model_row_would_open_R_R
     _spend(user, "2")
     AgentRun.objects.filter(pk=run.id).update(lease_owner="worker-new", fencing_token=F("fencing_token") + 1)
     with pytest.raises(LeaseError):
-        services.model_call_open(
+        ledger.model_call_open(
             lease=lease,
             operation_id="lc_run--a",
             sequence=1,

@@ -11,7 +11,7 @@ import genai_prices
 import pytest
 from django.utils import timezone
 
-from audit import services
+from audit import ledger
 from conversations.models import Conversation, Message
 from costs.selectors import run_cost
 from tests.conftest import acquire, make_run
@@ -23,11 +23,11 @@ REPLAY_COST = (100 * Decimal("1.00") + 50 * Decimal("4.00")) / Decimal(1_000_000
 
 
 def _start(lease, op, seq):
-    services.model_call_start(lease=lease, operation_id=op, sequence=seq, started_at=timezone.now(), metadata={})
+    ledger.model_call_start(lease=lease, operation_id=op, sequence=seq, started_at=timezone.now(), metadata={})
 
 
 def _finish(lease, op, usage=USAGE, **metadata):
-    return services.model_call_finish(
+    return ledger.model_call_finish(
         lease=lease,
         operation_id=op,
         content="hi",
@@ -83,7 +83,7 @@ def test_unknown_price_or_broken_usage_still_closes_the_row_with_unknown_cost_R_
         None,
         "usage_invalid",
     )
-    run = services.run_finish(lease=lease, status="completed")
+    run = ledger.run_finish(lease=lease, status="completed")
     assert run.status == "completed"
     assert run_cost(run.id) == {"total_usd": None, "unknown_cost_calls": 2}
 
@@ -107,11 +107,11 @@ def test_rows_closed_by_the_terminal_transaction_R_COST_1(user):
     _start(lease, "lc_run--proved", 1)  # the State proves it with usage
     _start(lease, "lc_run--cut", 2)  # cut off: no usage anywhere
     state = [
-        services.StateMessage(kind="human", id="h"),
-        services.StateMessage(kind="ai", id="lc_run--proved", content="a", usage=USAGE),
-        services.StateMessage(kind="ai", id="lc_run--state-only", content="b", usage=USAGE),
+        ledger.StateMessage(kind="human", id="h"),
+        ledger.StateMessage(kind="ai", id="lc_run--proved", content="a", usage=USAGE),
+        ledger.StateMessage(kind="ai", id="lc_run--state-only", content="b", usage=USAGE),
     ]
-    run = services.run_finish(lease=lease, status="failed", final_state=state, error_type="x")
+    run = ledger.run_finish(lease=lease, status="failed", final_state=state, error_type="x")
     rows = {r.operation_id: r for r in Message.objects.model_calls().filter(run=run)}
     assert rows["lc_run--proved"].cost_usd == REPLAY_COST
     assert rows["lc_run--state-only"].cost_usd == REPLAY_COST
@@ -128,6 +128,6 @@ def test_a_running_call_is_neither_known_nor_unknown_R_COST_2(user):
     _finish(lease, "op-1")
     _start(lease, "op-2", 2)
     assert run_cost(run.id) == {"total_usd": REPLAY_COST, "unknown_cost_calls": 0}
-    services.run_request_cancel(user=user, run_id=run.id)
-    services.run_finish(lease=lease, status="cancelled", error_type="cancelled")
+    ledger.run_request_cancel(user=user, run_id=run.id)
+    ledger.run_finish(lease=lease, status="cancelled", error_type="cancelled")
     assert run_cost(run.id) == {"total_usd": REPLAY_COST, "unknown_cost_calls": 1}

@@ -14,10 +14,10 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from audit import services
+from audit import ledger
 from audit.errors import RunTerminal
+from audit.ledger import StateMessage
 from audit.models import AgentRun
-from audit.services import StateMessage
 from conversations.models import Conversation
 from conversations.services import message_feedback_submit
 from costs import selectors as cost_selectors
@@ -160,8 +160,8 @@ def test_a_zone_with_a_half_hour_offset_is_counted_from_the_rows_R_DASH_1():
 def _completed_run(thread, *, op: str = "lc_run--a", answer: str = "It is sunny.") -> AgentRun:
     run = make_run(thread)
     lease = acquire(run)
-    services.model_call_start(lease=lease, operation_id=op, sequence=1, started_at=T0)
-    services.model_call_finish(
+    ledger.model_call_start(lease=lease, operation_id=op, sequence=1, started_at=T0)
+    ledger.model_call_finish(
         lease=lease,
         operation_id=op,
         content=answer,
@@ -171,7 +171,7 @@ def _completed_run(thread, *, op: str = "lc_run--a", answer: str = "It is sunny.
         duration_ms=250,
     )
     state = [StateMessage(kind="human", id=f"human-{run.id}"), StateMessage(kind="ai", id=op, content=answer)]
-    run = services.run_finish(lease=lease, status="completed", final_state=state)
+    run = ledger.run_finish(lease=lease, status="completed", final_state=state)
     return run, lease
 
 
@@ -184,10 +184,10 @@ def test_a_second_terminal_attempt_or_roll_up_adds_nothing_R_DASH_1(thread):
 
     assert rollups.run_roll_up(run_id=run.id) is False
     with pytest.raises(RunTerminal):
-        services.run_finish(lease=lease, status="completed")
+        ledger.run_finish(lease=lease, status="completed")
     with pytest.raises(RunTerminal):
-        services.run_finish_fallback(lease=lease, error_type="x", error_message="again")
-    assert services.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(hours=1)) == []
+        ledger.run_finish_fallback(lease=lease, error_type="x", error_message="again")
+    assert ledger.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(hours=1)) == []
     assert rollup_state() == once
 
 
@@ -265,14 +265,14 @@ class World:
 
     def model(self, lease, op: str, seq: int, state: list, *, content: str = "", tool_calls=None, finish=True):
         started = self.when()
-        services.model_call_start(lease=lease, operation_id=op, sequence=seq, started_at=started)
+        ledger.model_call_start(lease=lease, operation_id=op, sequence=seq, started_at=started)
         if not finish:
             return
         usage = None if self.rng.random() < 0.1 else {"input_tokens": self.rng.randrange(1, 500)}
         if usage:
             usage["output_tokens"] = self.rng.randrange(0, 200)
             usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-        services.model_call_finish(
+        ledger.model_call_finish(
             lease=lease,
             operation_id=op,
             content=content,
@@ -285,7 +285,7 @@ class World:
 
     def tool(self, lease, call_id: str, seq: int, declared_by: str, *, name: str, finish: bool = True):
         started = self.when()
-        services.tool_call_start(
+        ledger.tool_call_start(
             lease=lease,
             tool_call_id=call_id,
             tool_name=name,
@@ -296,7 +296,7 @@ class World:
         )
         if finish:
             status = self.rng.choice(["completed", "completed", "failed"])
-            services.tool_call_finish(
+            ledger.tool_call_finish(
                 lease=lease,
                 tool_call_id=call_id,
                 status=status,
@@ -311,7 +311,7 @@ class World:
         waiting = self.interrupted.pop(thread.id, None)
         if waiting is not None:
             decision = self.rng.choice(["approve", "reject"])
-            run, _ = services.run_resume(
+            run, _ = ledger.run_resume(
                 user=thread.user, run_id=waiting.id, request_id=f"resume-{i}", decisions=[{"type": decision}]
             )
         else:
@@ -325,7 +325,7 @@ class World:
         if outcome == "interrupt":
             call = {"id": f"call_email_{i}", "name": "send_email", "args": EMAIL}
             self.model(lease, op, 1, state, tool_calls=[call])
-            services.run_finish(lease=lease, status="interrupted", final_state=state, interrupts=INTERRUPT)
+            ledger.run_finish(lease=lease, status="interrupted", final_state=state, interrupts=INTERRUPT)
             self.interrupted[thread.id] = run
             return
         if outcome == "tools":
@@ -339,18 +339,18 @@ class World:
         else:
             self.model(lease, op, 1, state, content=f"answer {i}", finish=outcome != "swept" or self.rng.random() < 0.5)
         if outcome == "completed":
-            run = services.run_finish(lease=lease, status="completed", final_state=state)
+            run = ledger.run_finish(lease=lease, status="completed", final_state=state)
             if run.output_message_id:
                 self.answers.append(run)
         elif outcome == "failed":
-            services.run_finish(lease=lease, status="failed", error_type="model_error")
+            ledger.run_finish(lease=lease, status="failed", error_type="model_error")
         elif outcome == "cancelled":
-            services.run_request_cancel(user=thread.user, run_id=run.id)
-            services.run_finish(lease=lease, status="cancelled")
+            ledger.run_request_cancel(user=thread.user, run_id=run.id)
+            ledger.run_finish(lease=lease, status="cancelled")
         elif outcome == "fallback":
-            services.run_finish_fallback(lease=lease, error_type="storage_refused", error_message="refused")
+            ledger.run_finish_fallback(lease=lease, error_type="storage_refused", error_message="refused")
         elif outcome == "swept":
-            swept = services.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(seconds=61))
+            swept = ledger.run_sweep_expired_leases(now=timezone.now() + dt.timedelta(seconds=61))
             assert run.id in swept
         if self.answers and self.rng.random() < 0.5:
             answer = self.rng.choice(self.answers)

@@ -305,7 +305,7 @@ def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
     others = [batch.new_thread(f"user{i}") for i in range(1, 5)]
     baseline = _others_baseline(stack)
     # Where a worker holds a run row across statements: its lifecycle writes
-    # are single statements that commit at once (audit.services.fenced), so
+    # are single statements that commit at once (audit.ledger.fenced), so
     # it is the run's terminal transaction, which locks the run row first.
     # The test locks the model row that declared the tool call while the
     # tool runs; the terminal reconcile marks that row, so the worker's

@@ -10,7 +10,7 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from audit import services
+from audit import ledger
 from audit.models import AgentRun
 from conversations.models import Message
 from governance.seal import audit_row_facts, compute_seal
@@ -36,14 +36,14 @@ def test_terminal_transaction_seals_the_run_over_its_closed_rows_R_GOV_3(thread)
 
 def test_every_terminal_path_seals_cancel_and_the_lease_sweeper_R_GOV_3(thread):
     pending = make_run(thread)
-    services.run_request_cancel(user=thread.user, run_id=pending.id)
+    ledger.run_request_cancel(user=thread.user, run_id=pending.id)
     crashed = make_run(thread)
     lease = acquire(crashed, ttl=60)
-    services.model_call_start(
+    ledger.model_call_start(
         lease=lease, operation_id="lc_run--x", sequence=1, started_at=timezone.now(), metadata={"namespace": []}
     )
     AgentRun.objects.filter(pk=crashed.pk).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
-    services.run_sweep_expired_leases()
+    ledger.run_sweep_expired_leases()
     for run in (pending, crashed):
         run.refresh_from_db()
         assert run.is_terminal and run.sealed_at is not None, run.status

@@ -17,10 +17,10 @@ from django.db.models import Sum
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from audit import services
+from audit import ledger
 from audit.errors import LeaseLost
 from audit.execution.runner import run_execute
-from audit.lease import Lease
+from audit.ledger.lease import Lease
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
 from ops import exposition, metrics
@@ -105,8 +105,8 @@ def test_a_pending_run_cancelled_counts_once_without_a_duration_R_OPS_1(user):
     thread = new_thread(user, "plain_answer")
     run = make_run(thread)
     before = scrape()
-    services.run_request_cancel(user=user, run_id=run.id)
-    services.run_request_cancel(user=user, run_id=run.id)  # terminal: unchanged, not counted again
+    ledger.run_request_cancel(user=user, run_id=run.id)
+    ledger.run_request_cancel(user=user, run_id=run.id)  # terminal: unchanged, not counted again
     after = scrape()
     labels = {"status": "cancelled", "error_type": "cancelled", "model": "replay:plain_answer"}
     assert delta(before, after, "yuxi_runs_finished_total", **labels) == 1
@@ -118,15 +118,15 @@ def test_lease_renewal_expiry_and_takeover_are_counted_after_commit_R_OPS_1(user
     run = make_run(thread)
     before = scrape()
     lease = acquire(run, ttl=60)
-    services.lease_renew(lease=lease, ttl_seconds=60)
-    services.lease_renew(lease=lease, ttl_seconds=60)
+    ledger.lease_renew(lease=lease, ttl_seconds=60)
+    ledger.lease_renew(lease=lease, ttl_seconds=60)
     after_renew = scrape()
     assert delta(before, after_renew, "yuxi_lease_acquisitions_total") == 1
     assert delta(before, after_renew, "yuxi_lease_renewals_total") == 2
     assert delta(before, after_renew, "yuxi_audit_write_duration_seconds_count", kind="lease_renew") == 2
 
     # The sweeper fails it once its lease expired.
-    failed = services.run_sweep_expired_leases(now=timezone.now() + timedelta(seconds=120))
+    failed = ledger.run_sweep_expired_leases(now=timezone.now() + timedelta(seconds=120))
     assert failed == [run.id]
     after_sweep = scrape()
     assert delta(after_renew, after_sweep, "yuxi_lease_expiries_total") == 1
@@ -135,7 +135,7 @@ def test_lease_renewal_expiry_and_takeover_are_counted_after_commit_R_OPS_1(user
 
     # The stale owner's next write is refused, and counted by error class.
     with pytest.raises(Exception) as refused:
-        services.lease_renew(lease=lease, ttl_seconds=60)
+        ledger.lease_renew(lease=lease, ttl_seconds=60)
     after_refusal = scrape()
     error = type(refused.value).__name__
     assert delta(after_sweep, after_refusal, "yuxi_audit_write_errors_total", kind="lease_renew", error=error) == 1
@@ -167,7 +167,7 @@ def test_a_write_under_a_lost_lease_counts_as_a_refusal_not_a_latency_R_OPS_1(us
     stale = Lease(lease.run_id, lease.request_id, lease.thread_id, "someone-else", lease.fencing_token)
     before = scrape()
     with pytest.raises(LeaseLost):
-        services.model_call_start(lease=stale, operation_id="op-1", sequence=1, started_at=timezone.now())
+        ledger.model_call_start(lease=stale, operation_id="op-1", sequence=1, started_at=timezone.now())
     after = scrape()
     assert delta(before, after, "yuxi_audit_write_errors_total", kind="model_start", error="LeaseLost") == 1
     assert delta(before, after, "yuxi_audit_write_duration_seconds_count", kind="model_start") == 0
@@ -256,8 +256,8 @@ def test_metrics_switched_off_record_nothing_and_never_fail_a_write_R_OPS_1(user
     run = make_run(new_thread(user, "plain_answer"))
     before = scrape()
     lease = acquire(run)
-    services.model_call_start(lease=lease, operation_id="op-1", sequence=1, started_at=timezone.now())
-    services.run_request_cancel(user=user, run_id=run.id)
+    ledger.model_call_start(lease=lease, operation_id="op-1", sequence=1, started_at=timezone.now())
+    ledger.run_request_cancel(user=user, run_id=run.id)
     after = scrape()
     assert delta(before, after, "yuxi_lease_acquisitions_total") == 0
     assert delta(before, after, "yuxi_audit_write_duration_seconds_count", kind="model_start") == 0

@@ -14,7 +14,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from audit import services
+from audit import ledger
 from audit.execution.runner import run_execute
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
@@ -68,7 +68,7 @@ def world(user) -> dict[str, AgentRun]:
     run and a run cancelled before it started."""
     runs = {"tool": execute(user, "tool_then_answer", "Weather in Paris?")}
     runs["interrupted"] = execute(user, "approval_send_email", "Mail Bob")
-    resume, _ = services.run_resume(
+    resume, _ = ledger.run_resume(
         user=user, run_id=runs["interrupted"].id, request_id=uuid.uuid4().hex, decisions=[{"type": "approve"}]
     )
     run_execute(run_id=resume.id, owner="in-process")
@@ -76,7 +76,7 @@ def world(user) -> dict[str, AgentRun]:
     runs["failed"] = execute(user, "model_http_error")
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
     pending = make_run(thread)
-    runs["cancelled"] = services.run_request_cancel(user=user, run_id=pending.id)
+    runs["cancelled"] = ledger.run_request_cancel(user=user, run_id=pending.id)
     runs["cancelled"].refresh_from_db()
     assert {k: r.status for k, r in runs.items()} == {
         "tool": "completed",
@@ -303,7 +303,7 @@ def test_interrupted_run_cancelled_later_is_exported_again_with_the_same_ids_R_O
     root_id = f"{run_span_id(run.id):016x}"
     assert first[root_id].status_code == OK
 
-    services.run_request_cancel(user=user, run_id=run.id)  # gives the approval up
+    ledger.run_request_cancel(user=user, run_id=run.id)  # gives the approval up
     again = export_closed_runs(receiver=exporter(receiver))
     assert again.runs == 1
     latest = receiver.unique()

@@ -7,9 +7,9 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-from audit import services
+from audit import ledger
+from audit.ledger import StateMessage
 from audit.models import AgentRun
-from audit.services import StateMessage
 from tests.conftest import acquire, make_run
 
 
@@ -37,7 +37,7 @@ class RunDriver:
         usage: dict | None = None,
     ):
         now = dt.datetime.now(dt.UTC)
-        services.model_call_start(
+        ledger.model_call_start(
             lease=self.lease,
             operation_id=op,
             sequence=self._next_seq(),
@@ -45,7 +45,7 @@ class RunDriver:
             metadata={"namespace": [], "model_run_id": op},
         )
         if finish:
-            services.model_call_finish(
+            ledger.model_call_finish(
                 lease=self.lease,
                 operation_id=op,
                 content=content,
@@ -70,7 +70,7 @@ class RunDriver:
         finish: bool = True,
     ):
         now = dt.datetime.now(dt.UTC)
-        services.tool_call_start(
+        ledger.tool_call_start(
             lease=self.lease,
             tool_call_id=call_id,
             tool_name=name,
@@ -81,7 +81,7 @@ class RunDriver:
             metadata={"namespace": []},
         )
         if finish:
-            services.tool_call_finish(
+            ledger.tool_call_finish(
                 lease=self.lease,
                 tool_call_id=call_id,
                 status=status,
@@ -102,7 +102,7 @@ class RunDriver:
         return self
 
     def finish(self, status: str = "completed", *, interrupts: list[dict] | None = None, error_type: str = ""):
-        run = services.run_finish(
+        run = ledger.run_finish(
             lease=self.lease, status=status, final_state=self.state, interrupts=interrupts, error_type=error_type
         )
         self.run = run

@@ -9,9 +9,9 @@ import datetime as dt
 
 import pytest
 
-from audit import services
+from audit import ledger
 from audit.errors import ToolResultConflict
-from audit.services import StateMessage
+from audit.ledger import StateMessage
 from conversations.models import Message
 from tests.conftest import acquire, make_run
 
@@ -21,7 +21,7 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def _start(lease, tool_call_id="call_1", sequence=3):
-    return services.tool_call_start(
+    return ledger.tool_call_start(
         lease=lease,
         tool_call_id=tool_call_id,
         tool_name="get_weather",
@@ -33,7 +33,7 @@ def _start(lease, tool_call_id="call_1", sequence=3):
 
 
 def _finish(lease, *, content="sunny", status="completed", tool_call_id="call_1"):
-    return services.tool_call_finish(
+    return ledger.tool_call_finish(
         lease=lease,
         tool_call_id=tool_call_id,
         status=status,
@@ -76,7 +76,7 @@ def test_final_state_never_resubmits_a_closed_row_R_TA_3(thread):
     lease = acquire(run)
     _start(lease)
     _finish(lease, content="x" * 5000)
-    services.run_finish(
+    ledger.run_finish(
         lease=lease,
         status="completed",
         final_state=[StateMessage(kind="tool", id="tm-1", content="saved to outputs/…", tool_call_id="call_1")],
@@ -92,7 +92,7 @@ def test_tool_without_terminal_event_is_not_successful_from_state_R_TA_3_R_TA_6(
     run = make_run(thread)
     lease = acquire(run)
     _start(lease)
-    services.run_finish(
+    ledger.run_finish(
         lease=lease,
         status="completed",
         final_state=[StateMessage(kind="tool", id="tm-1", content="sunny", tool_call_id="call_1", status="success")],
@@ -108,8 +108,8 @@ def test_failure_or_cancel_during_a_tool_leaves_no_running_row_R_TA_6(thread, ru
     run = make_run(thread)
     lease = acquire(run)
     _start(lease)
-    services.tool_call_error(lease=lease, tool_call_id="call_1", error="boom")
-    services.run_finish(lease=lease, status=run_status, final_state=[], error_type="agent_error")
+    ledger.tool_call_error(lease=lease, tool_call_id="call_1", error="boom")
+    ledger.run_finish(lease=lease, status=run_status, final_state=[], error_type="agent_error")
     row = Message.objects.get(run=run, operation_id="call_1")
     assert row.execution_status == row_status
     assert "awaiting_run_terminal" not in row.metadata
@@ -120,9 +120,9 @@ def test_bare_tool_error_takes_the_last_error_tool_message_R_TA_3(thread):
     run = make_run(thread)
     lease = acquire(run)
     _start(lease)
-    services.tool_call_error(lease=lease, tool_call_id="call_1", error="bad args")
+    ledger.tool_call_error(lease=lease, tool_call_id="call_1", error="bad args")
     assert Message.objects.get(run=run, operation_id="call_1").metadata["awaiting_run_terminal"] is True
-    services.run_finish(
+    ledger.run_finish(
         lease=lease,
         status="completed",
         final_state=[
@@ -144,7 +144,7 @@ def test_an_unmarked_running_row_is_abandoned_even_with_an_error_tool_message_in
     run = make_run(thread)
     lease = acquire(run)
     _start(lease)
-    services.run_finish(
+    ledger.run_finish(
         lease=lease,
         status="completed",
         final_state=[StateMessage(kind="tool", id="tm-1", content="it broke", tool_call_id="call_1", status="error")],

@@ -14,7 +14,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from audit import services
+from audit import ledger
 from audit.execution.checkpoint import postgres_conninfo
 from audit.execution.runner import run_execute
 from conversations.models import Conversation, Message
@@ -124,7 +124,7 @@ def test_two_approved_emails_with_one_call_id_leave_two_outbox_records_R_TA_7(us
     for query in ("alpha", "beta"):
         run, status = _turn(thread, f"reused_call_id_email_{query}", f"email {query}")
         assert status == "interrupted", (run.error_type, run.error_message)
-        resume, _ = services.run_resume(
+        resume, _ = ledger.run_resume(
             user=user, run_id=run.id, request_id=f"approve-{query}", decisions=[{"type": "approve"}]
         )
         assert run_execute(run_id=resume.id, owner="in-process") == "completed"
@@ -155,11 +155,11 @@ def test_a_large_result_written_before_per_execution_naming_keeps_its_path_R_TA_
     lease = acquire(run)
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     call = {"id": "call_lookup_1", "name": "lookup_docs", "args": {"query": "q", "size": 9000}}
-    services.model_call_start(lease=lease, operation_id="lc_run--m1", sequence=1, started_at=t0)
-    services.model_call_finish(
+    ledger.model_call_start(lease=lease, operation_id="lc_run--m1", sequence=1, started_at=t0)
+    ledger.model_call_finish(
         lease=lease, operation_id="lc_run--m1", content="", tool_calls=[call], usage=None, finished_at=t0, duration_ms=1
     )
-    services.tool_call_start(
+    ledger.tool_call_start(
         lease=lease,
         tool_call_id="call_lookup_1",
         tool_name="lookup_docs",
@@ -169,7 +169,7 @@ def test_a_large_result_written_before_per_execution_naming_keeps_its_path_R_TA_
         declared_by_operation_id="lc_run--m1",
     )
     full = "y" * 9000
-    services.tool_call_finish(
+    ledger.tool_call_finish(
         lease=lease,
         tool_call_id="call_lookup_1",
         status="completed",
@@ -179,10 +179,10 @@ def test_a_large_result_written_before_per_execution_naming_keeps_its_path_R_TA_
         duration_ms=1,
     )
     state = [
-        services.StateMessage(kind="ai", id="lc_run--m1", tool_calls=[call]),
-        services.StateMessage(kind="ai", id="lc_run--m2", content="done"),
+        ledger.StateMessage(kind="ai", id="lc_run--m1", tool_calls=[call]),
+        ledger.StateMessage(kind="ai", id="lc_run--m2", content="done"),
     ]
-    services.run_finish(lease=lease, status="completed", final_state=state)
+    ledger.run_finish(lease=lease, status="completed", final_state=state)
     workspace = workspace_root / str(thread.id)
     legacy = workspace / legacy_large_result_path("call_lookup_1")
     legacy.parent.mkdir(parents=True)

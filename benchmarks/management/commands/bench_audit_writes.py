@@ -7,7 +7,7 @@ import statistics
 
 from django.core.management.base import BaseCommand, CommandError
 
-from audit.handover import dispatch_held
+from audit.ledger.handover import dispatch_held
 from benchmarks.audit_writes import bench_audit_writes
 
 

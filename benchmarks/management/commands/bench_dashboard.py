@@ -17,7 +17,7 @@ import time
 from django.core.management.base import CommandError
 from django.db import connection
 
-from audit.handover import dispatch_held
+from audit.ledger.handover import dispatch_held
 from audit.management.commands._database import DatabaseCommand
 from audit.models import AgentRun
 from benchmarks import dashboard

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from audit.handover import dispatch_held
+from audit.ledger.handover import dispatch_held
 from benchmarks.run_overhead import VARIANTS, bench_run_overhead, settle_unless_autovacuum
 
 

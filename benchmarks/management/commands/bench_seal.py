@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError
 
-from audit.handover import dispatch_held
+from audit.ledger.handover import dispatch_held
 from audit.management.commands._database import DatabaseCommand
 from benchmarks.seal import bench_seal
 

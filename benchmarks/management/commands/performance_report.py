@@ -145,7 +145,7 @@ class Command(DatabaseCommand):
             log(f"wrote {target}")
 
     def _audit_writes(self, sizes: dict, log) -> list[report.PerformanceRow]:
-        from audit.handover import dispatch_held
+        from audit.ledger.handover import dispatch_held
         from benchmarks.audit_writes import bench_audit_writes
 
         writes, rounds = sizes["writes"], sizes["rounds"]
@@ -160,7 +160,7 @@ class Command(DatabaseCommand):
         return report.audit_write_rows(result, command)
 
     def _run_overhead(self, sizes: dict, log) -> list[report.PerformanceRow]:
-        from audit.handover import dispatch_held
+        from audit.ledger.handover import dispatch_held
         from benchmarks.run_overhead import bench_run_overhead, settle_unless_autovacuum
 
         runs, rounds = sizes["runs"], sizes["rounds"]
@@ -176,7 +176,7 @@ class Command(DatabaseCommand):
         return report.run_overhead_rows(result, command, warmup=warmup)
 
     def _seal(self, sizes: dict, log) -> list[report.PerformanceRow]:
-        from audit.handover import dispatch_held
+        from audit.ledger.handover import dispatch_held
         from benchmarks.seal import bench_seal
 
         runs, rows = sizes["seal_runs"], 10

@@ -23,9 +23,9 @@ from ops import metrics
 from yuxi_project.db import atomic, execute_prepared_all, on_commit
 from yuxi_project.errors import InvalidInput
 
-from ..handover import enqueue_run
-from ..lease import Lease, lock_run, lock_run_then_read
 from ..models import AgentRun, pending_action_requests
+from .handover import enqueue_run
+from .lease import Lease, lock_run, lock_run_then_read
 
 log = logging.getLogger(__name__)
 

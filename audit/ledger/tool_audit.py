@@ -1,8 +1,8 @@
 """Tool audit rows: one persistent fact per tool execution (R-TA-1..3).
 
 Start, finish and error are one statement fenced by the lease in the usual
-case (:mod:`audit.services.fenced`); a repeat, a conflict or a refused lease
-takes the locked path (:func:`~audit.lease.lock_run`), which names the error
+case (:mod:`audit.ledger.fenced`); a repeat, a conflict or a refused lease
+takes the locked path (:func:`~audit.ledger.lease.lock_run`), which names the error
 or returns the row unchanged.
 """
 
@@ -21,9 +21,9 @@ from ops import metrics
 from yuxi_project.errors import InvalidInput
 
 from ..errors import AuditConflict, ToolResultConflict
-from ..lease import Lease, lock_run
 from ..models import AgentRun
 from .fenced import Assign, operation_row, write_operation_row
+from .lease import Lease, lock_run
 from .model_audit import subagent_fields
 
 log = logging.getLogger(__name__)

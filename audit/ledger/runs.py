@@ -19,13 +19,13 @@ from ops import metrics
 from yuxi_project.db import execute_prepared, field_converters, model_from_values, stand_ins_bound, stand_ins_checked
 from yuxi_project.errors import Conflict, InvalidInput, NotFound
 
-from ..cancellation import cancel_signal_send
 from ..errors import RunNotResumable, RunNotStartable
-from ..handover import enqueue_run
-from ..idempotency import existing_request, resume_fingerprint, turn_fingerprint
-from ..lease import Lease, lock_run
-from ..locks import web_lock_wait
 from ..models import AgentRun, RunCancelRequest, pending_action_requests
+from .cancellation import cancel_signal_send
+from .handover import enqueue_run
+from .idempotency import existing_request, resume_fingerprint, turn_fingerprint
+from .lease import Lease, lock_run
+from .locks import web_lock_wait
 from .terminal import _terminate
 
 log = logging.getLogger(__name__)
@@ -516,7 +516,7 @@ def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -
     that closes its running audit rows and releases the lease: ``failed``
     with error type ``lease_expired`` — or the cause its worker reported
     before it lost the database (``audit_write_failed``, see
-    :mod:`audit.causes`) — and ``cancelled`` when a cancel was requested
+    :mod:`audit.ledger.causes`) — and ``cancelled`` when a cancel was requested
     (the user's request is honoured; the worker is gone). Rows are claimed
     with ``SELECT … FOR NO KEY UPDATE SKIP LOCKED``: a run whose owner is
     writing right now (holding the row lock) is skipped and looked at by a
@@ -524,11 +524,11 @@ def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -
     ``WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS`` (R-RUN-10) — and concurrent
     sweepers never wait on each other.
 
-    Afterwards the old owner's writes fail :func:`~audit.lease.lock_run`
+    Afterwards the old owner's writes fail :func:`~audit.ledger.lease.lock_run`
     with ``RunTerminal``. Returns the ids of the runs it ended (at most
     ``limit``). Implements R-RUN-7, R-RUN-10.
     """
-    from ..causes import failure_causes
+    from .causes import failure_causes
 
     now = now or timezone.now()
     with transaction.atomic():

@@ -35,8 +35,8 @@ from yuxi_project.db import (
     model_from_values,
 )
 
-from .errors import LeaseError, LeaseExpired, LeaseLost, RunIdentityMismatch, RunTerminal
-from .models import AgentRun
+from ..errors import LeaseError, LeaseExpired, LeaseLost, RunIdentityMismatch, RunTerminal
+from ..models import AgentRun
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ sequence, once. Failed attempts before the first chunk are counted on the
 row (:func:`model_call_retry`, R-RUN-12).
 
 Open, start and finish are one statement fenced by the lease in the usual
-case (:mod:`audit.services.fenced`); a repeat, a conflict or a refused lease
-takes the locked path (:func:`~audit.lease.lock_run`), which names the error
+case (:mod:`audit.ledger.fenced`); a repeat, a conflict or a refused lease
+takes the locked path (:func:`~audit.ledger.lease.lock_run`), which names the error
 or returns the row unchanged.
 """
 
@@ -28,9 +28,9 @@ from costs.pricing import price_depends_on_time, price_row, price_usage
 from ops import metrics
 
 from ..errors import AuditConflict
-from ..lease import Lease, lock_run
 from ..models import AgentRun
 from .fenced import Assign, json_param, operation_row, write_operation_row
+from .lease import Lease, lock_run
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def _new_model_row(
     parent_operation_id: str | None,
 ) -> dict[str, Any]:
     """The fields of a ``running`` model row (``insert`` of
-    :func:`~audit.services.fenced.write_operation_row`): the one shape of a
+    :func:`~audit.ledger.fenced.write_operation_row`): the one shape of a
     new model row for the request start (R-MA-10) and message-start
     (R-MA-3); a subagent's call carries its ``namespace`` and
     ``parent_operation_id`` (R-SUB-1, see :func:`subagent_fields`)."""

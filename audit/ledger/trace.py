@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from ..lease import Lease, lock_run
 from ..models import AgentRun
+from .lease import Lease, lock_run
 
 
 def run_set_trace(*, lease: Lease, trace_id: str) -> None:

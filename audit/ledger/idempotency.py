@@ -23,8 +23,8 @@ import json
 import uuid
 from typing import Any
 
-from .errors import RequestIdReused
-from .models import AgentRun
+from ..errors import RequestIdReused
+from ..models import AgentRun
 
 
 def turn_fingerprint(*, thread_id: uuid.UUID | str, text: str) -> str:
@@ -87,7 +87,7 @@ def _api_decision(decision: dict[str, Any]) -> dict[str, Any]:
 
 def _graph_decision(decision: Any) -> dict[str, Any]:
     """The inverse of the API → approval middleware translation in
-    :func:`audit.services.runs._graph_decisions`."""
+    :func:`audit.ledger.runs._graph_decisions`."""
     if not isinstance(decision, dict):
         return {"type": None}
     kind = decision.get("type")

@@ -9,14 +9,14 @@ tool row opened and closed — are each one SQL statement:
                     [WHERE NOT EXISTS (SELECT FROM updated)] ON CONFLICT DO NOTHING RETURNING …)]
     SELECT … FROM updated UNION ALL SELECT … FROM inserted
 
-``leased_run`` is :func:`audit.lease.leased_run_sql`: the run row locked
+``leased_run`` is :func:`audit.ledger.lease.leased_run_sql`: the run row locked
 ``FOR NO KEY UPDATE`` only while the lease holds, so the write happens
 under the lock and the checks of R-RUN-4 or not at all. Lock, checks and
 write are one round trip and one transaction (the statement's own, or the
 caller's when one is open), and the row lock is released at its end
 (R-RUN-5). The statement writes only when the row is in the state the write
 expects (absent, running, awaiting its first chunk); when it writes
-nothing, the service takes its locked path (:func:`audit.lease.lock_run`),
+nothing, the service takes its locked path (:func:`audit.ledger.lease.lock_run`),
 which names the lease error or applies the idempotency and conflict rules.
 
 A write is compiled once per shape — the columns it sets and how, its
@@ -49,7 +49,7 @@ from conversations.models import Message
 from conversations.sql import messages_from_values
 from yuxi_project.db import execute_prepared
 
-from ..lease import Lease, leased_run_query, leased_run_sql
+from .lease import Lease, leased_run_query, leased_run_sql
 
 
 @dataclass

@@ -18,7 +18,7 @@ from django.db import OperationalError
 from yuxi_project.config import get_config
 from yuxi_project.db import local_setting
 
-from .errors import RunBusy
+from ..errors import RunBusy
 
 
 def lock_timed_out(exc: BaseException) -> bool:
