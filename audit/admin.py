@@ -3,7 +3,7 @@ and the run page with its audit timeline (R-ADM-1).
 
 Runs and their audit rows are written by workers only: the admin reads
 them and never adds, changes or deletes them. The timeline is read through
-:func:`audit.selectors.run_timeline`, the same selector as the audit API.
+:func:`audit.reads.selectors.run_timeline`, the same selector as the audit API.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from yuxi_project.errors import InvalidInput
 from yuxi_project.paginator import EstimatingPaginator
 from yuxi_project.storable import visible, visible_fields
 
-from . import export, search, selectors
+from . import export
 from .agents.researcher import RESEARCHER_TOOL_NAMES
 from .agents.tools import ASSISTANT_TOOLS
 from .catalogue import AGENTS, available_models
 from .models import AgentRun
+from .reads import search, selectors
 from .schemas import RunFilterQuery
 from .templatetags.yx_admin import time_html
 from .timeline_html import rows_html
@@ -87,7 +88,7 @@ class ModelFilter(admin.SimpleListFilter):
 
 
 class RunFilter(admin.SimpleListFilter):
-    """A run filter of :mod:`audit.search` under its API parameter name, so
+    """A run filter of :mod:`audit.reads.search` under its API parameter name, so
     the admin and ``GET /api/audit/runs`` share one definition (R-ADM-2).
     A malformed value shows an error and no runs, never all runs."""
 
@@ -339,7 +340,7 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
     def get_search_results(self, request, queryset, search_term):
         """Ids (whole or their first 8+ hex digits), request ids and tool
         call ids through B-tree indexes; words through the GIN-indexed
-        full-text search of :mod:`audit.search` (R-ADM-2). A ``LIKE
+        full-text search of :mod:`audit.reads.search` (R-ADM-2). A ``LIKE
         '%term%'`` over millions of rows is never run."""
         term = search_term.strip()
         if not term:

@@ -17,9 +17,10 @@ from yuxi_project.db import release_connection
 from yuxi_project.errors import InvalidInput, NotFound, PermissionDenied
 from yuxi_project.responses import json_response
 
-from . import export, ledger, search, selectors
+from . import export, ledger
 from .execution.events import run_event_stream
 from .models import AgentRun
+from .reads import search, selectors
 from .schemas import (
     ExportQuery,
     RunIn,

@@ -33,8 +33,8 @@ from yuxi_project.db import release_connection
 from yuxi_project.errors import InvalidInput
 
 from .models import AgentRun
+from .reads.selectors import timeline_item
 from .schemas import TimelineItemOut
-from .selectors import timeline_item
 
 FORMATS = ("jsonl", "csv")
 CONTENT_TYPES = {"jsonl": "application/x-ndjson; charset=utf-8", "csv": "text/csv; charset=utf-8"}

@@ -93,7 +93,7 @@ class RunOut(Schema):
     def from_run(run) -> RunOut:
         from costs.selectors import run_cost, usd_text
 
-        from .selectors import approval_of
+        from .reads.selectors import approval_of
 
         cost = run_cost(run.id)
         approval = approval_of(run)
@@ -209,7 +209,7 @@ class RunFilterQuery(Schema):
     )
 
     def as_filters(self):
-        from .search import filters_from
+        from .reads.search import filters_from
 
         return filters_from({**self.model_dump(exclude={"from_"}), "from": self.from_})
 

@@ -410,7 +410,7 @@ def captured_sql_ms(statements: list[tuple[str, Any]]) -> float:
 def endpoints(ds: Dataset) -> list[Endpoint]:
     """The reads measured, with a hand-written statement where one answers
     the same question alone."""
-    from audit.selectors import _NO_SEQUENCE, _TIMELINE_KEY
+    from audit.reads.selectors import _NO_SEQUENCE, _TIMELINE_KEY
     from conversations.selectors import memory_sql
     from conversations.sql import message_columns
     from yuxi_project.cursors import encode_cursor

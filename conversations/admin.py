@@ -18,10 +18,10 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from audit import export as audit_export
-from audit import search as audit_search
-from audit import selectors as audit_selectors
 from audit.admin import cost_of, cost_text, status_badge, timeline_page_context
 from audit.models import AgentRun
+from audit.reads import search as audit_search
+from audit.reads import selectors as audit_selectors
 from audit.templatetags.yx_admin import time_html
 from governance.payloads import payload_note
 from yuxi_project.admin_rows import ActionCheckboxMixin

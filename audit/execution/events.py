@@ -245,9 +245,9 @@ def _terminal_event_data(run_id: uuid.UUID) -> dict[str, Any] | None:
 
 def _gap_event_data(run_id: uuid.UUID, *, missed_from: int, first_retained: int) -> dict[str, Any]:
     """The ``gap`` event's data, with the run's state rebuilt from
-    PostgreSQL (:func:`audit.selectors.run_live_state`), or
+    PostgreSQL (:func:`audit.reads.selectors.run_live_state`), or
     :data:`_RUN_GONE`. Gives the connection back at once (R-EVT-2)."""
-    from ..selectors import run_live_state
+    from ..reads.selectors import run_live_state
 
     try:
         state = run_live_state(run_id)

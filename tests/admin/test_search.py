@@ -236,7 +236,7 @@ def test_words_search_is_answered_by_the_gin_index_R_ADM_2(world):
     """The query's expression is the indexed generated column: with
     sequential scans off (tiny tables would make the planner prefer them),
     PostgreSQL answers it from ``message_search_idx``."""
-    from audit.search import MatchesWords
+    from audit.reads.search import MatchesWords
 
     query = Message.objects.filter(MatchesWords("paris")).values("run_id")
     sql, params = query.query.sql_with_params()
@@ -265,7 +265,7 @@ def test_huge_content_and_input_never_break_an_audit_write_R_ADM_2_R_MA_1(thread
     )
     row.content += " more"
     row.save(update_fields=["content"])
-    from audit.search import MatchesWords
+    from audit.reads.search import MatchesWords
 
     assert Message.objects.filter(MatchesWords("needle-start"), pk=row.pk).exists()
 
@@ -376,7 +376,7 @@ def weather_log(user):
     * ``sleet``: five runs (rare: gathered at once);
     * a recent run's request id is ``hail`` (an id match joins the words').
     """
-    from audit.search import SEARCH_FEW_ROWS, SEARCH_WALK_RUNS
+    from audit.reads.search import SEARCH_FEW_ROWS, SEARCH_WALK_RUNS
 
     total, old = 6_200, 1_100
     assert total - old >= SEARCH_WALK_RUNS and 2 * old > SEARCH_FEW_ROWS
@@ -429,7 +429,7 @@ def _md5(text: str) -> str:
 def _reference_page(filters, *, limit: int, before: str | None):
     """The page as the plain condition gives it: every matching run, then
     the newest ``limit`` (+1) after the cursor."""
-    from audit.search import _run_cursor, filter_runs
+    from audit.reads.search import _run_cursor, filter_runs
 
     runs = filter_runs(AgentRun.objects.all(), filters)
     if before is not None:
@@ -447,7 +447,7 @@ def _walk_plan(filters, *, limit: int, before: str | None = None) -> dict[str, i
 
     from django.test.utils import CaptureQueriesContext
 
-    from audit.search import run_list_page
+    from audit.reads.search import run_list_page
 
     with CaptureQueriesContext(connection) as queries:
         run_list_page(filters, limit=limit, before=before)
@@ -486,7 +486,7 @@ def test_run_list_pages_of_a_word_match_the_plain_search_R_ADM_2(weather_log):
     gives exactly the pages the plain condition gives: the same runs, in
     order, across cursors (also from one deep in the list, where fewer runs
     than the walk's window remain). One test: the log takes seconds to load."""
-    from audit.search import filters_from, run_list_page
+    from audit.reads.search import filters_from, run_list_page
 
     deep = AgentRun.objects.get(pk=weather_log[5_500].pk)
     for params in WORD_CASES:
@@ -509,7 +509,7 @@ def test_a_common_word_walks_the_newest_runs_a_rare_one_is_gathered_R_ADM_2(weat
     runs until the page is full, never by gathering its ~8,300 rows; a rare
     word is gathered from the GIN index without walking; a word many rows
     hold but no recent run walks the window, then gathers."""
-    from audit.search import SEARCH_WALK_RUNS, filters_from
+    from audit.reads.search import SEARCH_WALK_RUNS, filters_from
 
     common = _walk_plan(filters_from({"q": "drizzle"}), limit=50)
     assert common.get("search_gathered", 0) == 0, common
@@ -528,7 +528,7 @@ def test_the_admin_run_list_walks_a_common_word_and_says_at_least_R_ADM_2(client
     counts them exactly."""
     from django.test.utils import CaptureQueriesContext
 
-    from audit.search import filters_from
+    from audit.reads.search import filters_from
 
     client.force_login(staff_user)
     url = reverse("admin:audit_agentrun_changelist")

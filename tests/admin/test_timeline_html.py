@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 
 from audit.admin import status_badge, timeline_page_context
-from audit.selectors import run_timeline
+from audit.reads.selectors import run_timeline
 from audit.timeline_html import rows_html
 from tests.read.builders import RunDriver, tool_turn
 

@@ -21,7 +21,7 @@ from audit import ledger
 from audit.execution.recorder import LifecycleRecorder
 from audit.execution.runner import LeasedAuditSink
 from audit.models import AgentRun
-from audit.selectors import run_timeline, timeline_item
+from audit.reads.selectors import run_timeline, timeline_item
 from conversations.models import Conversation, Message
 from conversations.selectors import thread_history
 from costs.selectors import run_cost

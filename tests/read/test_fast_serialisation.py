@@ -13,8 +13,8 @@ import pytest
 from django.db import connection
 from ninja.responses import NinjaJSONEncoder
 
+from audit.reads.selectors import run_timeline, thread_timeline, timeline_item
 from audit.schemas import TimelineOut
-from audit.selectors import run_timeline, thread_timeline, timeline_item
 from conversations.models import Conversation, Message
 from conversations.schemas import HistoryItemOut, HistoryPageOut, MemoryOut
 from conversations.selectors import thread_history, thread_memory

@@ -16,7 +16,7 @@ from django.db.models import Case, Value, When
 from django.db.models.functions import Coalesce
 
 from audit.ledger import StateMessage
-from audit.selectors import _NO_SEQUENCE, _SCOPE, run_timeline, thread_timeline, timeline_sql
+from audit.reads.selectors import _NO_SEQUENCE, _SCOPE, run_timeline, thread_timeline, timeline_sql
 from conversations.models import Message
 from conversations.selectors import history_sql, memory_rows, memory_sql, thread_history, thread_memory
 from tests.admin.test_rough_edges import interrupted_run, rejected_resume

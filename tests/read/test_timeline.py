@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from audit.selectors import run_timeline, thread_timeline, timeline_item
+from audit.reads.selectors import run_timeline, thread_timeline, timeline_item
 from conversations.models import Message
 from tests.conftest import bearer
 from yuxi_project.errors import InvalidInput

@@ -112,7 +112,7 @@ def test_a_reused_tool_call_id_gets_one_large_result_file_per_run_R_TA_7(
 
 
 def _timeline_tool_items(thread):
-    from audit.selectors import thread_timeline, timeline_item
+    from audit.reads.selectors import thread_timeline, timeline_item
 
     page = thread_timeline(thread_id=thread.id)
     return [timeline_item(row, include_raw_output=True) for row in page.items if row.role == Message.Role.TOOL]

@@ -14,8 +14,9 @@ import sys
 from django.core.management.base import CommandError
 from pydantic import ValidationError
 
-from audit import export, search
+from audit import export
 from audit.models import AgentRun
+from audit.reads import search
 from audit.schemas import RunFilterQuery
 from conversations.models import Conversation
 from yuxi_project.errors import ApplicationError

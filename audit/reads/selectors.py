@@ -19,7 +19,7 @@ from yuxi_project.cursors import page_cursor, parse_cursor
 from yuxi_project.errors import InvalidInput, NotFound
 from yuxi_project.workspace import tool_row_large_result_path
 
-from .models import AgentRun, pending_action_requests
+from ..models import AgentRun, pending_action_requests
 
 
 def run_of(user, run_id: uuid.UUID) -> AgentRun:

@@ -60,7 +60,7 @@ from conversations.models import Message
 from yuxi_project.cursors import decode_cursor, encode_cursor
 from yuxi_project.errors import InvalidInput
 
-from .models import AgentRun
+from ..models import AgentRun
 
 RUN_LIST_MAX = 200
 # The run list's order: newest first, the id breaking ties. The page query,
