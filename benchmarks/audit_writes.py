@@ -4,7 +4,7 @@ Measures, in one run against the configured database:
 
 * latency (median, p95) of one ``model_call_start`` through the service —
   one statement that locks the run row, checks the lease
-  (:func:`~audit.ledger.lease.leased_run_sql`) and inserts the row;
+  (:func:`~audit.ledger.fenced.leased_run_sql`) and inserts the row;
 * latency of the raw SQL baseline — plain psycopg on its own connection:
   ``BEGIN``; lock the run row and compare its lease fields; ``INSERT`` one
   message row; ``COMMIT`` — and the ratio of the two (target: at most

@@ -28,6 +28,8 @@ from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncDate
 
 from conversations.models import Message
+from dashboard import facts
+from dashboard import selectors as dashboard
 from yuxi_project.errors import InvalidInput
 
 GROUPS = ("model", "user", "day")
@@ -88,8 +90,6 @@ def cost_summary(window) -> dict[str, Any]:
     """``{total_usd, calls, unknown_cost_calls}`` of the model calls that
     closed in a dashboard window (``dashboard.selectors.Window``). Read
     from the dashboard rollups where the window allows (R-DASH-1)."""
-    from dashboard import selectors as dashboard
-
     if not dashboard.uses_rollups(window):
         return _in_window(window).aggregate(**_totals())
     (row,) = dashboard.rollup_figures(window, extra=_ROLLUP_TOTALS, where=dashboard.NOT_TOOLS)
@@ -106,9 +106,6 @@ _ROLLUP_ORDER = "total_usd DESC NULLS LAST, calls DESC, key"
 
 
 def _costs_by_from_rollups(window, *, group_by: str, limit: int) -> list[dict[str, Any]]:
-    from dashboard import facts
-    from dashboard import selectors as dashboard
-
     having = "SUM(closed_calls) > 0"
     if group_by == "model":
         rows = dashboard.rollup_figures(
@@ -155,7 +152,6 @@ def costs_by(window, *, group_by: Literal["model", "user", "day"], limit: int = 
     """
     if group_by not in GROUPS:
         raise InvalidInput(f"group_by must be one of {', '.join(GROUPS)}", extra={"field": "group_by"})
-    from dashboard import selectors as dashboard
 
     if dashboard.uses_rollups(window):
         return _costs_by_from_rollups(window, group_by=group_by, limit=limit)
@@ -179,8 +175,6 @@ def costs_by(window, *, group_by: Literal["model", "user", "day"], limit: int = 
 def cost_by_model_day(window) -> list[dict[str, Any]]:
     """``[{model, day, total_usd, calls, unknown_cost_calls}]`` of the
     window, by day then model (the dashboard's stacked chart)."""
-    from dashboard import selectors as dashboard
-
     if dashboard.uses_rollups(window):
         return dashboard.rollup_figures(
             window,

@@ -2,10 +2,13 @@
 writes (one component, fed by the stream; see shared/protocol/PROTOCOL.md).
 
 It keeps per-call state in memory (aggregated text, monotonic start) and
-calls an :class:`AuditSink` at the lifecycle boundaries only —
-message-start, message-finish, tool-started, tool-finished, tool-error —
-never per token (R-MA-4, R-RUN-5). Every sink call is awaited before the
-next event is consumed: no fire-and-forget writes.
+writes at the lifecycle boundaries only — message-start, message-finish,
+tool-started, tool-finished, tool-error — never per token (R-MA-4,
+R-RUN-5): each boundary calls one lease-checked service of
+:mod:`audit.ledger` through :func:`~audit.execution.writes.write_with_retry`,
+and that service builds its statement with :mod:`audit.ledger.fenced`, so a
+write is read from its event to its SQL in three files. Every write is
+awaited before the next event is consumed: no fire-and-forget writes.
 
 A second feed comes from LangChain's callbacks (``audit.execution.model_requests``):
 :meth:`LifecycleRecorder.model_request` when a model request is sent (the
@@ -20,84 +23,17 @@ import datetime as dt
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.utils.utils import LC_ID_PREFIX
 
+from .. import ledger
 from ..errors import AuditConflict
 from ..jsonable import message_text, to_jsonable
+from ..ledger.lease import Lease
 from ..ledger.terminal import StateMessage
-
-
-class AuditSink(Protocol):
-    """Where the recorder's facts go. The worker's sink writes them through
-    the lease-checking services (``audit.execution.runner``)."""
-
-    async def model_open(
-        self,
-        *,
-        operation_id: str,
-        sequence: int,
-        started_at: dt.datetime,
-        metadata: dict,
-        namespace: list[str] | None = None,
-        parent_operation_id: str | None = None,
-    ) -> None: ...
-
-    async def model_retry(self, *, operation_id: str, failure: dict) -> None: ...
-
-    async def model_start(
-        self,
-        *,
-        operation_id: str,
-        sequence: int,
-        started_at: dt.datetime,
-        metadata: dict,
-        opened_as: str | None = None,
-        namespace: list[str] | None = None,
-        parent_operation_id: str | None = None,
-    ) -> None: ...
-
-    async def model_finish(
-        self,
-        *,
-        operation_id: str,
-        content: str,
-        tool_calls: list[dict],
-        usage: dict | None,
-        finished_at: dt.datetime,
-        duration_ms: int,
-        metadata: dict,
-    ) -> None: ...
-
-    async def tool_start(
-        self,
-        *,
-        tool_call_id: str,
-        tool_name: str,
-        tool_input: Any,
-        sequence: int,
-        started_at: dt.datetime,
-        declared_by_operation_id: str | None,
-        metadata: dict,
-        namespace: list[str] | None = None,
-        parent_operation_id: str | None = None,
-    ) -> None: ...
-
-    async def tool_finish(
-        self,
-        *,
-        tool_call_id: str,
-        status: str,
-        content: str,
-        raw_output: dict | None,
-        finished_at: dt.datetime,
-        duration_ms: int,
-    ) -> None: ...
-
-    async def tool_error(self, *, tool_call_id: str, error: str) -> None: ...
-
+from .writes import write_with_retry
 
 Publish = Callable[[str, dict], Awaitable[None]]
 
@@ -142,11 +78,26 @@ class LifecycleRecorder:
 
     Raises :class:`AuditConflict` from :meth:`handle` when the stream
     contradicts itself (a key change inside one lifecycle, the same key at
-    another sequence: R-MA-3); whatever the sink raises passes through.
+    another sequence: R-MA-3); whatever a write raises passes through
+    (:class:`~audit.errors.LeaseError`, :class:`~audit.errors.AuditWriteFailed`,
+    :class:`~audit.errors.AuditWriteRejected`).
+
+    ``lease``: the run's lease, which fences every write (R-RUN-4);
+    ``budget_user_id``: with it, a model row opens only while that user's
+    budget has room (R-COST-3); ``publish``: the run's live events
+    (``publish(kind, data)``), root-level calls only.
     """
 
-    def __init__(self, sink: AuditSink, *, publish: Publish | None = None, clock: Callable[[], float] = time.monotonic):
-        self._sink = sink
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        budget_user_id: int | None = None,
+        publish: Publish | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._lease = lease
+        self._budget_user_id = budget_user_id
         self._publish = publish
         self._clock = clock
         self._calls: dict[str, _ModelCall] = {}  # by LangChain model run id
@@ -237,7 +188,11 @@ class LifecycleRecorder:
             row_metadata["node"] = metadata["langgraph_node"]
         if metadata.get("lc_agent_name"):
             row_metadata["agent_name"] = metadata["lc_agent_name"]
-        await self._sink.model_open(
+        await write_with_retry(
+            ledger.model_call_open,
+            lease=self._lease,
+            budget_user_id=self._budget_user_id,
+            returning=False,
             operation_id=operation_id,
             sequence=call.sequence,
             started_at=started_at or dt.datetime.now(dt.UTC),
@@ -252,7 +207,9 @@ class LifecycleRecorder:
         call = self._calls.get(model_run_id)
         if call is None or call.streamed:
             return
-        await self._sink.model_retry(operation_id=call.operation_id, failure=to_jsonable(failure))
+        await write_with_retry(
+            ledger.model_call_retry, lease=self._lease, operation_id=call.operation_id, failure=to_jsonable(failure)
+        )
 
     def model_end(self, *, model_run_id: str, message_id: str | None) -> None:
         """The model call returned (LangChain's ``on_llm_end``). When it
@@ -358,7 +315,10 @@ class LifecycleRecorder:
             metadata["node"] = meta["langgraph_node"]
         if meta.get("lc_agent_name"):
             metadata["agent_name"] = meta["lc_agent_name"]
-        await self._sink.model_start(
+        await write_with_retry(
+            ledger.model_call_start,
+            lease=self._lease,
+            returning=False,
             operation_id=operation_id,
             sequence=sequence,
             started_at=event_time(event),
@@ -376,7 +336,10 @@ class LifecycleRecorder:
             if tool_call.get("id"):
                 self._declared_by[tool_call["id"]] = call.operation_id
         metadata = {k: v for k, v in (payload.get("metadata") or {}).items() if k in _FINISH_METADATA}
-        await self._sink.model_finish(
+        await write_with_retry(
+            ledger.model_call_finish,
+            lease=self._lease,
+            returning=False,
             operation_id=call.operation_id,
             content=content,
             tool_calls=tool_calls,
@@ -432,7 +395,10 @@ class LifecycleRecorder:
         if kind == "tool-started":
             self._tool_started.setdefault(tool_call_id, self._clock())
             self.tool_calls += 1
-            await self._sink.tool_start(
+            await write_with_retry(
+                ledger.tool_call_start,
+                lease=self._lease,
+                returning=False,
                 tool_call_id=tool_call_id,
                 tool_name=data.get("tool_name") or "",
                 tool_input=to_jsonable(data.get("input")),
@@ -454,7 +420,10 @@ class LifecycleRecorder:
             status = "failed" if getattr(message, "status", None) == "error" else "completed"
             content = message_text(getattr(message, "content", message if isinstance(message, str) else ""))
             started = self._tool_started.get(tool_call_id, self._clock())
-            await self._sink.tool_finish(
+            await write_with_retry(
+                ledger.tool_call_finish,
+                lease=self._lease,
+                returning=False,
                 tool_call_id=tool_call_id,
                 status=status,
                 content=content,
@@ -465,7 +434,13 @@ class LifecycleRecorder:
             if self._publish and not namespace:
                 await self._publish("tool.finished", {"tool_call_id": tool_call_id, "status": status})
         elif kind == "tool-error":
-            await self._sink.tool_error(tool_call_id=tool_call_id, error=str(data.get("message") or ""))
+            await write_with_retry(
+                ledger.tool_call_error,
+                lease=self._lease,
+                returning=False,
+                tool_call_id=tool_call_id,
+                error=str(data.get("message") or ""),
+            )
             if self._publish and not namespace:
                 await self._publish("tool.error", {"tool_call_id": tool_call_id})
 

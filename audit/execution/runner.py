@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import math
 import os
@@ -21,13 +20,12 @@ import socket
 import time
 import uuid
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError
 from django.db.models import Exists, OuterRef
 from langchain_core.messages import HumanMessage
 from langgraph.types import Command
@@ -35,13 +33,7 @@ from langgraph.types import Command
 from conversations.selectors import thread_memory_messages
 from ops import logcontext
 from yuxi_project.config import get_config
-from yuxi_project.db import (
-    NeedsThread,
-    call_with_pooled_statements,
-    call_with_pooled_statements_async,
-    release_connection,
-    worker_connection_wait,
-)
+from yuxi_project.db import release_connection, worker_connection_wait
 from yuxi_project.errors import ApplicationError, NotFound
 from yuxi_project.redis_client import redis_client
 
@@ -64,12 +56,13 @@ from ..ledger.lease import Lease
 from ..ledger.runs import run_acquire_with_row
 from ..ledger.trace import run_set_trace
 from ..models import AgentRun, RunCancelRequest
-from .checkpoint import ReconnectingPostgresSaver, open_checkpointer, postgres_conninfo, retry_delay
+from .checkpoint import ReconnectingPostgresSaver, open_checkpointer, postgres_conninfo
 from .events import RunEventPublisher
 from .model_requests import ModelRequestAudit
 from .recorder import LifecycleRecorder
 from .tracing import start_run_trace
 from .worker_loop import LoopRedis, run_in_worker_loop, worker_redis
+from .writes import call_then_release, current_run, last_database_error, write_with_retry
 
 log = logging.getLogger(__name__)
 
@@ -87,135 +80,6 @@ STOP_GRACE_SECONDS = 2.0
 def worker_identity() -> str:
     """A lease owner name unique to this process: ``host:pid:random``."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def _call_then_release(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-    try:
-        return fn(**kwargs)
-    finally:
-        release_connection()
-
-
-_RETRYABLE = (OperationalError, InterfaceError, IntegrityError)
-
-# The last database error this process met (monotonic time, text): a lease
-# that expired while the database was unreachable names that cause.
-_last_database_error: dict[str, Any] = {"at": float("-inf"), "text": ""}
-
-# The run whose audit writes this task makes (set by RunExecutor.execute;
-# its tasks and threads inherit it): a write that meets an unreachable
-# database while the run's lease runs out leaves the cause first.
-_current_run: contextvars.ContextVar[RunExecutor | None] = contextvars.ContextVar("yuxi_current_run", default=None)
-
-
-async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
-    """Run one audit service call in its own short transaction, awaited.
-
-    The lifecycle writes that are one prepared statement in the usual case
-    are made on the event loop's thread on a pooled connection, their round
-    trip awaited without blocking the loop
-    (:func:`~yuxi_project.db.call_with_pooled_statements_async`); the
-    terminal transaction likewise but blocking (its three round trips end
-    the run; nothing else has work then). Every other call, and their paths
-    that need the ORM, in a thread.
-
-    Database errors (unreachable, conflicting insert) are retried with
-    backoff up to ``AUDIT_WRITE_ATTEMPTS`` times; then
-    :class:`AuditWriteFailed` is raised and the run fails (R-RUN-8).
-    Lease and audit conflicts are not retried. An error that no retry can
-    cure — the database refused the data (``DataError``, any other
-    non-connection ``DatabaseError``, a string it cannot encode) — raises
-    :class:`AuditWriteRejected` at once (R-RUN-11).
-    """
-    attempts = get_config().AUDIT_WRITE_ATTEMPTS
-    for attempt in range(1, attempts + 1):
-        try:
-            atomic = _ON_LOOP.get(fn)
-            if atomic is not None:
-                try:
-                    if atomic:
-                        return call_with_pooled_statements(fn, kwargs, atomic=True)
-                    return await call_with_pooled_statements_async(fn, kwargs)
-                except NeedsThread:
-                    pass
-            return await sync_to_async(_call_then_release)(fn, kwargs)
-        except _RETRYABLE as exc:
-            if not isinstance(exc, IntegrityError):
-                _last_database_error.update(at=time.monotonic(), text=f"{type(exc).__name__}: {exc}")
-                executor = _current_run.get()
-                if executor is not None:
-                    await executor.database_lost(exc, retry_in=retry_delay(attempt))
-            if attempt == attempts:
-                raise AuditWriteFailed(
-                    f"{fn.__name__} failed {attempts} times: {type(exc).__name__}: {exc}",
-                    extra={"cause": type(exc).__name__},
-                ) from exc
-            log.warning("audit write %s failed (attempt %s/%s): %s", fn.__name__, attempt, attempts, exc)
-            await asyncio.sleep(retry_delay(attempt))
-        except (DatabaseError, UnicodeError) as exc:
-            raise AuditWriteRejected(
-                f"{fn.__name__} was refused by the database: {type(exc).__name__}: {exc}"[:2000],
-                cause=type(exc).__name__,
-            ) from exc
-    raise AssertionError("unreachable")
-
-
-# The writes made on the event loop's thread, without a thread hop (issue
-# 11), each on a pooled connection (yuxi_project.db): the lifecycle writes
-# whose usual path is one prepared statement fenced by the lease
-# (audit.ledger.fenced; a model row opens only while the budget has room,
-# checked in the same statement), each in autocommit, their round trip
-# awaited; and the terminal transaction, whose usual path is three round
-# trips of prepared statements in one transaction (atomic: True). A call
-# that reaches the ORM — a locked path, a reconcile that inserts — is made
-# again in a thread.
-_ON_LOOP = {
-    ledger.model_call_open: False,
-    ledger.model_call_start: False,
-    ledger.model_call_finish: False,
-    ledger.tool_call_start: False,
-    ledger.tool_call_finish: False,
-    ledger.tool_call_error: False,
-    ledger.run_finish: True,
-}
-
-
-class LeasedAuditSink:
-    """The recorder's sink: every fact goes through a lease-checked service,
-    which returns nothing (the sink reads no row back). With
-    ``budget_user_id``, every model row opens only while that user's budget
-    has room (R-COST-3)."""
-
-    def __init__(self, lease: Lease, *, budget_user_id: int | None = None):
-        self._lease = lease
-        self._budget_user_id = budget_user_id
-
-    async def model_open(self, **kwargs: Any) -> None:
-        await write_with_retry(
-            ledger.model_call_open,
-            budget_user_id=self._budget_user_id,
-            lease=self._lease,
-            returning=False,
-            **kwargs,
-        )
-
-    async def model_retry(self, **kwargs: Any) -> None:
-        await write_with_retry(ledger.model_call_retry, lease=self._lease, **kwargs)
-
-    async def model_start(self, **kwargs: Any) -> None:
-        await write_with_retry(ledger.model_call_start, lease=self._lease, returning=False, **kwargs)
-
-    async def model_finish(self, **kwargs: Any) -> None:
-        await write_with_retry(ledger.model_call_finish, lease=self._lease, returning=False, **kwargs)
-
-    async def tool_start(self, **kwargs: Any) -> None:
-        await write_with_retry(ledger.tool_call_start, lease=self._lease, returning=False, **kwargs)
-
-    async def tool_finish(self, **kwargs: Any) -> None:
-        await write_with_retry(ledger.tool_call_finish, lease=self._lease, returning=False, **kwargs)
-
-    async def tool_error(self, **kwargs: Any) -> None:
-        await write_with_retry(ledger.tool_call_error, lease=self._lease, returning=False, **kwargs)
 
 
 def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
@@ -283,9 +147,7 @@ class RunExecutor:
         else:
             self.redis = redis_client(redis_url) if redis_url else None
         self.publisher = RunEventPublisher(run.id, redis_url, client=self.redis)
-        self.recorder = LifecycleRecorder(
-            LeasedAuditSink(lease, budget_user_id=run.user_id), publish=self.publisher.publish
-        )
+        self.recorder = LifecycleRecorder(lease, budget_user_id=run.user_id, publish=self.publisher.publish)
         self.prior_message_ids: set[str] = set()
         self.seed_messages: list = []
         self._stop: _Outcome | None = None
@@ -304,7 +166,7 @@ class RunExecutor:
         self._cause_lock = asyncio.Lock()
 
     async def execute(self) -> str:
-        _current_run.set(self)
+        current_run.set(self)
         await self.publisher.publish("run.status", {"status": Status.RUNNING})
         keeper = None
         try:
@@ -373,7 +235,7 @@ class RunExecutor:
                     # rebuild the history from the audit tables, by the same
                     # rules as the memory API (R-READ-2). Its ids are prior
                     # messages, never this run's (R-MA-9).
-                    self.seed_messages = await sync_to_async(_call_then_release)(
+                    self.seed_messages = await sync_to_async(call_then_release)(
                         thread_memory_messages,
                         {"thread_id": self.run.thread_id, "include_tools": True, "before_run": self.run},
                     )
@@ -546,12 +408,12 @@ class RunExecutor:
         """The lease expired while the database was unreachable: leave the
         cause for the sweeper, which would otherwise say ``lease_expired``
         (R-RUN-8)."""
-        recent = time.monotonic() - _last_database_error["at"] <= 2 * self.config.LEASE_TTL_SECONDS
+        recent = time.monotonic() - last_database_error["at"] <= 2 * self.config.LEASE_TTL_SECONDS
         if code == LeaseExpired.code and recent:
             failure_cause_send(
                 run_id=self.run.id,
                 error_type=AuditWriteFailed.code,
-                message=f"the database was unreachable until the lease expired: {_last_database_error['text']}",
+                message=f"the database was unreachable until the lease expired: {last_database_error['text']}",
             )
 
     def _terminal_retries_over(self) -> bool:

@@ -9,7 +9,7 @@ tool row opened and closed — are each one SQL statement:
                     [WHERE NOT EXISTS (SELECT FROM updated)] ON CONFLICT DO NOTHING RETURNING …)]
     SELECT … FROM updated UNION ALL SELECT … FROM inserted
 
-``leased_run`` is :func:`audit.ledger.lease.leased_run_sql`: the run row locked
+``leased_run`` is :func:`leased_run_sql`: the run row locked
 ``FOR NO KEY UPDATE`` only while the lease holds, so the write happens
 under the lock and the checks of R-RUN-4 or not at all. Lock, checks and
 write are one round trip and one transaction (the statement's own, or the
@@ -49,7 +49,50 @@ from conversations.models import Message
 from conversations.sql import messages_from_values
 from yuxi_project.db import execute_prepared
 
-from .lease import Lease, leased_run_query, leased_run_sql
+from ..models import AgentRun
+from .lease import Lease
+
+
+def leased_run_sql(lease: Lease, *, now: datetime) -> tuple[str, list]:
+    """The lock and the checks of :func:`~audit.ledger.lease.lock_run` as one
+    SQL query, and its parameters: ``SELECT id, thread_id FROM <run table>
+    WHERE id = … AND``
+    request id, thread id, owner and fencing token equal the lease's, the
+    status is not terminal and the lease expires after ``now`` ``FOR NO KEY
+    UPDATE``. It yields the run's one row while the lease holds, else none.
+
+    A write names it in a ``WITH leased_run AS (…)`` clause and takes its
+    rows from ``leased_run``, so it writes only under the lease, with the
+    row locked until the statement's transaction ends. ``FOR NO KEY
+    UPDATE`` waits for a transaction that holds the row (a terminal
+    transaction, a takeover) and then re-evaluates the checks on the row it
+    committed (PostgreSQL's READ COMMITTED re-check of a locked row), so a
+    write never lands in a run that ended or changed hands meanwhile.
+    When the write touched nothing,
+    :func:`~audit.ledger.lease.lease_check` names the reason.
+    Implements R-RUN-4.
+    """
+    return _LEASED_RUN_SQL(), [lease.run_id, lease.request_id, lease.thread_id, lease.owner, lease.fencing_token, now]
+
+
+def leased_run_query() -> str:
+    """The SQL of :func:`leased_run_sql` alone, for a statement compiled
+    before its parameters are known; they are the ones
+    :func:`leased_run_sql` returns, in that order."""
+    return _LEASED_RUN_SQL()
+
+
+@functools.cache
+def _LEASED_RUN_SQL() -> str:  # noqa: N802 - a constant, built once the connection is known
+    table = connections[DEFAULT_DB_ALIAS].ops.quote_name(AgentRun._meta.db_table)
+    # The terminal statuses are constants of the code: literals, so the
+    # statement's text never changes (it is prepared once per connection).
+    terminal = ", ".join(f"'{status}'" for status in AgentRun.TERMINAL_STATUSES)
+    return (
+        f"SELECT id, thread_id FROM {table} WHERE id = %s AND request_id = %s AND thread_id = %s "
+        f"AND lease_owner = %s AND fencing_token = %s AND status NOT IN ({terminal}) "
+        "AND lease_expires_at > %s FOR NO KEY UPDATE"
+    )
 
 
 @dataclass

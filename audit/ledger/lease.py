@@ -10,11 +10,13 @@ Two forms of the same lock and the same checks:
 * :func:`lock_run` locks the row inside the caller's transaction and checks
   it in Python — for writes made of several statements (the terminal
   transaction, renewal, the rare paths of the audit writes);
-* :func:`leased_run_sql` is the lock and the checks as one SQL query that a
-  write puts in front of its own statement (``WITH leased_run AS (…)
-  INSERT … SELECT … FROM leased_run``), so lock, check and write are one
-  round trip; when it touched nothing, :func:`lease_check` reads the row
-  and raises the error that names why (R-RUN-4).
+* :func:`audit.ledger.fenced.leased_run_sql` is the lock and the checks as
+  one SQL query that a write puts in front of its own statement (``WITH
+  leased_run AS (…) INSERT … SELECT … FROM leased_run``), so lock, check
+  and write are one round trip; it lives beside the statements that use
+  it, so a lifecycle write's whole SQL is read in one file. When such a
+  write touched nothing, :func:`lease_check` reads the row and raises the
+  error that names why (R-RUN-4).
 """
 
 from __future__ import annotations
@@ -156,46 +158,6 @@ def _lock_only_sql(names: tuple[str, ...]) -> tuple[str, list, list]:
         "WHERE id = %s FOR NO KEY UPDATE"
     )
     return sql, fields, converters
-
-
-def leased_run_sql(lease: Lease, *, now: datetime) -> tuple[str, list]:
-    """The lock and the checks of :func:`lock_run` as one SQL query, and its
-    parameters: ``SELECT id, thread_id FROM <run table> WHERE id = … AND``
-    request id, thread id, owner and fencing token equal the lease's, the
-    status is not terminal and the lease expires after ``now`` ``FOR NO KEY
-    UPDATE``. It yields the run's one row while the lease holds, else none.
-
-    A write names it in a ``WITH leased_run AS (…)`` clause and takes its
-    rows from ``leased_run``, so it writes only under the lease, with the
-    row locked until the statement's transaction ends. ``FOR NO KEY
-    UPDATE`` waits for a transaction that holds the row (a terminal
-    transaction, a takeover) and then re-evaluates the checks on the row it
-    committed (PostgreSQL's READ COMMITTED re-check of a locked row), so a
-    write never lands in a run that ended or changed hands meanwhile.
-    When the write touched nothing, :func:`lease_check` names the reason.
-    Implements R-RUN-4.
-    """
-    return _LEASED_RUN_SQL(), [lease.run_id, lease.request_id, lease.thread_id, lease.owner, lease.fencing_token, now]
-
-
-def leased_run_query() -> str:
-    """The SQL of :func:`leased_run_sql` alone, for a statement compiled
-    before its parameters are known; they are the ones
-    :func:`leased_run_sql` returns, in that order."""
-    return _LEASED_RUN_SQL()
-
-
-@functools.cache
-def _LEASED_RUN_SQL() -> str:  # noqa: N802 - a constant, built once the connection is known
-    table = connection.ops.quote_name(AgentRun._meta.db_table)
-    # The terminal statuses are constants of the code: literals, so the
-    # statement's text never changes (it is prepared once per connection).
-    terminal = ", ".join(f"'{status}'" for status in AgentRun.TERMINAL_STATUSES)
-    return (
-        f"SELECT id, thread_id FROM {table} WHERE id = %s AND request_id = %s AND thread_id = %s "
-        f"AND lease_owner = %s AND fencing_token = %s AND status NOT IN ({terminal}) "
-        "AND lease_expires_at > %s FOR NO KEY UPDATE"
-    )
 
 
 def lease_check(lease: Lease, *, now: datetime) -> None:

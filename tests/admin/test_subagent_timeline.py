@@ -13,7 +13,6 @@ from django.urls import reverse
 from audit import ledger
 from audit.admin import nest_timeline_rows
 from audit.execution.recorder import LifecycleRecorder
-from audit.execution.runner import LeasedAuditSink
 from conversations.models import Conversation, Message
 from tests.audit.captures import load_capture
 from tests.conftest import acquire, make_run
@@ -27,7 +26,7 @@ def _researcher_run(user):
     thread = Conversation.objects.create(user=user, agent_id="researcher", model="replay:researcher_fact_check")
     run = make_run(thread)
     lease = acquire(run)
-    recorder = LifecycleRecorder(LeasedAuditSink(lease))
+    recorder = LifecycleRecorder(lease)
 
     async def feed() -> None:
         for event in captured.events:

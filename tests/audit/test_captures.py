@@ -16,7 +16,6 @@ from langchain_core.messages import AIMessage
 
 from audit import ledger
 from audit.execution.recorder import LifecycleRecorder
-from audit.execution.runner import LeasedAuditSink
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
 from tests.conftest import acquire, make_run
@@ -35,7 +34,7 @@ def _replay(run: AgentRun, captured: CapturedRun) -> LifecycleRecorder:
     """Feed the captured events to a recorder whose sink is the worker's
     lease-checked sink, as the runner does."""
     lease = acquire(run)
-    recorder = LifecycleRecorder(LeasedAuditSink(lease))
+    recorder = LifecycleRecorder(lease)
 
     async def feed() -> None:
         for event in captured.events:

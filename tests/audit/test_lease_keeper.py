@@ -21,11 +21,10 @@ from audit.execution.checkpoint import postgres_conninfo
 from audit.execution.runner import (
     STOP_GRACE_SECONDS,
     RunExecutor,
-    _current_run,
     _Outcome,
     run_execute,
-    write_with_retry,
 )
+from audit.execution.writes import current_run, write_with_retry
 from audit.ledger.causes import failure_causes
 from audit.ledger.runs import run_acquire_with_row
 from audit.models import AgentRun
@@ -61,7 +60,7 @@ def test_a_write_failing_while_the_lease_runs_out_leaves_the_cause_before_it_exp
     executor.config = executor.config.model_copy(update={"LEASE_TTL_SECONDS": 0.9})
 
     async def failing_write(*, lease_left: float) -> None:
-        _current_run.set(executor)
+        current_run.set(executor)
         executor.lease_deadline = time.monotonic() + lease_left
         with pytest.raises(AuditWriteFailed):
             await write_with_retry(_unreachable_write)

@@ -27,7 +27,7 @@ from audit.agents.models import chat_model
 from audit.errors import AuditConflict
 from audit.execution.model_requests import ModelRequestAudit
 from audit.execution.recorder import LifecycleRecorder, namespace_of_checkpoint, request_operation_id
-from audit.execution.runner import LeasedAuditSink, run_execute
+from audit.execution.runner import run_execute
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
 from tests.conftest import acquire, make_run
@@ -64,7 +64,7 @@ def test_captures_with_rows_opened_at_request_start_give_one_row_per_call_R_MA_1
         thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
         run = make_run(thread)
         lease = acquire(run)
-        recorder = LifecycleRecorder(LeasedAuditSink(lease))
+        recorder = LifecycleRecorder(lease)
         expected: dict[str, int] = {}
 
         async def feed(captured=captured, recorder=recorder, expected=expected) -> None:
@@ -301,7 +301,7 @@ def test_a_model_error_closes_its_call_failed_even_in_a_completed_run_R_MA_10_R_
 
 def test_the_callback_handler_feeds_the_recorder_and_ignores_foreign_retries_R_MA_10(thread):
     lease = acquire(make_run(thread))
-    recorder = LifecycleRecorder(LeasedAuditSink(lease))
+    recorder = LifecycleRecorder(lease)
     handler = ModelRequestAudit(recorder)
     run_id = uuid.uuid4()
     meta = {"langgraph_checkpoint_ns": "tools:abc|model:def", "langgraph_node": "model"}

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from audit import ledger
 from audit.errors import AuditConflict
 from audit.execution.recorder import LifecycleRecorder
-from audit.execution.runner import LeasedAuditSink
 from conversations.models import Conversation, Message
 from tests.conftest import acquire, make_run
 
@@ -140,7 +139,7 @@ def _feed(recorder: LifecycleRecorder, events: list[dict], after_each=None) -> N
 def test_generated_lifecycles_keep_the_audit_invariants_R_MA_3_R_MA_4_R_MA_5(generated):
     calls, events = generated
     run, lease = _fresh_run()
-    recorder = LifecycleRecorder(LeasedAuditSink(lease))
+    recorder = LifecycleRecorder(lease)
     completed_seen: set[str] = set()
 
     from asgiref.sync import sync_to_async
@@ -202,7 +201,7 @@ def test_a_conflicting_start_fails_explicitly_and_changes_nothing_R_MA_3(generat
     position = data.draw(st.integers(events.index(victim) + 1, len(events)))
 
     run, lease = _fresh_run()
-    recorder = LifecycleRecorder(LeasedAuditSink(lease))
+    recorder = LifecycleRecorder(lease)
     _feed(recorder, events[:position])
     before = list(Message.objects.filter(run=run).order_by("id").values())
     with pytest.raises(AuditConflict) as raised:

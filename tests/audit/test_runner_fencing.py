@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 from django.db.models import F
 
+from audit.execution import recorder as recorder_module
 from audit.execution.checkpoint import CHECKPOINTER_APPLICATION_NAME
 from audit.execution.recorder import LifecycleRecorder
 from audit.models import AgentRun
@@ -45,17 +46,6 @@ def test_a_takeover_mid_stream_stops_the_run_before_any_further_model_step_R_RUN
     assert rows[0].execution_status == "running" and rows[0].usage is None
 
 
-class _RecordingSink:
-    def __init__(self):
-        self.calls: list[tuple[str, dict]] = []
-
-    async def model_start(self, **kwargs):
-        self.calls.append(("start", kwargs))
-
-    async def model_finish(self, **kwargs):
-        self.calls.append(("finish", kwargs))
-
-
 def _event(seq, payload, run_id="r1"):
     return {
         "type": "event",
@@ -65,10 +55,15 @@ def _event(seq, payload, run_id="r1"):
     }
 
 
-def test_a_replayed_start_keeps_the_original_monotonic_start_and_content_R_MA_3_R_MA_4():
+def test_a_replayed_start_keeps_the_original_monotonic_start_and_content_R_MA_3_R_MA_4(monkeypatch):
     now = [10.0]
-    sink = _RecordingSink()
-    recorder = LifecycleRecorder(sink, clock=lambda: now[0])
+    calls: list[tuple[str, dict]] = []
+
+    async def recorded(fn, /, **kwargs):
+        calls.append((fn.__name__, kwargs))
+
+    monkeypatch.setattr(recorder_module, "write_with_retry", recorded)
+    recorder = LifecycleRecorder(lease=None, clock=lambda: now[0])
     start = _event(2, {"event": "message-start", "role": "ai", "id": "lc_run--r1"})
 
     async def feed():
@@ -90,11 +85,11 @@ def test_a_replayed_start_keeps_the_original_monotonic_start_and_content_R_MA_3_
         )
 
     asyncio.run(feed())
-    finishes = [kw for kind, kw in sink.calls if kind == "finish"]
+    finishes = [kw for name, kw in calls if name == "model_call_finish"]
     assert len(finishes) == 1, "usage is reported once per call"
     assert finishes[0]["content"] == "Hello"
     assert finishes[0]["duration_ms"] == 10500, "duration from the first monotonic start"
-    assert [kw["sequence"] for kind, kw in sink.calls if kind == "start"] == [2, 2]
+    assert [kw["sequence"] for name, kw in calls if name == "model_call_start"] == [2, 2]
 
 
 def test_a_run_whose_checkpointer_lost_its_connection_reconnects_and_completes_R_RUN_8(user, replay_models, db_name):

@@ -19,7 +19,6 @@ from langgraph.types import Interrupt
 
 from audit import ledger
 from audit.execution.recorder import LifecycleRecorder
-from audit.execution.runner import LeasedAuditSink
 from audit.models import AgentRun
 from audit.reads.selectors import run_timeline, timeline_item
 from conversations.models import Conversation, Message
@@ -42,7 +41,7 @@ def _researcher_thread(user) -> Conversation:
 
 def _feed(run: AgentRun, events: list[dict]) -> LifecycleRecorder:
     lease = acquire(run)
-    recorder = LifecycleRecorder(LeasedAuditSink(lease))
+    recorder = LifecycleRecorder(lease)
 
     async def feed() -> None:
         for event in events:

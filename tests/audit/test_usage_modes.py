@@ -27,7 +27,6 @@ from audit.agents.provider import AuditedChatOpenAI
 from audit.agents.usage import UsageFold, normalize_usage, usage_mode_for
 from audit.execution.model_requests import ModelRequestAudit
 from audit.execution.recorder import LifecycleRecorder
-from audit.execution.runner import LeasedAuditSink
 from audit.replay.scenarios import Scenario, load_scenarios
 from audit.replay.server import make_server
 from conversations.models import Conversation, Message
@@ -189,7 +188,7 @@ def _stored_usage(make_model, thread) -> dict | None:
     running); returns the usage stored on its audit row."""
     run = make_run(Conversation.objects.create(user=thread.user, agent_id="assistant", model=thread.model))
     lease = acquire(run)
-    recorder = LifecycleRecorder(LeasedAuditSink(lease))
+    recorder = LifecycleRecorder(lease)
 
     async def drive():
         # A client per event loop (``make_model(client)``): langchain-openai's

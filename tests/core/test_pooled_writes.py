@@ -19,7 +19,7 @@ from psycopg_pool import PoolTimeout
 
 from audit import ledger
 from audit.errors import LeaseLost
-from audit.execution import runner
+from audit.execution import recorder, writes
 from audit.ledger import StateMessage
 from audit.ledger.lease import Lease, lock_run
 from audit.models import AgentRun
@@ -55,13 +55,13 @@ def hops(monkeypatch) -> list[str]:
 
         return call
 
-    monkeypatch.setattr(runner, "sync_to_async", watched)
+    monkeypatch.setattr(writes, "sync_to_async", watched)
     return sent
 
 
 def _on_loop(fn, /, **kwargs):
     async def go():
-        return await runner.write_with_retry(fn, **kwargs)
+        return await writes.write_with_retry(fn, **kwargs)
 
     return asyncio.run(go())
 
@@ -363,7 +363,7 @@ def test_a_lifecycle_write_waiting_for_postgresql_leaves_the_loop_free_R_RUN_5(t
 
     async def go(holder):
         write = asyncio.ensure_future(
-            runner.write_with_retry(
+            writes.write_with_retry(
                 ledger.model_call_start, lease=lease, operation_id="lc_run--w", sequence=1, started_at=T0
             )
         )
@@ -393,7 +393,7 @@ def test_a_lifecycle_write_cancelled_while_its_statement_waits_ends_its_statemen
 
     async def go(holder):
         write = asyncio.ensure_future(
-            runner.write_with_retry(
+            writes.write_with_retry(
                 ledger.model_call_start, lease=lease, operation_id="lc_run--x", sequence=2, started_at=T0
             )
         )
@@ -465,7 +465,7 @@ def test_a_run_whose_pooled_connections_the_server_ended_between_writes_ends_exa
     lands once — on a fresh pooled connection, or in a thread while the pool
     refills — and the run completes with its rows, none twice, none left
     running, and no write error counted for a call sent to a thread."""
-    from audit.execution.runner import LeasedAuditSink, run_execute
+    from audit.execution.runner import run_execute
     from conversations.models import Conversation
 
     ended: list[int] = []
@@ -473,14 +473,15 @@ def test_a_run_whose_pooled_connections_the_server_ended_between_writes_ends_exa
     def end_idle_pooled_connections() -> None:
         ended.append(_end_idle_pooled_connections(db_name))
 
-    for name in ("model_open", "model_start", "model_finish", "tool_start", "tool_finish"):
-        write = getattr(LeasedAuditSink, name)
+    lifecycle = {"model_call_open", "model_call_start", "model_call_finish", "tool_call_start", "tool_call_finish"}
+    write = writes.write_with_retry
 
-        async def after_ending(self, _write=write, **kwargs):
+    async def after_ending(fn, /, **kwargs):
+        if fn.__name__ in lifecycle:
             end_idle_pooled_connections()
-            return await _write(self, **kwargs)
+        return await write(fn, **kwargs)
 
-        monkeypatch.setattr(LeasedAuditSink, name, after_ending)
+    monkeypatch.setattr(recorder, "write_with_retry", after_ending)
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:tool_then_answer")
     run = make_run(thread)
     connection.close()

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.errors import AuditWriteRejected
-from audit.execution.runner import run_execute, write_with_retry
+from audit.execution.runner import run_execute
+from audit.execution.writes import write_with_retry
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
 from tests.conftest import bearer, make_run
