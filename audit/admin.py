@@ -25,11 +25,11 @@ from django.utils.safestring import mark_safe
 from pydantic import ValidationError
 
 from conversations.models import Message
+from core.errors import InvalidInput
+from core.storable import visible, visible_fields
 from costs.selectors import run_cost, usd_text
 from yuxi_project.admin_rows import ActionCheckboxMixin
-from yuxi_project.errors import InvalidInput
 from yuxi_project.paginator import EstimatingPaginator
-from yuxi_project.storable import visible, visible_fields
 
 from . import export
 from .agents.researcher import RESEARCHER_TOOL_NAMES

@@ -10,11 +10,11 @@ from ninja import Query, Router
 
 from conversations.models import Conversation
 from conversations.schemas import ErrorOut
+from core.config import get_config
+from core.db import release_connection
+from core.errors import InvalidInput, NotFound, PermissionDenied
 from costs.schemas import BudgetExceededOut
 from ops.metrics import track_sse
-from yuxi_project.config import get_config
-from yuxi_project.db import release_connection
-from yuxi_project.errors import InvalidInput, NotFound, PermissionDenied
 from yuxi_project.responses import json_response
 
 from . import export, ledger

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from yuxi_project.config import get_config
-from yuxi_project.errors import InvalidInput
+from core.config import get_config
+from core.errors import InvalidInput
 
 #: The built-in agents (``audit.agents.assistant``, ``audit.agents.researcher``).
 AGENTS = ("assistant", "researcher")

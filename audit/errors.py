@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from yuxi_project.errors import ApplicationError, Conflict
+from core.errors import ApplicationError, Conflict
 
 
 class LeaseError(Conflict):

@@ -29,8 +29,8 @@ from django.http import StreamingHttpResponse
 from ninja.responses import NinjaJSONEncoder
 
 from conversations.models import Message
-from yuxi_project.db import release_connection
-from yuxi_project.errors import InvalidInput
+from core.db import release_connection
+from core.errors import InvalidInput
 
 from .models import AgentRun
 from .reads.selectors import timeline_item

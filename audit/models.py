@@ -11,8 +11,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.storable import StorableCharField, StorableJSONField, StorableTextField
 from governance.triggers import RUN_TRIGGERS
-from yuxi_project.storable import StorableCharField, StorableJSONField, StorableTextField
 
 
 class AgentRunQuerySet(models.QuerySet):

@@ -355,7 +355,7 @@ class Endpoint:
     ("product SQL"). ``sql_source`` "product" marks an endpoint's own main
     statement given here because the endpoint runs it prepared, out of
     sight of the query log; ``serial`` EXPLAINs it as the product runs it,
-    without parallel workers (:func:`yuxi_project.db.serial_plans`)."""
+    without parallel workers (:func:`core.db.serial_plans`)."""
 
     name: str
     path: str
@@ -370,7 +370,7 @@ class Endpoint:
 def explain_ms(sql: str, params: list, *, serial: bool = False) -> float:
     """Execution time of ``sql`` by ``EXPLAIN (ANALYZE)``, median of three,
     in ms; with ``serial``, planned without parallel workers."""
-    from yuxi_project.db import serial_plans
+    from core.db import serial_plans
 
     times = []
     with serial_plans() if serial else contextlib.nullcontext(), connection.cursor() as c:
@@ -383,7 +383,7 @@ def explain_ms(sql: str, params: list, *, serial: bool = False) -> float:
 
 
 def plan_of(sql: str, params: list, *, serial: bool = False) -> str:
-    from yuxi_project.db import serial_plans
+    from core.db import serial_plans
 
     with serial_plans() if serial else contextlib.nullcontext(), connection.cursor() as c:
         c.execute("EXPLAIN " + sql, params)
@@ -413,7 +413,7 @@ def endpoints(ds: Dataset) -> list[Endpoint]:
     from audit.reads.selectors import _NO_SEQUENCE, _TIMELINE_KEY
     from conversations.selectors import memory_sql
     from conversations.sql import message_columns
-    from yuxi_project.cursors import encode_cursor
+    from core.cursors import encode_cursor
 
     with connection.cursor() as c:
         c.execute("SELECT created_at FROM audit_agentrun WHERE id = %s", [ds.big_run_id])

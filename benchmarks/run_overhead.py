@@ -64,9 +64,9 @@ from audit.execution.runner import run_execute
 from audit.execution.worker_loop import close_kept_connections, run_in_worker_loop
 from audit.ledger import run_submit
 from conversations.models import Conversation
-from yuxi_project.config import get_config
-from yuxi_project.db import release_connection
-from yuxi_project.redis_client import stream_key
+from core.config import get_config
+from core.db import release_connection
+from core.redis_client import stream_key
 
 SCENARIO_MODEL = "replay:tool_then_answer"
 VARIANTS = ("plain graph", "checkpointer", "product", "kept checkpointer")

@@ -23,10 +23,10 @@ from audit.models import AgentRun
 from audit.reads import search as audit_search
 from audit.reads import selectors as audit_selectors
 from audit.templatetags.yx_admin import time_html
+from core.storable import visible, visible_fields
 from governance.payloads import payload_note
 from yuxi_project.admin_rows import ActionCheckboxMixin
 from yuxi_project.paginator import EstimatingPaginator
-from yuxi_project.storable import visible, visible_fields
 
 from .models import ApiToken, Conversation, Message, MessageFeedback
 

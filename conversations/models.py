@@ -6,7 +6,7 @@ model calls and tool executions, told apart by ``message_type`` (SPEC §3).
 Every reader goes through the QuerySet predicates below, so that counts,
 history and timelines apply the same rules (R-READ-1..4). Content fields
 store what PostgreSQL cannot hold in an escaped form and read back the
-original (``yuxi_project.storable``, R-RUN-11).
+original (``core.storable``, R-RUN-11).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q, Value
 
+from core.storable import StorableCharField, StorableJSONField, StorableTextField
 from governance.triggers import MESSAGE_TRIGGERS
-from yuxi_project.storable import StorableCharField, StorableJSONField, StorableTextField
 
 
 class Conversation(models.Model):

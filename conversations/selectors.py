@@ -12,12 +12,12 @@ from django.db import connection
 from django.db.models import F, Q
 from django.db.models.functions import Length, Substr
 
-from yuxi_project.config import get_config
-from yuxi_project.cursors import page_cursor, parse_cursor
-from yuxi_project.db import execute_prepared_all, serial_plans, stand_ins_bound
-from yuxi_project.errors import InvalidInput, NotFound
-from yuxi_project.storable import _StorableText, decode_text
-from yuxi_project.workspace import PREVIEW_CHARS, offloaded_summary, tool_row_large_result_path
+from core.config import get_config
+from core.cursors import page_cursor, parse_cursor
+from core.db import execute_prepared_all, serial_plans, stand_ins_bound
+from core.errors import InvalidInput, NotFound
+from core.storable import _StorableText, decode_text
+from core.workspace import PREVIEW_CHARS, offloaded_summary, tool_row_large_result_path
 
 from .models import Conversation, Message, history_carrier_q, history_ordinary_q
 from .sql import MESSAGE_TABLE, message_columns, message_rows, predicate_sql
@@ -489,7 +489,7 @@ def memory_rows(sql: str, params: list) -> list[tuple]:
     :func:`thread_memory` reads them: prepared once per connection
     (planning the statement with tools took about 2 ms, a fifth of its
     execution), and planned without parallel workers
-    (:func:`yuxi_project.db.serial_plans`), so every thread is read by the
+    (:func:`core.db.serial_plans`), so every thread is read by the
     walk over its runs whatever statistics the last ``ANALYZE`` sampled
     (issue 11). Kept public for the plan test and the read-path benchmark."""
     with serial_plans():

@@ -6,10 +6,10 @@ from django.db import IntegrityError, transaction
 
 from audit.catalogue import validate_agent_id, validate_model_name
 from audit.models import AgentRun
+from core.config import get_config
+from core.errors import InvalidInput
+from core.storable import fit_text
 from dashboard.rollups import feedback_changed
-from yuxi_project.config import get_config
-from yuxi_project.errors import InvalidInput
-from yuxi_project.storable import fit_text
 
 from .models import Conversation, MessageFeedback
 from .selectors import message_feedback_of

@@ -20,7 +20,7 @@ from typing import Any
 from django.db import connections
 from django.db.models import Q
 
-from yuxi_project.db import convert_values, field_converters
+from core.db import convert_values, field_converters
 
 from .models import Message
 

@@ -36,9 +36,9 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from yuxi_project.config import get_config
-from yuxi_project.db import execute_prepared, stand_ins_bound, stand_ins_checked
-from yuxi_project.errors import ApplicationError
+from core.config import get_config
+from core.db import execute_prepared, stand_ins_bound, stand_ins_checked
+from core.errors import ApplicationError
 
 from .models import Budget
 from .selectors import spent_usd, usd_text

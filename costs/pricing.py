@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from yuxi_project.config import ModelPriceConfig, get_config
+from core.config import ModelPriceConfig, get_config
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncDate
 
 from conversations.models import Message
+from core.errors import InvalidInput
 from dashboard import facts
 from dashboard import selectors as dashboard
-from yuxi_project.errors import InvalidInput
 
 GROUPS = ("model", "user", "day")
 

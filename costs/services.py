@@ -8,7 +8,7 @@ from decimal import Decimal, InvalidOperation
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from yuxi_project.errors import InvalidInput
+from core.errors import InvalidInput
 
 from .models import Budget
 

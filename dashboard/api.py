@@ -13,8 +13,8 @@ from typing import Literal
 from ninja import Field, Query, Router, Schema
 
 from conversations.schemas import ErrorOut
+from core.errors import PermissionDenied
 from costs import selectors as cost_selectors
-from yuxi_project.errors import PermissionDenied
 
 from . import selectors
 from .schemas import CostsOut, FeedbackOut, ModelsOut, OverviewOut, TimeseriesOut, ToolsOut

@@ -128,7 +128,7 @@ def run_roll_up(
     with nothing rolled up.
 
     ``commit_then`` (``(sql, params)``, prepared, returning rows): in a
-    pooled transaction (:func:`yuxi_project.db.commit_in_pipeline`), the
+    pooled transaction (:func:`core.db.commit_in_pipeline`), the
     transaction is committed in the same round trip, and this statement run
     after the commit, in its own; a third item is returned: its rows, or
     ``None`` when the transaction is Django's (which commits when its
@@ -136,8 +136,8 @@ def run_roll_up(
     """
     from django.db import Error, OperationalError, transaction
 
-    from yuxi_project.config import get_config
-    from yuxi_project.db import commit_in_pipeline, in_transaction, raw_connection
+    from core.config import get_config
+    from core.db import commit_in_pipeline, in_transaction, raw_connection
 
     if not in_transaction():
         with transaction.atomic():

@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from audit.models import AgentRun
 from conversations.models import Conversation, Message, MessageFeedback
-from yuxi_project.errors import InvalidInput
+from core.errors import InvalidInput
 
 from . import facts
 from .models import RUN_STATUS_COLUMNS

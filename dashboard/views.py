@@ -10,8 +10,8 @@ from django.contrib import admin
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from core.errors import InvalidInput
 from costs import selectors as cost_selectors
-from yuxi_project.errors import InvalidInput
 
 from . import selectors
 

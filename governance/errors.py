@@ -1,6 +1,6 @@
 """Errors of governance commands (the product's one error family)."""
 
-from yuxi_project.errors import ApplicationError, Conflict, InvalidInput, NotFound
+from core.errors import ApplicationError, Conflict, InvalidInput, NotFound
 
 
 class UnknownUser(NotFound):

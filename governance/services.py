@@ -24,9 +24,9 @@ from django.utils import timezone
 
 from audit.models import AgentRun
 from conversations.models import ApiToken, Conversation, Message, MessageFeedback
-from yuxi_project.config import get_config
-from yuxi_project.redis_client import REDIS_CLIENT_OPTIONS, stream_key
-from yuxi_project.workspace import (
+from core.config import get_config
+from core.redis_client import REDIS_CLIENT_OPTIONS, stream_key
+from core.workspace import (
     LARGE_RESULTS_DIR,
     OUTBOX_DIR,
     execution_file_name,

@@ -15,7 +15,7 @@ def purge_payloads() -> int:
     ``RETENTION_PURGE_INTERVAL_SECONDS`` on the maintenance queue when
     ``RETENTION_DAYS`` is set. Returns the number of rows purged; another
     purge in progress skips this pass."""
-    from yuxi_project.config import get_config
+    from core.config import get_config
 
     from .errors import GovernanceBusy
     from .services import payloads_purge

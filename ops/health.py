@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import redis
 from django.db import connection
 
+from core.config import get_config
 from yuxi_project.celery import app as celery_app
-from yuxi_project.config import get_config
 from yuxi_project.schema_guard import schema_problems
 
 CHECKS = ("database", "migrations", "redis", "worker")

@@ -49,8 +49,8 @@ from django.core.exceptions import SynchronousOnlyOperation
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
 from audit.catalogue import available_models
-from yuxi_project.config import get_config
-from yuxi_project.db import NeedsThread
+from core.config import get_config
+from core.db import NeedsThread
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def _safely[F: Callable[..., Any]](fn: F) -> F:
 def _after_commit(fn: Callable[[], None]) -> None:
     """Run ``fn`` after the current transaction commits (at once outside
     one); a failure is logged, never raised into the committer."""
-    from yuxi_project.db import on_commit
+    from core.db import on_commit
 
     on_commit(_safely(fn), robust=True)
 
@@ -242,7 +242,7 @@ def audit_write[F: Callable[..., Any]](kind: str) -> Callable[[F], F]:
                 # Not a write error: the call reached the ORM, or found no
                 # pooled connection at hand, on the event loop's thread; the
                 # worker makes it again in a thread
-                # (yuxi_project.db.call_with_pooled_statements).
+                # (core.db.call_with_pooled_statements).
                 raise
             except Exception as exc:
                 _count_write_error(kind, exc)

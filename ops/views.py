@@ -16,7 +16,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_safe
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from yuxi_project.config import get_config
+from core.config import get_config
 
 from .exposition import render
 from .health import readiness

@@ -45,7 +45,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.util.re import parse_env_headers
 
-from yuxi_project.config import get_config
+from core.config import get_config
 
 from .models import ExportCursor
 from .selectors import closed_runs, export_horizon, run_audit_rows

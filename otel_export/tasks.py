@@ -17,7 +17,7 @@ def export() -> int:
     stops after that many seconds so passes do not pile up. Returns the
     number of runs the receiver accepted; a receiver failure is logged and
     the next pass tries again (the cursor did not move)."""
-    from yuxi_project.config import get_config
+    from core.config import get_config
 
     from .services import export_closed_runs
 

@@ -131,7 +131,7 @@ def replay_server_url():
 @pytest.fixture
 def replay_models(replay_server_url, monkeypatch):
     """Point ``replay:<scenario>`` models of this process at the replay server."""
-    from yuxi_project.config import get_config
+    from core.config import get_config
 
     monkeypatch.setattr(get_config(), "REPLAY_MODEL_URL", replay_server_url)
     return replay_server_url

@@ -10,10 +10,10 @@ from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from core.errors import ApplicationError
 from costs.budgets import BudgetExceeded
 
 from .auth import api_auth
-from .errors import ApplicationError
 from .parser import CheckedJSONParser
 from .responses import RENDERER
 

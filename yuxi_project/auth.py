@@ -10,7 +10,7 @@ from django.utils import timezone
 from ninja.security import HttpBearer, SessionAuth
 
 from conversations.models import ApiToken
-from yuxi_project.db import execute_prepared, field_converters, model_from_values
+from core.db import execute_prepared, field_converters, model_from_values
 
 
 class BearerTokenAuth(HttpBearer):

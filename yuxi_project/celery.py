@@ -24,8 +24,8 @@ def refuse_mismatched_schema(**_kwargs) -> None:
     django.setup()
     from django.db import connections
 
-    from yuxi_project.config import get_config
-    from yuxi_project.db import configure_worker_database
+    from core.config import get_config
+    from core.db import configure_worker_database
     from yuxi_project.schema_guard import SchemaMismatch, ensure_schema_matches
 
     # Before the first connection: worker connections get bounded waits

@@ -1,4 +1,4 @@
-"""``docs/configuration.md``, rendered from :class:`yuxi_project.config.Config`.
+"""``docs/configuration.md``, rendered from :class:`core.config.Config`.
 
 The page is the class: every field's name, type, constraints, default and
 ``description``, in declaration order, under the section headings of
@@ -17,7 +17,7 @@ from pathlib import Path
 import annotated_types
 from pydantic.fields import FieldInfo
 
-from yuxi_project.config import BASE_DIR, Config
+from core.config import BASE_DIR, Config
 
 # A section starts at the field named here and runs to the next section's
 # first field, so a field added anywhere lands in the section around it.
@@ -37,7 +37,7 @@ HEADER = """\
 # Configuration
 
 Every setting of the product, for whoever deploys it. All settings come from
-the environment and are validated at start-up (`yuxi_project/config.py`): a
+the environment and are validated at start-up (`core/config.py`): a
 malformed value stops the process with a `ConfigError` naming the variable.
 
 This page is generated from the settings class: edit the class's field, then

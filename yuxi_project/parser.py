@@ -8,7 +8,7 @@ from typing import Any
 
 from ninja.parser import Parser
 
-from .errors import InvalidInput
+from core.errors import InvalidInput
 
 MAX_JSON_DEPTH = 32
 
@@ -19,7 +19,7 @@ def check_payload(value: Any, *, where: str = "body", refuse_nul: bool = True) -
     string or key.
 
     A body may carry NUL characters: what is stored is escaped at the
-    storage boundary (``yuxi_project.storable``, R-RUN-11), so a user's
+    storage boundary (``core.storable``, R-RUN-11), so a user's
     text is kept as written. Query strings are never stored; a NUL there is
     refused.
 

@@ -1,5 +1,5 @@
 """Django settings. Every value that varies by deployment comes from
-:mod:`yuxi_project.config`, which validates the environment."""
+:mod:`core.config`, which validates the environment."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import dj_database_url
 
-from .config import BASE_DIR, get_config
-from .pool import pool_check_connection
+from core.config import BASE_DIR, get_config
+from core.pool import pool_check_connection
 
 CONFIG = get_config()
 

@@ -11,7 +11,7 @@ from deepagents.middleware.patch_tool_calls import PatchToolCallsMiddleware
 from langchain.agents import create_agent
 from langchain.agents.middleware import HumanInTheLoopMiddleware
 
-from yuxi_project.config import get_config
+from core.config import get_config
 
 from ..catalogue import validate_agent_id
 from .large_results import LargeToolResultMiddleware

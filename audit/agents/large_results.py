@@ -6,7 +6,7 @@ Why not deepagents' ``FilesystemMiddleware``: its eviction counts tokens
 to the agent. The product needs a character threshold
 (``LARGE_TOOL_RESULT_CHARS``), the per-execution workspace path
 ``outputs/large_tool_results/<run id>/<tool_call_id>`` (R-TA-7, see
-:mod:`yuxi_project.workspace`) and an unchanged tool set, so a small
+:mod:`core.workspace`) and an unchanged tool set, so a small
 ``wrap_tool_call`` middleware does it.
 
 The tool's own ``tool-finished`` event carries the full ToolMessage: the
@@ -24,7 +24,7 @@ from typing import Any
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 
-from yuxi_project.workspace import PREVIEW_CHARS, large_result_path, offloaded_summary
+from core.workspace import PREVIEW_CHARS, large_result_path, offloaded_summary
 
 from ..jsonable import message_text
 

@@ -16,7 +16,7 @@ import ssl
 
 import httpx
 
-from yuxi_project.config import get_config
+from core.config import get_config
 
 from ..catalogue import UnknownModel
 from .provider import AuditedChatOpenAI

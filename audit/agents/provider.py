@@ -46,8 +46,8 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict, Field
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 
-from yuxi_project.config import get_config
-from yuxi_project.errors import ApplicationError
+from core.config import get_config
+from core.errors import ApplicationError
 
 from .usage import UsageFold, UsageMode, usage_mode_for
 

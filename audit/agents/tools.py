@@ -16,7 +16,7 @@ from pathlib import Path
 from langchain.tools import ToolRuntime
 from langchain_core.tools import ToolException, tool
 
-from yuxi_project.workspace import outbox_path
+from core.workspace import outbox_path
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Any, Literal, get_args
 from langchain_core.messages import BaseMessage
 from langchain_core.messages.ai import UsageMetadata, add_usage
 
-from yuxi_project.config import get_config
+from core.config import get_config
 
 UsageMode = Literal["final", "cumulative", "delta"]
 USAGE_MODES: tuple[str, ...] = get_args(UsageMode)

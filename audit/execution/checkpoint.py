@@ -20,7 +20,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg.conninfo import make_conninfo
 
-from yuxi_project.pool import has_input
+from core.pool import has_input
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +131,13 @@ async def _connect(conninfo: str, **kwargs: Any):
 
 async def _connect_waiting(conninfo: str):
     """A new connection, tried again for as long as an audit write waits for
-    one at each attempt (:func:`yuxi_project.db.worker_connection_wait`):
+    one at each attempt (:func:`core.db.worker_connection_wait`):
     without this wait a refused connection fails at once, and the
     checkpointer would give up on an outage (a restart) after its backoff
     alone (0.6 s with three attempts) where the audit writes of the same
     run outlast it."""
-    from yuxi_project.config import get_config
-    from yuxi_project.db import worker_connection_wait
+    from core.config import get_config
+    from core.db import worker_connection_wait
 
     wait = worker_connection_wait(get_config())
     deadline = time.monotonic() + wait
@@ -161,7 +161,7 @@ async def _retried[T](
     the audit writes' backoff, at most ``AUDIT_WRITE_ATTEMPTS`` times;
     ``before_retry`` runs before each new attempt (a failure there counts as
     that attempt's). Any other error is raised at once."""
-    from yuxi_project.config import get_config
+    from core.config import get_config
 
     attempts = get_config().AUDIT_WRITE_ATTEMPTS
     for attempt in range(1, attempts + 1):

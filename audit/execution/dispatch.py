@@ -22,8 +22,8 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from core.config import get_config
 from ops import metrics
-from yuxi_project.config import get_config
 
 from ..ledger.handover import enqueue_run
 from ..models import AgentRun, RunCancelRequest

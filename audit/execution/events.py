@@ -52,9 +52,9 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from yuxi_project.config import get_config
-from yuxi_project.db import release_connection
-from yuxi_project.redis_client import redis_client, stream_key
+from core.config import get_config
+from core.db import release_connection
+from core.redis_client import redis_client, stream_key
 
 log = logging.getLogger(__name__)
 

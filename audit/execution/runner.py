@@ -31,11 +31,11 @@ from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
 from conversations.selectors import thread_memory_messages
+from core.config import get_config
+from core.db import release_connection, worker_connection_wait
+from core.errors import ApplicationError, NotFound
+from core.redis_client import redis_client
 from ops import logcontext
-from yuxi_project.config import get_config
-from yuxi_project.db import release_connection, worker_connection_wait
-from yuxi_project.errors import ApplicationError, NotFound
-from yuxi_project.redis_client import redis_client
 
 from .. import ledger
 from ..agents.assistant import build_agent

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from yuxi_project.config import get_config
+from core.config import get_config
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any
 
-from yuxi_project.redis_client import REDIS_CLIENT_OPTIONS
+from core.redis_client import REDIS_CLIENT_OPTIONS
 
 _local = threading.local()
 

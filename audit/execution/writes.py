@@ -10,7 +10,7 @@ handler, the ledger service, the fenced statement. This module is the
 transport between them: which thread or connection a call is made on, and
 what happens when it fails.
 
-It may import the ledger, the models, :mod:`yuxi_project.db` and the
+It may import the ledger, the models, :mod:`core.db` and the
 configuration; nothing of the run's execution but :mod:`.checkpoint`'s
 back-off.
 """
@@ -27,8 +27,8 @@ from typing import Any, Protocol
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError
 
-from yuxi_project.config import get_config
-from yuxi_project.db import (
+from core.config import get_config
+from core.db import (
     NeedsThread,
     call_with_pooled_statements,
     call_with_pooled_statements_async,
@@ -79,7 +79,7 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     The lifecycle writes that are one prepared statement in the usual case
     are made on the event loop's thread on a pooled connection, their round
     trip awaited without blocking the loop
-    (:func:`~yuxi_project.db.call_with_pooled_statements_async`); the
+    (:func:`~core.db.call_with_pooled_statements_async`); the
     terminal transaction likewise but blocking (its three round trips end
     the run; nothing else has work then). Every other call, and their paths
     that need the ORM, in a thread.
@@ -126,7 +126,7 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
 
 
 # The writes made on the event loop's thread, without a thread hop (issue
-# 11), each on a pooled connection (yuxi_project.db): the lifecycle writes
+# 11), each on a pooled connection (core.db): the lifecycle writes
 # whose usual path is one prepared statement fenced by the lease
 # (audit.ledger.fenced; a model row opens only while the budget has room,
 # checked in the same statement), each in autocommit, their round trip

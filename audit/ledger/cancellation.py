@@ -14,8 +14,8 @@ import logging
 import uuid
 from typing import Any
 
-from yuxi_project.config import get_config
-from yuxi_project.redis_client import REDIS_CLIENT_OPTIONS, redis_client
+from core.config import get_config
+from core.redis_client import REDIS_CLIENT_OPTIONS, redis_client
 
 log = logging.getLogger(__name__)
 

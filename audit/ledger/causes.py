@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from yuxi_project.config import get_config
+from core.config import get_config
 
 log = logging.getLogger(__name__)
 

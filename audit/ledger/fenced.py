@@ -28,7 +28,7 @@ its round trip). A new row is every concrete field of
 every other field its model default, compiled into the statement as a
 literal — so a column added to the model is written here without change.
 Values go through each field's own preparation (the escaped form of
-:mod:`yuxi_project.storable`, JSON), and rows come back through its
+:mod:`core.storable`, JSON), and rows come back through its
 converters, exactly as the ORM would
 (:func:`conversations.sql.messages_from_values`, shared with the readers).
 """
@@ -47,7 +47,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from conversations.models import Message
 from conversations.sql import messages_from_values
-from yuxi_project.db import execute_prepared
+from core.db import execute_prepared
 
 from ..models import AgentRun
 from .lease import Lease

@@ -29,7 +29,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from yuxi_project.db import (
+from core.db import (
     execute_prepared,
     execute_prepared_in_pipeline,
     field_converters,

@@ -5,7 +5,7 @@ most ``WEB_LOCK_TIMEOUT_MS`` for it, then answers 503 ``run_busy`` — so a
 worker frozen while it holds a row, or a burst of requests queued behind
 one, can never hold the web process's database connections for long.
 Worker connections carry their own session limits (see
-:func:`yuxi_project.db.worker_session_options`).
+:func:`core.db.worker_session_options`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from contextlib import contextmanager
 
 from django.db import OperationalError
 
-from yuxi_project.config import get_config
-from yuxi_project.db import local_setting
+from core.config import get_config
+from core.db import local_setting
 
 from ..errors import RunBusy
 
@@ -31,7 +31,7 @@ def lock_timed_out(exc: BaseException) -> bool:
 def web_lock_wait(timeout_ms: int | None = None) -> Iterator[None]:
     """Open a transaction (``transaction.atomic()``) whose lock waits give
     up after ``timeout_ms`` milliseconds (default ``WEB_LOCK_TIMEOUT_MS``;
-    :func:`~yuxi_project.db.local_setting`: it ends with the transaction, or
+    :func:`~core.db.local_setting`: it ends with the transaction, or
     with the block inside an outer one).
 
     Raises:

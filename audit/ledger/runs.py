@@ -14,10 +14,10 @@ from django.db.models import Exists, Max, Min, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
+from core.db import execute_prepared, field_converters, model_from_values, stand_ins_bound, stand_ins_checked
+from core.errors import Conflict, InvalidInput, NotFound
 from costs.budgets import budget_admit
 from ops import metrics
-from yuxi_project.db import execute_prepared, field_converters, model_from_values, stand_ins_bound, stand_ins_checked
-from yuxi_project.errors import Conflict, InvalidInput, NotFound
 
 from ..errors import RunNotResumable, RunNotStartable
 from ..models import AgentRun, RunCancelRequest, pending_action_requests

@@ -16,12 +16,12 @@ from django.utils import timezone
 
 from conversations.models import Message
 from conversations.sql import MESSAGE_TABLE, message_columns, message_rows, messages_from_values
+from core.db import atomic, execute_prepared_all, on_commit
+from core.errors import InvalidInput
 from costs.pricing import price_row
 from dashboard.rollups import run_roll_up
 from governance.seal import FACT_FIELDS, seal_run
 from ops import metrics
-from yuxi_project.db import atomic, execute_prepared_all, on_commit
-from yuxi_project.errors import InvalidInput
 
 from ..models import AgentRun, pending_action_requests
 from .handover import enqueue_run
@@ -239,7 +239,7 @@ def run_finish(
     prior = set(prior_message_ids)
     own_ai = _own_ai_messages(final_state, prior) if final_state else {}
     # Django's transaction, or the worker's pooled one on its event loop
-    # (yuxi_project.db.call_with_pooled_statements, issue 11).
+    # (core.db.call_with_pooled_statements, issue 11).
     with atomic():
         # One read of the run's rows serves every step below, sent with the
         # lock in one round trip; each changed row is written once, at the

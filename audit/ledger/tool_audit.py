@@ -17,8 +17,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from conversations.models import Message
+from core.errors import InvalidInput
 from ops import metrics
-from yuxi_project.errors import InvalidInput
 
 from ..errors import AuditConflict, ToolResultConflict
 from ..models import AgentRun

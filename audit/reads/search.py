@@ -57,8 +57,8 @@ from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from conversations.models import Message
-from yuxi_project.cursors import decode_cursor, encode_cursor
-from yuxi_project.errors import InvalidInput
+from core.cursors import decode_cursor, encode_cursor
+from core.errors import InvalidInput
 
 from ..models import AgentRun
 

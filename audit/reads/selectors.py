@@ -12,12 +12,12 @@ from django.db.models.functions import Cast, Coalesce
 
 from conversations.models import Message
 from conversations.sql import MESSAGE_TABLE, message_columns, message_rows, predicate_sql
+from core.config import get_config
+from core.cursors import page_cursor, parse_cursor
+from core.errors import InvalidInput, NotFound
+from core.workspace import tool_row_large_result_path
 from costs.selectors import usd_text
 from governance.payloads import payload_note
-from yuxi_project.config import get_config
-from yuxi_project.cursors import page_cursor, parse_cursor
-from yuxi_project.errors import InvalidInput, NotFound
-from yuxi_project.workspace import tool_row_large_result_path
 
 from ..models import AgentRun, pending_action_requests
 

@@ -17,8 +17,8 @@ from django.urls import reverse
 
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
+from core.cursors import encode_cursor
 from tests.conftest import bearer
-from yuxi_project.cursors import encode_cursor
 
 pytestmark = pytest.mark.django_db
 

@@ -216,7 +216,7 @@ def test_a_cancel_is_honoured_while_a_checkpoint_write_waits_on_a_lock_R_RUN_6(
     from audit import ledger
     from audit.execution.runner import STOP_GRACE_SECONDS
     from audit.models import AgentRun
-    from yuxi_project.config import get_config
+    from core.config import get_config
 
     monkeypatch.setattr(get_config(), "LEASE_TTL_SECONDS", STOP_GRACE_SECONDS * 0.75)
     blocked = _state_write_blocked(user, db_name, "replay:tool_then_slow_answer", owner=None)
@@ -270,7 +270,7 @@ def test_a_checkpointer_write_outlasts_an_outage_an_audit_write_outlasts_R_RUN_8
     import threading
     import time
 
-    from yuxi_project.config import get_config
+    from core.config import get_config
 
     monkeypatch.setattr(get_config(), "AUDIT_WRITE_ATTEMPTS", 3)
     monkeypatch.setattr(get_config(), "LEASE_TTL_SECONDS", 8.0)

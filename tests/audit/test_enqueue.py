@@ -69,7 +69,7 @@ def test_a_fresh_web_process_finds_the_task_by_name_R_RUN_9():
     import subprocess
     import sys
 
-    from yuxi_project.config import BASE_DIR
+    from core.config import BASE_DIR
 
     code = (
         "import django, sys; django.setup(); "

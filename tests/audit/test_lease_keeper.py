@@ -28,9 +28,9 @@ from audit.execution.writes import current_run, write_with_retry
 from audit.ledger.causes import failure_causes
 from audit.ledger.runs import run_acquire_with_row
 from audit.models import AgentRun
+from core.config import get_config
 from tests.conftest import make_run
 from tests.e2e.stack import free_port
-from yuxi_project.config import get_config
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,8 +18,8 @@ from audit.execution.runner import run_execute
 from audit.replay.scenarios import Scenario, load_scenarios
 from audit.replay.server import make_server
 from conversations.models import Conversation, Message
+from core.config import get_config
 from tests.conftest import make_run
-from yuxi_project.config import get_config
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -140,7 +140,7 @@ def test_a_run_whose_checkpointer_stays_unable_to_write_fails_naming_the_databas
     waits on it is ended, again and again, while the audit still writes."""
     import psycopg
 
-    from yuxi_project.config import get_config
+    from core.config import get_config
 
     monkeypatch.setattr(get_config(), "AUDIT_WRITE_ATTEMPTS", 3)
     run, worker, result = _slow_run_in_a_thread(

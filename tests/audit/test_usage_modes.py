@@ -30,8 +30,8 @@ from audit.execution.recorder import LifecycleRecorder
 from audit.replay.scenarios import Scenario, load_scenarios
 from audit.replay.server import make_server
 from conversations.models import Conversation, Message
+from core.config import get_config
 from tests.conftest import acquire, make_run
-from yuxi_project.config import get_config
 
 # --- the fold, on generated report sequences ----------------------------------------------
 
@@ -151,7 +151,7 @@ def test_the_usage_mode_comes_from_the_setting_then_the_replay_scenario_R_MA_11(
 
 
 def test_the_setting_is_validated_R_MA_11(monkeypatch):
-    from yuxi_project.config import Config, ConfigError
+    from core.config import Config, ConfigError
 
     monkeypatch.setenv("MODEL_USAGE_MODES", '{"openai:x": "delta"}')
     assert Config().MODEL_USAGE_MODES == {"openai:x": "delta"}

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from core.config import BASE_DIR, Config
 from yuxi_project import config_reference
-from yuxi_project.config import BASE_DIR, Config
 
 PAGE = BASE_DIR / "docs" / "configuration.md"
 
 
 def test_the_committed_page_is_the_settings_class_rendered():
     assert PAGE.read_text(encoding="utf-8") == config_reference.render(), (
-        "docs/configuration.md differs from yuxi_project.config.Config; "
+        "docs/configuration.md differs from core.config.Config; "
         "run: .venv/bin/python manage.py config_reference --write docs/configuration.md"
     )
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from yuxi_project.config import BASE_DIR
+from core.config import BASE_DIR
 
 PAGES = [BASE_DIR / "README.md", *sorted((BASE_DIR / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")

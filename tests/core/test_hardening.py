@@ -123,7 +123,7 @@ def test_cancelling_a_resume_run_before_it_starts_gives_the_approval_up_R_TA_5(u
 
 
 def test_an_unanswered_approval_holds_the_thread_even_behind_a_queued_turn_R_TA_5_R_RUN_2(user):
-    from yuxi_project.errors import Conflict
+    from core.errors import Conflict
 
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:approval_send_email")
     first = make_run(thread, text="email ops")
@@ -155,7 +155,7 @@ def test_memory_feeds_a_large_tool_result_back_as_path_and_preview_R_TA_4_R_READ
     import datetime as dt
 
     from conversations.selectors import thread_memory
-    from yuxi_project.config import get_config
+    from core.config import get_config
 
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     lease = acquire(make_run(thread))
@@ -197,7 +197,7 @@ def test_memory_feeds_a_large_tool_result_back_as_path_and_preview_R_TA_4_R_READ
 
 
 def test_the_web_lock_limit_holds_for_its_block_only_inside_a_transaction_R_RUN_10(db):
-    """web_lock_wait shares yuxi_project.db.local_setting with serial_plans:
+    """web_lock_wait shares core.db.local_setting with serial_plans:
     inside an outer transaction the limit is set back when the block ends."""
     from django.db import connection, transaction
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grimp
 
-from yuxi_project.config import BASE_DIR
+from core.config import BASE_DIR
 
 PYPROJECT = tomllib.loads((BASE_DIR / "pyproject.toml").read_text(encoding="utf-8"))
 LINTER = PYPROJECT["tool"]["importlinter"]

@@ -24,16 +24,16 @@ from audit.ledger import StateMessage
 from audit.ledger.lease import Lease, lock_run
 from audit.models import AgentRun
 from conversations.models import Message
-from dashboard import facts, rollups
-from tests.conftest import acquire, make_run
-from tests.dashboard.test_rollups import rollup_state
-from tests.ops.test_metrics import delta, scrape
-from yuxi_project.db import (
+from core.db import (
     NeedsThread,
     call_with_pooled_statements,
     call_with_pooled_statements_async,
     execute_prepared,
 )
+from dashboard import facts, rollups
+from tests.conftest import acquire, make_run
+from tests.dashboard.test_rollups import rollup_state
+from tests.ops.test_metrics import delta, scrape
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

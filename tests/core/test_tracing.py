@@ -7,8 +7,8 @@ from langfuse import Langfuse
 
 from audit.execution.runner import run_execute
 from conversations.models import Conversation, Message
+from core.config import get_config
 from tests.conftest import make_run
-from yuxi_project.config import get_config
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -2,7 +2,7 @@
 (R-RUN-11).
 
 U+0000 and lone surrogates are stored in the escaped form of
-``yuxi_project.storable`` and read back as the original on every read path;
+``core.storable`` and read back as the original on every read path;
 a write the database refuses for good fails the run at once, naming the
 cause, through the minimal fallback terminal transaction."""
 
@@ -23,8 +23,8 @@ from audit.execution.runner import run_execute
 from audit.execution.writes import write_with_retry
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
+from core.storable import decode_json, decode_text, escape_json, escape_text, fit_text, visible
 from tests.conftest import bearer, make_run
-from yuxi_project.storable import decode_json, decode_text, escape_json, escape_text, fit_text, visible
 
 # Every code point, lone surrogates included, with the characters of the
 # escapes themselves over-represented.

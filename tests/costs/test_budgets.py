@@ -19,12 +19,12 @@ from audit import ledger
 from audit.execution.runner import run_execute
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
+from core.config import get_config
+from core.errors import InvalidInput
 from costs.budgets import BudgetExceeded, budget_admit, budget_check_running, period_start
 from costs.models import Budget
 from costs.services import budget_set
 from tests.conftest import bearer
-from yuxi_project.config import get_config
-from yuxi_project.errors import InvalidInput
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,8 +12,8 @@ import genai_prices
 import pytest
 from genai_prices import Usage, calc_price
 
+from core.config import ModelPriceConfig, get_config
 from costs.pricing import REPLAY_DEFAULT_PRICES, price_usage
-from yuxi_project.config import ModelPriceConfig, get_config
 
 M = Decimal(1_000_000)
 AT = dt.datetime(2026, 1, 15, 12, 0, tzinfo=dt.UTC)

@@ -9,8 +9,8 @@ import psycopg
 import pytest
 from django.db import connection
 
+from core.errors import InvalidInput
 from dashboard import selectors
-from yuxi_project.errors import InvalidInput
 
 from .world import MODEL_A, MODEL_B, D, build_world
 

@@ -19,8 +19,8 @@ import pytest
 
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
+from core.workspace import large_result_path, outbox_path
 from tests.conftest import bearer
-from yuxi_project.workspace import large_result_path, outbox_path
 
 from .stack import TERMINAL_STATUSES as TERMINAL
 from .stack import create_thread, wait_for_status

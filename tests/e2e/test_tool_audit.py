@@ -14,8 +14,8 @@ import pytest
 
 from audit.models import AgentRun
 from conversations.models import Message
+from core.config import get_config
 from tests.conftest import bearer
-from yuxi_project.config import get_config
 
 from .stack import TERMINAL_STATUSES as TERMINAL
 from .stack import create_thread as _thread

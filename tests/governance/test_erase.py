@@ -24,9 +24,9 @@ from audit.models import AgentRun
 from audit.replay.scenarios import load_scenarios
 from audit.replay.server import make_server
 from conversations.models import Conversation, Message, MessageFeedback
+from core.config import get_config
 from governance.models import GovernanceAction, RunReseal
 from tests.conftest import make_run
-from yuxi_project.config import get_config
 
 from .helpers import verify
 

@@ -17,13 +17,13 @@ from django.utils import timezone
 
 from audit.models import AgentRun
 from conversations.models import Conversation, Message, MessageFeedback
+from core.config import get_config
+from core.workspace import large_result_path, thread_workspace
 from governance.models import GovernanceAction, RunReseal
 from governance.services import payloads_purge
 from governance.tasks import purge_payloads as purge_task
 from tests.conftest import bearer
 from tests.read.builders import RunDriver, tool_turn
-from yuxi_project.config import get_config
-from yuxi_project.workspace import large_result_path, thread_workspace
 
 from .helpers import behind_the_back, verify
 

@@ -16,11 +16,11 @@ from django.db import connection
 from django.http import HttpResponse
 from django.test import RequestFactory
 
+from core.config import get_config
 from ops import health, logcontext
 from ops.middleware import RequestContextMiddleware
 from tests.conftest import bearer
 from tests.e2e.stack import free_port
-from yuxi_project.config import get_config
 
 pytestmark = pytest.mark.django_db
 
@@ -231,7 +231,7 @@ def test_json_lines_inside_a_run_carry_run_thread_and_worker_and_nothing_leaks_a
 
 
 def test_the_log_format_setting_is_validated_R_OPS_1(monkeypatch):
-    from yuxi_project.config import Config
+    from core.config import Config
 
     monkeypatch.delenv("LOG_FORMAT", raising=False)
     assert Config().LOG_FORMAT == "plain"  # human-readable unless asked

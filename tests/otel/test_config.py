@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+from core.config import Config
 from otel_export.services import traces_endpoint
 from tests.e2e.stack import REPO
-from yuxi_project.config import Config
 
 SHOW_BEAT = (
     "import django, json; django.setup(); from django.conf import settings; "

@@ -35,7 +35,7 @@ OK, ERROR, UNSET = 1, 2, 0  # OTLP status codes
 def export_config(monkeypatch):
     """Export settings of this process: no settle time (the tests' runs
     are committed before they export), small requests."""
-    from yuxi_project.config import get_config
+    from core.config import get_config
 
     config = get_config()
     monkeypatch.setattr(config, "OTEL_EXPORT_SETTLE_SECONDS", 0.0)

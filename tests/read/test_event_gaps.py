@@ -13,7 +13,7 @@ from django.conf import settings
 
 from audit.execution.events import RunEventPublisher, run_event_stream
 from audit.models import AgentRun
-from yuxi_project.config import get_config
+from core.config import get_config
 
 from .builders import RunDriver, tool_turn
 from .test_events import frames_of, parse, publish_all
@@ -146,7 +146,7 @@ def _delete_run(run_id) -> None:
 
 
 def test_the_retention_is_a_setting_R_EVT_2(monkeypatch):
-    from yuxi_project.config import Config
+    from core.config import Config
 
     monkeypatch.setenv("EVENT_STREAM_MAXLEN", "123")
     assert Config().EVENT_STREAM_MAXLEN == 123

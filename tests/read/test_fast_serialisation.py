@@ -19,8 +19,8 @@ from conversations.models import Conversation, Message
 from conversations.schemas import HistoryItemOut, HistoryPageOut, MemoryOut
 from conversations.selectors import thread_history, thread_memory
 from conversations.sql import MESSAGE_TABLE, message_columns, message_rows
+from core.config import get_config
 from tests.conftest import bearer
-from yuxi_project.config import get_config
 from yuxi_project.responses import RENDERER
 
 from .builders import RunDriver, tool_turn

@@ -11,9 +11,9 @@ import pytest
 from django.test import Client
 
 from conversations.selectors import thread_memory
+from core.config import get_config
+from core.workspace import PREVIEW_CHARS, large_result_path
 from tests.conftest import bearer
-from yuxi_project.config import get_config
-from yuxi_project.workspace import PREVIEW_CHARS, large_result_path
 
 from .builders import RunDriver
 

@@ -19,8 +19,8 @@ from audit.ledger import StateMessage
 from audit.reads.selectors import _NO_SEQUENCE, _SCOPE, run_timeline, thread_timeline, timeline_sql
 from conversations.models import Message
 from conversations.selectors import history_sql, memory_rows, memory_sql, thread_history, thread_memory
+from core.db import serial_plans
 from tests.admin.test_rough_edges import interrupted_run, rejected_resume
-from yuxi_project.db import serial_plans
 
 from .builders import RunDriver, tool_turn
 

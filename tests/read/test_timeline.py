@@ -8,8 +8,8 @@ from django.test.utils import CaptureQueriesContext
 
 from audit.reads.selectors import run_timeline, thread_timeline, timeline_item
 from conversations.models import Message
+from core.errors import InvalidInput
 from tests.conftest import bearer
-from yuxi_project.errors import InvalidInput
 
 from .builders import RunDriver, tool_turn
 

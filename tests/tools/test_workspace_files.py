@@ -19,14 +19,14 @@ from audit.execution.checkpoint import postgres_conninfo
 from audit.execution.runner import run_execute
 from conversations.models import Conversation, Message
 from conversations.selectors import thread_history, thread_memory
-from tests.conftest import bearer, make_run
-from yuxi_project.config import get_config
-from yuxi_project.workspace import (
+from core.config import get_config
+from core.workspace import (
     execution_file_name,
     large_result_path,
     legacy_large_result_path,
     outbox_path,
 )
+from tests.conftest import bearer, make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from yuxi_project.config import get_config
+from core.config import get_config
 
 HINT = (
     "set DATABASE_URL to the database bin/quickstart uses (by default "

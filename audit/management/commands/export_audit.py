@@ -19,7 +19,7 @@ from audit.models import AgentRun
 from audit.reads import search
 from audit.schemas import RunFilterQuery
 from conversations.models import Conversation
-from yuxi_project.errors import ApplicationError
+from core.errors import ApplicationError
 
 from ._database import DatabaseCommand
 

@@ -220,7 +220,7 @@ def _postgresql_version() -> str:
 def _redis_version() -> str:
     """The Redis server's version, or "" without Redis (embedded mode) or
     when it does not answer within a second."""
-    from yuxi_project.config import get_config
+    from core.config import get_config
 
     url = get_config().REDIS_URL
     if not url:

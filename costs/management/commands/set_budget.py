@@ -7,9 +7,9 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from core.errors import InvalidInput
 from costs.models import Budget
 from costs.services import budget_remove, budget_set
-from yuxi_project.errors import InvalidInput
 
 
 class Command(BaseCommand):

@@ -11,7 +11,7 @@ from yuxi_project.config_reference import render
 
 class Command(BaseCommand):
     help = (
-        "Render the configuration reference (docs/configuration.md) from yuxi_project.config.Config: "
+        "Render the configuration reference (docs/configuration.md) from core.config.Config: "
         "print it, --write it to a file, or --check that a file matches it (exit 1 when it does not)."
     )
 

@@ -6,8 +6,8 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
+from core.config import get_config
 from otel_export.services import CursorMoved, ExportNotConfigured, ExportProgress, SdkDisabled, export_closed_runs
-from yuxi_project.config import get_config
 
 
 class Command(BaseCommand):
