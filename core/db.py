@@ -1,7 +1,21 @@
-"""Database connection handling shared by the worker and the event stream."""
+"""Database connection handling shared by the worker and the event stream.
+
+Three ways a statement goes out, all with Django's error translation and
+query log:
+
+- :func:`execute_prepared` (and its pipeline): on this thread's Django
+  connection, or a pooled call's;
+- :func:`call_with_pooled_statements`: a synchronous call on an event
+  loop's thread whose statements block the loop, on one connection of
+  Django's pool (the terminal transaction);
+- :class:`AwaitedConnections`: one prepared statement awaited on the event
+  loop's own connection (the worker's lifecycle writes, driven by
+  :func:`audit.ledger.fenced.fenced_service`'s steps).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -54,10 +68,6 @@ def _prepared(sql: str, params: Sequence[Any] | Mapping[str, Any], fetch: Callab
                 with conn.pipeline():
                     conn.execute("BEGIN")
                     cursor.execute(sql, params, prepare=True)
-            elif pooled.awaiting is not None:
-                # psycopg's own statement generator, driven by the event
-                # loop (see call_with_pooled_statements_async).
-                pooled.awaiting.switch(_Wait(cursor._execute_gen(sql, params, prepare=True), conn.pgconn.socket))
             else:
                 cursor.execute(sql, params, prepare=True)
             return fetch(cursor)
@@ -105,8 +115,6 @@ def execute_prepared_in_pipeline(statements: Sequence[tuple[str, Sequence[Any]]]
     pooled = _pooled_call.get()
     begins = pooled is not None and pooled.begins()
     if pooled is not None:
-        if pooled.awaiting is not None:
-            raise NeedsThread("a pipeline in a call whose statements are awaited")
         raw = pooled.connection()
     else:
         connection.ensure_connection()
@@ -135,104 +143,163 @@ def raw_connection() -> Any:
     needed). For statements sent past Django's cursor (a pipeline)."""
     pooled = _pooled_call.get()
     if pooled is not None:
-        if pooled.awaiting is not None:
-            raise NeedsThread("statements past the driver in a call whose statements are awaited")
         return pooled.connection()
     connection.ensure_connection()
     return connection.connection
 
 
-class _Wait:
-    """A statement's round trip for the event loop to wait for: psycopg's
-    generator of it and the connection's socket."""
-
-    __slots__ = ("gen", "fileno")
-
-    def __init__(self, gen: Any, fileno: int):
-        self.gen, self.fileno = gen, fileno
+#: ``application_name`` of the connections whose statements an event loop
+#: awaits (:class:`AwaitedConnections`): an operator tells them from the
+#: pool's and the checkpointer's in ``pg_stat_activity``.
+AWAITED_APPLICATION_NAME = "yuxi-awaited-writes"
 
 
-# psycopg's wait interval (psycopg.connection's): how often a wait wakes to
-# check for interrupts.
-_WAIT_INTERVAL = 0.1
+class AwaitedConnections:
+    """The connections of one event loop (a worker thread's, kept from run
+    to run) on which it awaits prepared statements
+    (:meth:`execute_prepared`): the worker's lifecycle writes, whose round
+    trips then leave the loop free for the run's other tasks — the model's
+    stream, LangGraph's checkpoint writes — instead of blocking it
+    (R-RUN-5, issue 11).
 
+    psycopg ``AsyncConnection`` objects in autocommit (each statement its
+    own transaction), opened as Django opens its own — the same database,
+    options (a worker's ``lock_timeout``, ``statement_timeout``,
+    ``idle_in_transaction_session_timeout``, ``plan_cache_mode``), adapters
+    and ``prepare_threshold``, so statements are prepared once per
+    connection or, with ``DB_PREPARED_STATEMENTS=false``, never — plus
+    :data:`AWAITED_APPLICATION_NAME`. One is taken per statement and given
+    back idle; at most :attr:`KEPT` wait idle for the next, at most
+    :attr:`MOST` are in use at once. They belong to the loop that opened
+    them: :meth:`close` closes them from anywhere (their sockets only).
+    """
 
-async def call_with_pooled_statements_async(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
-    """:func:`call_with_pooled_statements` (autocommit) whose round trips
-    do not block the event loop: while a statement is on its way to
-    PostgreSQL and back, the loop runs the run's other tasks — the model's
-    stream, LangGraph's checkpoint writes — instead of idling (issue 11).
+    #: Idle connections kept for the next statements.
+    KEPT = 2
+    #: Statements in flight at once; one more raises :class:`NeedsThread`.
+    MOST = 4
 
-    ``fn`` is the same synchronous service, run in a greenlet of this
-    thread (as SQLAlchemy's asyncio layer runs its synchronous core): each
-    of its :func:`execute_prepared` statements goes out on the pooled
-    connection through psycopg's own statement generator, which this
-    coroutine drives with :func:`psycopg.waiting.wait_async` — the
-    connection, its prepared statements and Django's error translation are
-    the blocking path's. Anything else that touches the database raises
-    :class:`NeedsThread` as there, and the caller makes the call again in a
-    thread.
+    def __init__(self) -> None:
+        self._idle: list[Any] = []
+        self._in_use = 0
 
-    A statement that was sent is waited for to its end even when this
-    coroutine is cancelled (bounded by the session's
-    ``statement_timeout``): the row is written or not before the
-    cancellation goes on, and the connection goes back to the pool idle.
+    async def execute_prepared(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
+        """:func:`execute_prepared` awaited: the statement, prepared, on one
+        of this loop's connections, and its first row.
 
-    Raises what ``fn`` raises, database errors translated as Django
-    translates them."""
-    import greenlet
+        A statement that was sent is waited for to its end even when the
+        caller is cancelled (bounded by the session's
+        ``statement_timeout``): the row is written or not before the
+        cancellation goes on, and the connection goes back idle. Errors are
+        translated as Django translates them (``OperationalError``,
+        ``IntegrityError``, ``DataError``…); a connection that failed is
+        closed, not kept.
 
-    here = greenlet.getcurrent()
-    call = _PooledCall(_loop_pool(), awaiting=here)
+        Raises :class:`NeedsThread` before anything is sent where the
+        statement must not be awaited here: an ORM transaction is open in
+        this thread (it would not see the transaction's writes), Django's
+        safety net is off (``DJANGO_ALLOW_ASYNC_UNSAFE``), the database is
+        not PostgreSQL, or :attr:`MOST` statements are in flight."""
+        import asyncio
 
-    def body() -> Any:
-        token = _pooled_call.set(call)
+        _awaitable_here()
+        if self._in_use >= self.MOST:
+            raise NeedsThread("every awaited connection of this loop is in use")
+        self._in_use += 1
+        conn = None
         try:
-            return fn(**kwargs)
-        except SynchronousOnlyOperation as exc:
-            raise NeedsThread(str(exc)) from exc
+            with _logged((sql, params)), connection.wrap_database_errors:
+                conn = await self._take()
+                task = asyncio.ensure_future(_run_prepared(conn, sql, params))
+                try:
+                    return await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    await _to_its_end(task)
+                    raise
         finally:
-            _pooled_call.reset(token)
+            self._in_use -= 1
+            if conn is not None:
+                self._give_back(conn)
 
-    worker = greenlet.greenlet(body, parent=here)
-    # The same context as this coroutine's: its context variables (the
-    # run's log context, Django's connection of this context) hold there.
-    worker.gr_context = here.gr_context
-    try:
-        step = worker.switch()
-        while isinstance(step, _Wait) and not worker.dead:
-            try:
-                done = await _wait_to_the_end(step)
-            except BaseException as exc:  # thrown into fn, where its handlers see it
-                step = worker.throw(exc)
-            else:
-                step = worker.switch(done)
-    except BaseException:
-        call.finish(failed=True)
-        raise
-    call.finish(failed=False)
-    return step
+    async def _take(self) -> Any:
+        """An idle connection that is still sound, else a new one."""
+        from .pool import has_input
+
+        while self._idle:
+            conn = self._idle.pop()
+            if not (conn.closed or conn.broken or has_input(conn)):
+                return conn
+            _close_socket(conn)  # ended by the server while it waited
+        return await _connect_awaited()
+
+    def _give_back(self, conn: Any) -> None:
+        from psycopg.pq import TransactionStatus
+
+        idle = not (conn.closed or conn.broken) and conn.info.transaction_status == TransactionStatus.IDLE
+        if idle and len(self._idle) < self.KEPT:
+            self._idle.append(conn)
+        else:
+            _close_socket(conn)
+
+    def close(self) -> None:
+        """Close the idle connections (their sockets: no round trip, no
+        loop needed). Never raises."""
+        while self._idle:
+            _close_socket(self._idle.pop())
 
 
-async def _wait_to_the_end(wait: _Wait) -> Any:
-    """Drive one statement's generator on the event loop; a cancellation
-    waits for the statement to end, then goes on."""
+def _awaitable_here() -> None:
+    """:class:`NeedsThread` where an awaited statement may not be made (see
+    :meth:`AwaitedConnections.execute_prepared`)."""
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE") or connection.vendor != "postgresql":
+        raise NeedsThread("Django's safety net is off, or the database is not PostgreSQL")
+    if connection.in_atomic_block:
+        raise NeedsThread("a statement inside a transaction of the ORM")
+
+
+async def _connect_awaited() -> Any:
+    """A new connection for :class:`AwaitedConnections`, with Django's
+    connection parameters; the connect waits at most a write attempt's
+    connection wait (:func:`worker_connection_wait`)."""
+    import math
+
+    import psycopg
+
+    from .config import get_config
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params["application_name"] = AWAITED_APPLICATION_NAME
+    params.setdefault("connect_timeout", max(2, math.ceil(worker_connection_wait(get_config()))))
+    if connection.timezone_name:  # the session time zone Django sets on its own connections
+        params["options"] = f"{params.get('options', '')} -c TimeZone={connection.timezone_name}".strip()
+    return await psycopg.AsyncConnection.connect(autocommit=True, **params)
+
+
+async def _run_prepared(conn: Any, sql: str, params: Any) -> tuple | None:
+    async with conn.cursor() as cursor:
+        await cursor.execute(sql, params, prepare=True)
+        return await cursor.fetchone()
+
+
+async def _to_its_end(task: Any) -> None:
+    """Wait for ``task`` to end, whatever cancellations come meanwhile."""
     import asyncio
 
-    from psycopg import waiting
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            continue
+        except BaseException:  # its own error: the cancellation is what goes on
+            break
+    if not task.cancelled():
+        task.exception()  # retrieved: the caller's cancellation is what is raised
 
-    task = asyncio.ensure_future(waiting.wait_async(wait.gen, wait.fileno, interval=_WAIT_INTERVAL))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        while not task.done():
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                continue
-            except BaseException:  # the cancellation is what goes on
-                break
-        raise
+
+def _close_socket(conn: Any) -> None:
+    with contextlib.suppress(Exception):
+        conn.pgconn.finish()
 
 
 @contextmanager
@@ -285,10 +352,11 @@ def on_commit(fn: Callable[[], None], *, robust: bool = False) -> None:
 
 
 class NeedsThread(Exception):
-    """Raised by :func:`call_with_pooled_statements` when the call cannot
-    be made on the event loop's thread (it reached the ORM, or no pooled
-    connection was at hand) before it changed anything; the caller then
-    makes it in a thread."""
+    """Raised by :func:`call_with_pooled_statements` and
+    :meth:`AwaitedConnections.execute_prepared` when the call cannot be made
+    on the event loop's thread (it reached the ORM, or no connection was at
+    hand) before it changed anything; the caller then makes it in a
+    thread."""
 
 
 class _PooledCall:
@@ -300,13 +368,10 @@ class _PooledCall:
     # is unreachable) is waited for in a thread, not on the event loop.
     CHECKOUT_TIMEOUT_SECONDS = 0.05
 
-    def __init__(self, pool: Any, *, atomic: bool = False, awaiting: Any = None):
+    def __init__(self, pool: Any, *, atomic: bool = False):
         self.pool = pool
         self.conn: Any = None
         self.atomic = atomic
-        # The greenlet that awaits the statements' round trips
-        # (call_with_pooled_statements_async), or None: they block.
-        self.awaiting = awaiting
         # BEGIN sent; COMMIT queued in a pipeline (commit_in_pipeline).
         self.began = self.commit_queued = False
         self.hooks: list[tuple[Callable[[], None], bool]] = []

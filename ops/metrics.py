@@ -37,11 +37,12 @@ kind. No run, thread or user id is ever a label.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -221,38 +222,42 @@ def _after_commit(fn: Callable[[], None]) -> None:
 
 
 def audit_write[F: Callable[..., Any]](kind: str) -> Callable[[F], F]:
-    """Decorate a lease-checked service: observe the latency (seconds) of
-    each call that returns into ``yuxi_audit_write_duration_seconds{kind}``
-    and count each call that raises into
-    ``yuxi_audit_write_errors_total{kind, error}`` (the error's class name),
-    then re-raise. ``kind`` is a fixed name per service
+    """Decorate a lease-checked service: each call is observed by
+    :func:`audit_write_observed` under ``kind``, a fixed name per service
     (``model_start``, ``tool_finish``, ``lease_renew``, ``run_finish``…)."""
 
     def decorate(fn: F) -> F:
-        histogram = AUDIT_WRITE_DURATION.labels(kind)
-
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not enabled:
+            with audit_write_observed(kind):
                 return fn(*args, **kwargs)
-            began = time.perf_counter()
-            try:
-                result = fn(*args, **kwargs)
-            except (SynchronousOnlyOperation, NeedsThread):
-                # Not a write error: the call reached the ORM, or found no
-                # pooled connection at hand, on the event loop's thread; the
-                # worker makes it again in a thread
-                # (core.db.call_with_pooled_statements).
-                raise
-            except Exception as exc:
-                _count_write_error(kind, exc)
-                raise
-            histogram.observe(time.perf_counter() - began)
-            return result
 
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+@contextlib.contextmanager
+def audit_write_observed(kind: str) -> Iterator[None]:
+    """Observe one audit write of the service ``kind``: its latency
+    (seconds) when it ends into ``yuxi_audit_write_duration_seconds{kind}``,
+    or, when it raises, its error's class name into
+    ``yuxi_audit_write_errors_total{kind, error}`` (then re-raised). A
+    write that stops to be made in a thread (``SynchronousOnlyOperation``,
+    ``NeedsThread``: it reached the ORM, or no connection was at hand, on
+    the event loop's thread) is neither: it is observed where it is made."""
+    if not enabled:
+        yield
+        return
+    began = time.perf_counter()
+    try:
+        yield
+    except (SynchronousOnlyOperation, NeedsThread):
+        raise
+    except Exception as exc:
+        _count_write_error(kind, exc)
+        raise
+    AUDIT_WRITE_DURATION.labels(kind).observe(time.perf_counter() - began)
 
 
 @_safely

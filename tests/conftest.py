@@ -30,9 +30,11 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def _no_kept_checkpointer_connection():
     """A run on this thread's worker loop leaves its checkpointer connection
-    for the next run (audit.execution.checkpoint.open_checkpointer): each test starts
-    and ends without one, so that tests counting connections see their own
-    runs' only and the test database can be dropped at the end."""
+    and its awaited-write connection for the next run
+    (audit.execution.checkpoint.open_checkpointer, core.db.AwaitedConnections):
+    each test starts and ends without them, so that tests counting
+    connections see their own runs' only and the test database can be
+    dropped at the end."""
     from audit.execution.worker_loop import close_kept_connections
 
     close_kept_connections()

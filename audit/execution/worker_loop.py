@@ -13,7 +13,9 @@ client (:func:`worker_redis`) serves every run's live events and cancel
 signal; its subscription connection subscribes to one run's channel at a
 time (:class:`~audit.ledger.cancellation.CancelSignalListener`). The loop also
 keeps its last run's checkpointer connection, idle, for the next run
-(:func:`kept_connections`, :func:`audit.execution.checkpoint.open_checkpointer`).
+(:func:`kept_connections`, :func:`audit.execution.checkpoint.open_checkpointer`),
+and the connections on which it awaits the runs' lifecycle writes
+(:func:`awaited_connections`).
 
 A loop belongs to its thread and process: a forked child, or another
 thread, makes its own.
@@ -30,6 +32,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any
 
+from core.db import AwaitedConnections
 from core.redis_client import REDIS_CLIENT_OPTIONS
 
 _local = threading.local()
@@ -73,6 +76,8 @@ class _WorkerLoop:
         self.redis: dict[str, LoopRedis] = {}
         # conninfo -> one idle connection kept from run to run (audit.execution.checkpoint).
         self.kept: dict[str, Any] = {}
+        # The connections on which the loop awaits its runs' lifecycle writes.
+        self.awaited = AwaitedConnections()
 
     def run[T](self, coro: Coroutine[Any, Any, T]) -> T:
         try:
@@ -83,6 +88,7 @@ class _WorkerLoop:
     def close_kept(self) -> None:
         """Close the connections kept for the next run (their sockets only:
         no round trip, no loop needed)."""
+        self.awaited.close()
         while self.kept:
             try:
                 _, conn = self.kept.popitem()
@@ -140,6 +146,12 @@ def kept_connections() -> dict[str, Any] | None:
     checkpointer's (:func:`audit.execution.checkpoint.open_checkpointer`). ``None``
     outside a run of :func:`run_in_worker_loop` on this thread (a
     connection kept there would outlive its loop)."""
+    worker = _running_worker()
+    return worker.kept if worker is not None else None
+
+
+def _running_worker() -> _WorkerLoop | None:
+    """This thread's worker loop when it is the running loop, else None."""
     worker = getattr(_local, "worker", None)
     if worker is None or worker.pid != os.getpid():
         return None
@@ -147,7 +159,16 @@ def kept_connections() -> dict[str, Any] | None:
         running = asyncio.get_running_loop()
     except RuntimeError:
         return None
-    return worker.kept if getattr(worker.runner, "_loop", None) is running else None
+    return worker if getattr(worker.runner, "_loop", None) is running else None
+
+
+def awaited_connections() -> AwaitedConnections | None:
+    """The connections on which the worker loop running the caller awaits
+    its lifecycle writes (:class:`core.db.AwaitedConnections`), kept from
+    run to run; ``None`` outside a run of :func:`run_in_worker_loop` on
+    this thread (a connection kept there would outlive its loop)."""
+    worker = _running_worker()
+    return worker.awaited if worker is not None else None
 
 
 def close_kept_connections() -> None:

@@ -10,9 +10,9 @@ handler, the ledger service, the fenced statement. This module is the
 transport between them: which thread or connection a call is made on, and
 what happens when it fails.
 
-It may import the ledger, the models, :mod:`core.db` and the
-configuration; nothing of the run's execution but :mod:`.checkpoint`'s
-back-off.
+It may import the ledger, the models, :mod:`core.db`, the metrics and the
+configuration; of the run's execution only :mod:`.checkpoint`'s back-off
+and :mod:`.worker_loop`'s connections.
 """
 
 from __future__ import annotations
@@ -25,19 +25,17 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError
 
 from core.config import get_config
-from core.db import (
-    NeedsThread,
-    call_with_pooled_statements,
-    call_with_pooled_statements_async,
-    release_connection,
-)
+from core.db import NeedsThread, call_with_pooled_statements, release_connection
+from ops import metrics
 
 from .. import ledger
 from ..errors import AuditWriteFailed, AuditWriteRejected
 from .checkpoint import retry_delay
+from .worker_loop import awaited_connections
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +74,18 @@ def call_then_release(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
 async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     """Run one audit service call in its own short transaction, awaited.
 
-    The lifecycle writes that are one prepared statement in the usual case
-    are made on the event loop's thread on a pooled connection, their round
-    trip awaited without blocking the loop
-    (:func:`~core.db.call_with_pooled_statements_async`); the
-    terminal transaction likewise but blocking (its three round trips end
-    the run; nothing else has work then). Every other call, and their paths
-    that need the ORM, in a thread.
+    The lifecycle writes — services whose usual path is one prepared
+    statement (:func:`~audit.ledger.fenced.fenced_service`) — are made on
+    the event loop's thread: the service's steps run there and each write
+    they yield is awaited on the worker loop's own connections
+    (:class:`~core.db.AwaitedConnections`), so the loop runs the run's other
+    tasks meanwhile. The terminal transaction is made on the loop too, on a
+    pooled connection, its round trips blocking (they end the run; nothing
+    else has work then). Every other call, and any of these that reaches
+    the ORM (a write's locked path) or finds no connection at hand, is
+    made in a thread — again from its start, which these services allow:
+    a write that wrote nothing, or wrote and then reached the ORM, changes
+    nothing when repeated (R-RUN-3).
 
     Database errors (unreachable, conflicting insert) are retried with
     backoff up to ``AUDIT_WRITE_ATTEMPTS`` times; then
@@ -95,14 +98,13 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     attempts = get_config().AUDIT_WRITE_ATTEMPTS
     for attempt in range(1, attempts + 1):
         try:
-            atomic = _ON_LOOP.get(fn)
-            if atomic is not None:
-                try:
-                    if atomic:
-                        return call_with_pooled_statements(fn, kwargs, atomic=True)
-                    return await call_with_pooled_statements_async(fn, kwargs)
-                except NeedsThread:
-                    pass
+            try:
+                if fn in _ON_LOOP_BLOCKING:
+                    return call_with_pooled_statements(fn, kwargs, atomic=True)
+                if hasattr(fn, "steps"):
+                    return await _awaited(fn, kwargs)
+            except NeedsThread:
+                pass
             return await sync_to_async(call_then_release)(fn, kwargs)
         except _RETRYABLE as exc:
             if not isinstance(exc, IntegrityError):
@@ -125,21 +127,37 @@ async def write_with_retry(fn: Callable[..., Any], /, **kwargs: Any) -> Any:
     raise AssertionError("unreachable")
 
 
-# The writes made on the event loop's thread, without a thread hop (issue
-# 11), each on a pooled connection (core.db): the lifecycle writes
-# whose usual path is one prepared statement fenced by the lease
-# (audit.ledger.fenced; a model row opens only while the budget has room,
-# checked in the same statement), each in autocommit, their round trip
-# awaited; and the terminal transaction, whose usual path is three round
-# trips of prepared statements in one transaction (atomic: True). A call
-# that reaches the ORM — a locked path, a reconcile that inserts — is made
-# again in a thread.
-_ON_LOOP = {
-    ledger.model_call_open: False,
-    ledger.model_call_start: False,
-    ledger.model_call_finish: False,
-    ledger.tool_call_start: False,
-    ledger.tool_call_finish: False,
-    ledger.tool_call_error: False,
-    ledger.run_finish: True,
-}
+# The calls made on the event loop's thread with their round trips
+# blocking it: the terminal transaction, whose usual path is three round
+# trips of prepared statements in one transaction on a pooled connection
+# (core.db.call_with_pooled_statements). A call that reaches the ORM — a
+# reconcile that inserts — is made again in a thread.
+_ON_LOOP_BLOCKING = frozenset({ledger.run_finish})
+
+
+async def _awaited(service: Any, kwargs: dict[str, Any]) -> Any:
+    """The lifecycle write ``service`` (a :func:`~audit.ledger.fenced.fenced_service`)
+    made on the event loop: its steps run here, each write they yield is
+    awaited on the worker loop's connections and its result sent back.
+
+    Raises :class:`NeedsThread` — before anything was written, or after a
+    write whose statement wrote nothing — where the rest must be made in a
+    thread: outside a worker loop, when no connection is at hand, or when
+    the steps reach the ORM (Django's ``SynchronousOnlyOperation``: a
+    locked path, a read the statement needs first)."""
+    connections = awaited_connections()
+    if connections is None:
+        raise NeedsThread("not on a worker loop")
+    with metrics.audit_write_observed(service.kind):
+        steps = service.steps(**kwargs)
+        try:
+            write = next(steps)
+            while True:
+                found = await connections.execute_prepared(write.sql, write.params)
+                write = steps.send(write.result(found))
+        except StopIteration as done:
+            return done.value
+        except SynchronousOnlyOperation as exc:
+            raise NeedsThread(str(exc)) from exc
+        finally:
+            steps.close()

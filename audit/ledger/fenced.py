@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -48,6 +49,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from conversations.models import Message
 from conversations.sql import messages_from_values
 from core.db import execute_prepared
+from ops import metrics
 
 from ..models import AgentRun
 from .lease import Lease
@@ -240,7 +242,7 @@ def _compile(
     return _Statement(" ".join(parts) + " " + " UNION ALL ".join(selects), tuple(params))
 
 
-def write_operation_row(
+def fenced_write(
     lease: Lease,
     *,
     role: str,
@@ -252,11 +254,13 @@ def write_operation_row(
     insert_sql: dict[str, tuple[str, list]] | None = None,
     insert_when: tuple[str, list] | None = None,
     load: bool = True,
-) -> Message | bool | None:
-    """Write the row ``(lease.run_id, role, operation_id)`` in one statement
-    fenced by the lease (see the module docstring) and return it, or None
-    when nothing was written: the lease does not hold, or the row is not in
-    the state the write expects.
+) -> FencedWrite:
+    """The write of the row ``(lease.run_id, role, operation_id)`` as one
+    statement fenced by the lease (see the module docstring), not sent:
+    :func:`write_operation_row` sends it, a :func:`fenced_service` yields it.
+    Its result (:meth:`FencedWrite.result`) is the row, or None when nothing
+    was written: the lease does not hold, or the row is not in the state the
+    write expects.
 
     Args:
         update: assignments to the existing row (``updated_at = now`` is
@@ -279,8 +283,8 @@ def write_operation_row(
     ``insert_when`` must be constants of the code (their text is part of
     the compiled statement); their values go in the params.
 
-    Must not be inside a failed transaction; raises what the database
-    raises (a lock timeout, a value the column refuses).
+    Sent, it must not be inside a failed transaction; it raises what the
+    database raises (a lock timeout, a value the column refuses).
     """
     db = connections[DEFAULT_DB_ALIAS]
     overrides = insert_sql or {}
@@ -314,13 +318,83 @@ def write_operation_row(
                 params.append(what[0])
         if insert_when is not None:
             params += insert_when[1]
-    # Prepared once per connection — the text depends only on the shape of
-    # the write, never on the values — so a write costs one round trip and
-    # little CPU on either side.
-    found = execute_prepared(statement.sql, params)
-    if found is None:
-        return None
-    return messages_from_values([found])[0] if load else True
+    return FencedWrite(statement.sql, params, load)
+
+
+def write_operation_row(lease: Lease, **write: Any) -> Message | bool | None:
+    """Send :func:`fenced_write`'s statement (same arguments) on this
+    thread's connection, in its transaction if one is open, and return its
+    result: the row (``load``), True, or None when nothing was written."""
+    return send(fenced_write(lease, **write))
+
+
+@dataclass(frozen=True)
+class FencedWrite:
+    """One write as its statement, not yet sent: ``sql`` (psycopg
+    placeholders), its ``params`` and whether the whole row comes back
+    (``load``). The text depends only on the shape of the write, never on
+    its values: it is prepared once per connection, so a write costs one
+    round trip and little CPU on either side."""
+
+    sql: str
+    params: list
+    load: bool
+
+    def result(self, found: tuple | None) -> Message | bool | None:
+        """The write's result from the row the statement returned
+        (``found``, None when it wrote nothing)."""
+        if found is None:
+            return None
+        return messages_from_values([found])[0] if self.load else True
+
+
+def send(write: FencedWrite) -> Message | bool | None:
+    """Send ``write`` on this thread's connection (:func:`core.db.execute_prepared`)
+    and return its result."""
+    return write.result(execute_prepared(write.sql, write.params))
+
+
+#: A fenced service's steps: a generator that yields each write it sends
+#: and receives that write's result (:meth:`FencedWrite.result`).
+Steps = Generator[FencedWrite, Any, Any]
+
+
+def fenced_service[**P](kind: str) -> Callable[[Callable[P, Steps]], Callable[P, Any]]:
+    """Make a lifecycle service of its steps: a generator function that
+    yields the :class:`FencedWrite` of its usual path and receives its
+    result, then goes on (its locked path when nothing was written).
+
+    The decorated name is the synchronous service (every caller's): it
+    sends each yielded write on this thread's connection and returns what
+    the steps return, its latency and errors observed as
+    ``yuxi_audit_write_*{kind}`` (:func:`ops.metrics.audit_write`). The
+    steps stay reachable as ``service.steps`` and ``service.kind`` for the
+    worker, which awaits the same writes on its event loop
+    (:func:`audit.execution.writes.write_with_retry`): one body, two
+    drivers, no second copy of a service."""
+
+    def decorate(steps: Callable[P, Steps]) -> Callable[P, Any]:
+        @metrics.audit_write(kind)
+        @functools.wraps(steps)
+        def service(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return drive(steps(*args, **kwargs), send)
+
+        service.steps = steps  # type: ignore[attr-defined]
+        service.kind = kind  # type: ignore[attr-defined]
+        return service
+
+    return decorate
+
+
+def drive(steps: Steps, send_write: Callable[[FencedWrite], Any]) -> Any:
+    """Run ``steps`` to its end, each write it yields sent by
+    ``send_write`` and its result sent back; returns what the steps return."""
+    try:
+        write = next(steps)
+        while True:
+            write = steps.send(send_write(write))
+    except StopIteration as done:
+        return done.value
 
 
 def _prepared_key(operation_id: str, db: Any) -> Any:

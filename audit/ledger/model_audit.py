@@ -7,9 +7,11 @@ sequence, once. Failed attempts before the first chunk are counted on the
 row (:func:`model_call_retry`, R-RUN-12).
 
 Open, start and finish are one statement fenced by the lease in the usual
-case (:mod:`audit.ledger.fenced`); a repeat, a conflict or a refused lease
-takes the locked path (:func:`~audit.ledger.lease.lock_run`), which names the error
-or returns the row unchanged.
+case (:mod:`audit.ledger.fenced`), which each service yields as a step of
+its body (:func:`~audit.ledger.fenced.fenced_service`: sent as it comes by
+callers, awaited on the event loop by the worker); a repeat, a conflict or
+a refused lease takes the locked path (:func:`~audit.ledger.lease.lock_run`),
+which names the error or returns the row unchanged.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ops import metrics
 
 from ..errors import AuditConflict
 from ..models import AgentRun
-from .fenced import Assign, json_param, operation_row, write_operation_row
+from .fenced import Assign, FencedWrite, fenced_service, fenced_write, json_param, operation_row, write_operation_row
 from .lease import Lease, lock_run
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ ExecStatus = Message.ExecutionStatus
 # --------------------------------------------------------------------------
 
 
-@metrics.audit_write("model_open")
+@fenced_service("model_open")
 def model_call_open(
     *,
     lease: Lease,
@@ -96,7 +98,7 @@ def model_call_open(
         **subagent_fields(namespace, parent_operation_id, metadata),
     )
     now = timezone.now()
-    opened = write_operation_row(
+    opened = yield fenced_write(
         lease,
         role=Message.Role.ASSISTANT,
         operation_id=operation_id,
@@ -183,7 +185,7 @@ def model_call_retry(*, lease: Lease, operation_id: str, failure: dict[str, Any]
         return row
 
 
-@metrics.audit_write("model_start")
+@fenced_service("model_start")
 def model_call_start(
     *,
     lease: Lease,
@@ -228,7 +230,7 @@ def model_call_start(
     if not opened_as:
         # One statement: take the sequence of a row that awaits its first
         # chunk, or insert the row when there is none.
-        row = write_operation_row(
+        row = yield fenced_write(
             lease,
             role=Message.Role.ASSISTANT,
             operation_id=operation_id,
@@ -313,7 +315,7 @@ def _start_locked(
         )
 
 
-@metrics.audit_write("model_finish")
+@fenced_service("model_finish")
 def model_call_finish(
     *,
     lease: Lease,
@@ -344,7 +346,7 @@ def model_call_finish(
     """
     duration_ms = max(0, int(duration_ms))
     model = lease.model or AgentRun.objects.filter(pk=lease.run_id).values_list("model", flat=True).first() or ""
-    closed = _close_running_model_row(
+    closed = yield _close_running_model_row(
         lease,
         operation_id=operation_id,
         model=model,
@@ -409,10 +411,10 @@ def _close_running_model_row(
     duration_ms: int,
     metadata: dict[str, Any],
     load: bool,
-) -> Message | bool | None:
+) -> FencedWrite:
     """The close of a ``running`` model row as one statement, priced before
-    it is sent (R-COST-1), or None when the row is not running (or the lease
-    does not hold): the caller then takes the locked path.
+    it is sent (R-COST-1); it writes nothing when the row is not running (or
+    the lease does not hold): the caller then takes the locked path.
 
     The price is taken at the call's start (``started_at``, which the row
     holds): ``finished_at - duration_ms`` is that start as the worker
@@ -430,7 +432,7 @@ def _close_running_model_row(
         second = at.replace(microsecond=0)
         when = _CLOSE_WHEN_SAME_SECOND
         params += [second, second + timedelta(seconds=1)]
-    return write_operation_row(
+    return fenced_write(
         lease,
         role=Message.Role.ASSISTANT,
         operation_id=operation_id,

@@ -1,9 +1,11 @@
 """Tool audit rows: one persistent fact per tool execution (R-TA-1..3).
 
 Start, finish and error are one statement fenced by the lease in the usual
-case (:mod:`audit.ledger.fenced`); a repeat, a conflict or a refused lease
-takes the locked path (:func:`~audit.ledger.lease.lock_run`), which names the error
-or returns the row unchanged.
+case (:mod:`audit.ledger.fenced`), which each service yields as a step of
+its body (:func:`~audit.ledger.fenced.fenced_service`); a repeat, a
+conflict or a refused lease takes the locked path
+(:func:`~audit.ledger.lease.lock_run`), which names the error or returns
+the row unchanged.
 """
 
 from __future__ import annotations
@@ -18,11 +20,10 @@ from django.utils import timezone
 
 from conversations.models import Message
 from core.errors import InvalidInput
-from ops import metrics
 
 from ..errors import AuditConflict, ToolResultConflict
 from ..models import AgentRun
-from .fenced import Assign, operation_row, write_operation_row
+from .fenced import Assign, fenced_service, fenced_write, operation_row, write_operation_row
 from .lease import Lease, lock_run
 from .model_audit import subagent_fields
 
@@ -36,7 +37,7 @@ ExecStatus = Message.ExecutionStatus
 # --------------------------------------------------------------------------
 
 
-@metrics.audit_write("tool_start")
+@fenced_service("tool_start")
 def tool_call_start(
     *,
     lease: Lease,
@@ -84,7 +85,7 @@ def tool_call_start(
     }
     if declared_by_operation_id:
         # The declaring model row of this run, looked up in the statement.
-        started = write_operation_row(
+        started = yield fenced_write(
             lease,
             role=Message.Role.TOOL,
             operation_id=tool_call_id,
@@ -120,7 +121,7 @@ def _DECLARED_BY_SQL() -> str:  # noqa: N802 - a constant, built once the connec
     return f"(SELECT d.id FROM {table} AS d WHERE d.run_id = leased_run.id AND d.role = %s AND d.operation_id = %s)"
 
 
-@metrics.audit_write("tool_finish")
+@fenced_service("tool_finish")
 def tool_call_finish(
     *,
     lease: Lease,
@@ -150,7 +151,7 @@ def tool_call_finish(
     if status not in (ExecStatus.COMPLETED, ExecStatus.FAILED):
         raise InvalidInput(f"a tool closes completed or failed, not {status}")
     duration_ms = max(0, int(duration_ms))
-    closed = write_operation_row(
+    closed = yield fenced_write(
         lease,
         role=Message.Role.TOOL,
         operation_id=tool_call_id,
@@ -192,7 +193,7 @@ def tool_call_finish(
         return row if returning else None
 
 
-@metrics.audit_write("tool_error")
+@fenced_service("tool_error")
 def tool_call_error(*, lease: Lease, tool_call_id: str, error: str, returning: bool = True) -> Message | None:
     """Record a bare tool-error: the row stays ``running`` with the mark
     ``awaiting_run_terminal``, to be closed by the run's terminal transaction
@@ -203,7 +204,7 @@ def tool_call_error(*, lease: Lease, tool_call_id: str, error: str, returning: b
         AuditConflict: unknown tool call.
         LeaseError: see :func:`lock_run`.
     """
-    marked = write_operation_row(
+    marked = yield fenced_write(
         lease,
         role=Message.Role.TOOL,
         operation_id=tool_call_id,

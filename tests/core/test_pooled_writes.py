@@ -1,14 +1,15 @@
-"""The worker's lifecycle writes on its event loop's thread (issue 11,
-R-RUN-5): the usual write is one prepared statement on a connection from
-the pool, checked out for the call and given back; anything that needs the
-ORM — a write's locked path, the terminal transaction — is made again in a
-thread, with its named errors, and nothing is written twice."""
+"""The worker's audit writes on its event loop's thread (issue 11,
+R-RUN-5): the usual lifecycle write is one prepared statement awaited on
+the worker loop's own connection, given back idle; the terminal
+transaction is prepared statements on a connection from the pool, checked
+out for the call and given back; anything that needs the ORM — a write's
+locked path, a reconcile that inserts — is made again in a thread, with
+its named errors, and nothing is written twice."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import datetime as dt
 import threading
 
@@ -20,14 +21,17 @@ from psycopg_pool import PoolTimeout
 from audit import ledger
 from audit.errors import LeaseLost
 from audit.execution import recorder, writes
+from audit.execution.worker_loop import awaited_connections, run_in_worker_loop
 from audit.ledger import StateMessage
+from audit.ledger.fenced import FencedWrite, fenced_service
 from audit.ledger.lease import Lease, lock_run
 from audit.models import AgentRun
 from conversations.models import Message
 from core.db import (
+    AWAITED_APPLICATION_NAME,
+    AwaitedConnections,
     NeedsThread,
     call_with_pooled_statements,
-    call_with_pooled_statements_async,
     execute_prepared,
 )
 from dashboard import facts, rollups
@@ -60,17 +64,31 @@ def hops(monkeypatch) -> list[str]:
 
 
 def _on_loop(fn, /, **kwargs):
+    """``fn`` written as the worker writes it: on this thread's worker loop."""
+
     async def go():
         return await writes.write_with_retry(fn, **kwargs)
 
-    return asyncio.run(go())
+    return run_in_worker_loop(go())
+
+
+def _awaited_backends(db_name: str) -> list[str]:
+    """The states of the awaited-write connections to ``db_name``."""
+    import psycopg
+
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as admin:
+        rows = admin.execute(
+            "SELECT state FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
+            [db_name, AWAITED_APPLICATION_NAME],
+        ).fetchall()
+    return [state for (state,) in rows]
 
 
 def _available() -> int:
     return connections["default"].pool.get_stats()["pool_available"]
 
 
-def test_lifecycle_writes_are_made_on_the_loop_and_give_their_connection_back_R_RUN_5(thread, hops):
+def test_lifecycle_writes_are_awaited_on_the_loops_connection_and_give_it_back_idle_R_RUN_5(thread, hops, db_name):
     lease = acquire(make_run(thread))
     connection.close()
     available = _available()
@@ -90,7 +108,8 @@ def test_lifecycle_writes_are_made_on_the_loop_and_give_their_connection_back_R_
     row = Message.objects.get(pk=closed.pk)
     assert (row.sequence, row.content, row.usage) == (1, "hi", {"input_tokens": 3, "output_tokens": 2})
     connection.close()
-    assert _available() == available, "the pooled connection must be given back after each write"
+    assert _available() == available, "the pool is not the lifecycle writes'"
+    assert _awaited_backends(db_name) == ["idle"], "one connection of the loop, given back idle and kept"
 
 
 def test_a_write_whose_statement_wrote_nothing_takes_its_locked_path_in_a_thread_R_RUN_4(thread, hops):
@@ -268,63 +287,105 @@ async def _blocking(fn, kwargs):
     return call_with_pooled_statements(fn, kwargs)
 
 
-# The two ways a call is made on the loop: its round trips blocking it (the
-# terminal transaction) or awaited (the lifecycle writes).
-CALLS = pytest.mark.parametrize("call", [_blocking, call_with_pooled_statements_async], ids=["blocking", "awaited"])
-
-
-@CALLS
-def test_a_call_that_reaches_the_orm_on_the_loop_changes_nothing(thread, call):
+def test_a_blocking_call_that_reaches_the_orm_on_the_loop_changes_nothing(thread):
     def orm_write():
         execute_prepared("SELECT 1", [])
         Message.objects.create(thread=thread, role=Message.Role.USER, content="never")
 
     async def go():
         with pytest.raises(NeedsThread):
-            await call(orm_write, {})
+            await _blocking(orm_write, {})
 
     asyncio.run(go())
     assert not Message.objects.filter(content="never").exists()
 
 
-@CALLS
-def test_database_errors_on_the_pooled_connection_are_translated_as_djangos_R_RUN_11(call):
+@fenced_service("probe")
+def _reaches_the_orm(*, thread):
+    """Steps that write nothing, then take a locked path (the ORM)."""
+    found = yield FencedWrite("SELECT 1 WHERE false", [], load=False)
+    assert found is None
+    Message.objects.create(thread=thread, role=Message.Role.USER, content="never")
+
+
+def test_awaited_steps_that_reach_the_orm_on_the_loop_change_nothing_and_go_to_a_thread(thread, hops):
+    """The service's steps stop at the ORM on the loop (Django's safety
+    net) before it changed anything: the whole call is made again in a
+    thread, once."""
+    _on_loop(_reaches_the_orm, thread=thread)
+    assert hops == ["_reaches_the_orm"]
+    assert Message.objects.filter(content="never").count() == 1
+
+
+def test_database_errors_are_translated_as_djangos_on_either_path_R_RUN_11():
     def refused():
         execute_prepared("""SELECT '{"a": NaN}'::jsonb""", [])
 
-    async def go():
+    async def blocking():
         with pytest.raises(DataError):
-            await call(refused, {})
+            await _blocking(refused, {})
 
-    asyncio.run(go())
+    async def awaited():
+        with pytest.raises(DataError):
+            await awaited_connections().execute_prepared("""SELECT '{"a": NaN}'::jsonb""", [])
+
+    asyncio.run(blocking())
+    run_in_worker_loop(awaited())
 
 
-def test_no_pooled_call_inside_an_orm_transaction_or_without_the_safety_net(monkeypatch):
+def test_no_call_on_the_loop_inside_an_orm_transaction_or_without_the_safety_net(monkeypatch):
     """Its statements would not see the transaction's writes; and without
     Django's check, an ORM call would run here instead of stopping."""
+
+    async def awaited():
+        await awaited_connections().execute_prepared("SELECT 1", [])
+
     with transaction.atomic(), pytest.raises(NeedsThread):
         call_with_pooled_statements(lambda: None, {})
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with pytest.raises(NeedsThread):
         call_with_pooled_statements(lambda: None, {})
     with pytest.raises(NeedsThread):
-        asyncio.run(call_with_pooled_statements_async(lambda: None, {}))
+        run_in_worker_loop(awaited())
 
 
-def test_an_awaited_call_runs_in_its_coroutines_context_R_RUN_5():
-    """The service runs with the coroutine's context variables (the run's
-    log context, Django's connection of that context)."""
-    probe: contextvars.ContextVar[str] = contextvars.ContextVar("probe")
-
-    def read_it():
-        (one,) = execute_prepared("SELECT 1", [])
-        return probe.get(), one
+def test_outside_a_worker_loop_a_lifecycle_write_is_made_in_a_thread(thread, hops):
+    """Only a worker loop keeps connections for awaited writes (one kept
+    elsewhere would outlive its loop): on any other loop the write goes to
+    a thread, and is made there once."""
+    lease = acquire(make_run(thread))
 
     async def go():
-        probe.set("the run's")
-        return await call_with_pooled_statements_async(read_it, {})
+        return await writes.write_with_retry(
+            ledger.model_call_start, lease=lease, operation_id="lc_run--o", sequence=1, started_at=T0
+        )
 
-    assert asyncio.run(go()) == ("the run's", 1)
+    assert asyncio.run(go()).sequence == 1
+    assert hops == ["model_call_start"]
+
+
+def test_the_loop_keeps_its_awaited_connections_from_write_to_write_R_RUN_5(thread, hops, db_name):
+    """Ten writes in a row, and two at once, open no more connections than
+    were in flight together, and keep them idle for the next run."""
+    lease = acquire(make_run(thread))
+    for i in range(10):
+        _on_loop(ledger.model_call_start, lease=lease, operation_id=f"lc_run--k{i}", sequence=i + 1, started_at=T0)
+    assert _awaited_backends(db_name) == ["idle"]
+
+    async def two_at_once():
+        await asyncio.gather(
+            *(
+                writes.write_with_retry(
+                    ledger.model_call_start, lease=lease, operation_id=f"lc_run--t{i}", sequence=20 + i, started_at=T0
+                )
+                for i in range(2)
+            )
+        )
+
+    run_in_worker_loop(two_at_once())
+    assert hops == []
+    assert sorted(_awaited_backends(db_name)) == ["idle", "idle"]
+    assert Message.objects.audit().filter(run_id=lease.run_id).count() == 12
 
 
 class _RowHolder:
@@ -376,20 +437,19 @@ def test_a_lifecycle_write_waiting_for_postgresql_leaves_the_loop_free_R_RUN_5(t
         return ticks, waiting, await write
 
     with _RowHolder(lease) as holder:
-        ticks, waiting, row = asyncio.run(go(holder))
+        ticks, waiting, row = run_in_worker_loop(go(holder))
     assert (ticks, waiting) == (20, True), "the loop ticked while the write waited"
     assert hops == [] and row.sequence == 1
     assert Message.objects.audit().filter(operation_id="lc_run--w").count() == 1
 
 
-def test_a_lifecycle_write_cancelled_while_its_statement_waits_ends_its_statement_first_R_RUN_5(thread, hops):
+def test_a_lifecycle_write_cancelled_while_its_statement_waits_ends_its_statement_first_R_RUN_5(thread, hops, db_name):
     """A run stopped while a write's statement is on its way (a cancel
     request, a lost lease) does not abandon the statement: the write is
-    waited for to its end — written once, the connection back in the pool,
+    waited for to its end — written once, the loop's connection back and
     idle — and then the cancellation goes on."""
     lease = acquire(make_run(thread))
     connection.close()
-    available = _available()
 
     async def go(holder):
         write = asyncio.ensure_future(
@@ -407,11 +467,10 @@ def test_a_lifecycle_write_cancelled_while_its_statement_waits_ends_its_statemen
         return still_waiting
 
     with _RowHolder(lease) as holder:
-        assert asyncio.run(go(holder)), "the cancelled write waits for its statement"
+        assert run_in_worker_loop(go(holder)), "the cancelled write waits for its statement"
     assert hops == []
     assert Message.objects.audit().filter(operation_id="lc_run--x", sequence=2).count() == 1
-    connection.close()
-    assert _available() == available
+    assert _awaited_backends(db_name) == ["idle"]
 
 
 def _every_free_connection(pool) -> list:
@@ -425,11 +484,12 @@ def _every_free_connection(pool) -> list:
     return held
 
 
-def test_no_pooled_connection_at_hand_is_no_write_error_R_OPS_1(thread, hops):
+def test_no_connection_at_hand_is_no_write_error_R_OPS_1(thread, hops, monkeypatch):
     """Every connection of the pool is in use (a burst, or the pool
-    refilling after PostgreSQL ended its idle connections): the call goes to
-    a thread before it did anything. That is no write error either, and the
-    write is made there once."""
+    refilling after PostgreSQL ended its idle connections), or every
+    awaited connection of the loop is: the call goes to a thread before it
+    did anything. That is no write error either, and the write is made
+    there once."""
     lease = acquire(make_run(thread))
     connection.close()
     before = scrape()
@@ -449,8 +509,10 @@ def test_no_pooled_connection_at_hand_is_no_write_error_R_OPS_1(thread, hops):
     finally:
         for conn in held:
             pool.putconn(conn)
+    monkeypatch.setattr(AwaitedConnections, "MOST", 0)
     _on_loop(ledger.model_call_start, lease=lease, operation_id="lc_run--d", sequence=1, started_at=T0)
     after = scrape()
+    assert hops == ["model_call_start"]
     errors = [key for key in after if key[0] == "yuxi_audit_write_errors_total" and after[key] != before.get(key, 0)]
     assert errors == [], "a call sent to a thread is no write error"
     assert delta(before, after, "yuxi_audit_write_duration_seconds_count", kind="model_start") == 1
@@ -460,11 +522,12 @@ def test_no_pooled_connection_at_hand_is_no_write_error_R_OPS_1(thread, hops):
 def test_a_run_whose_pooled_connections_the_server_ended_between_writes_ends_exactly_once_R_RUN_8(
     user, replay_models, db_name, monkeypatch
 ):
-    """PostgreSQL ends every idle connection of the pool (a restart, an
-    administrator) before each lifecycle write of a run: each write still
-    lands once — on a fresh pooled connection, or in a thread while the pool
-    refills — and the run completes with its rows, none twice, none left
-    running, and no write error counted for a call sent to a thread."""
+    """PostgreSQL ends every idle connection of the pool and of the loop's
+    awaited writes (a restart, an administrator) before each lifecycle
+    write of a run: each write still lands once — on a fresh connection, or
+    in a thread while the pool refills — and the run completes with its
+    rows, none twice, none left running, and no write error counted for a
+    call sent to a thread."""
     from audit.execution.runner import run_execute
     from conversations.models import Conversation
 
@@ -503,16 +566,24 @@ def test_a_run_whose_pooled_connections_the_server_ended_between_writes_ends_exa
 
 
 def _end_idle_pooled_connections(db_name: str) -> int:
-    """End every idle connection of the pool as PostgreSQL does in a restart
-    (or an administrator would), and wait until the server let them go (their
-    sockets then read end of file, which the pool's check sees). Returns how
-    many. The checkpointer's connections are not the pool's."""
+    """End every idle connection of the pool, and the idle connections of
+    the awaited writes, as PostgreSQL does in a restart (or an administrator
+    would), and wait until the server let them go (their sockets then read
+    end of file, which the pool's check and the loop's see). Returns how
+    many. The checkpointer's connections are neither."""
     import time
 
     import psycopg
 
     pids = [conn.info.backend_pid for conn in list(connections["default"].pool._pool)]
     with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres", autocommit=True) as admin:
+        pids += [
+            pid
+            for (pid,) in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = %s AND state = 'idle'",
+                [db_name, AWAITED_APPLICATION_NAME],
+            )
+        ]
         admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [pids])
         for _ in range(500):
             if not admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids]).fetchone()[0]:
@@ -541,3 +612,36 @@ def test_a_write_after_the_server_ended_the_pools_idle_connections_gets_a_new_on
     errors = [key for key in after if key[0] == "yuxi_audit_write_errors_total" and after[key] != before.get(key, 0)]
     assert errors == [], "the write met the dead connections one by one and waited for the pool"
     assert Message.objects.audit().filter(operation_id="lc_run--e").count() == 1
+
+
+def test_the_loops_connections_take_djangos_parameters_and_the_workers_session_limits_R_RUN_10(monkeypatch):
+    """A worker's connections carry its session limits (``lock_timeout``,
+    ``statement_timeout``, ``idle_in_transaction_session_timeout``: a
+    frozen worker's transaction is ended, R-RUN-10) and plan prepared
+    statements once: the loop's awaited-write connections as Django's own,
+    named in ``pg_stat_activity``, in Django's session time zone."""
+    from core.config import get_config
+    from core.db import worker_session_options
+
+    options = connections["default"].settings_dict["OPTIONS"]
+    limits = worker_session_options(get_config().model_copy(update={"WORKER_LOCK_TIMEOUT_MS": 1234}))
+    monkeypatch.setitem(options, "options", f"{options.get('options', '')} {limits}".strip())
+
+    async def settings():
+        return await awaited_connections().execute_prepared(
+            "SELECT (SELECT array_agg(setting ORDER BY name) FROM pg_settings WHERE name = ANY(%s)),"
+            " current_setting('application_name'), current_setting('TimeZone')",
+            [["idle_in_transaction_session_timeout", "lock_timeout", "plan_cache_mode", "statement_timeout"]],
+        )
+
+    config = get_config()
+    assert run_in_worker_loop(settings()) == (
+        [
+            str(config.WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS),
+            "1234",
+            "force_generic_plan",
+            str(config.WORKER_STATEMENT_TIMEOUT_MS),
+        ],
+        AWAITED_APPLICATION_NAME,
+        "UTC",
+    )
