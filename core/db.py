@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -259,21 +259,45 @@ def _awaitable_here() -> None:
 
 async def _connect_awaited() -> Any:
     """A new connection for :class:`AwaitedConnections`, with Django's
-    connection parameters; the connect waits at most a write attempt's
-    connection wait (:func:`worker_connection_wait`)."""
+    connection parameters, tried again for as long as a write attempt waits
+    for a connection (:func:`connect_waiting`)."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params["application_name"] = AWAITED_APPLICATION_NAME
+    if connection.timezone_name:  # the session time zone Django sets on its own connections
+        params["options"] = f"{params.get('options', '')} -c TimeZone={connection.timezone_name}".strip()
+    return await connect_waiting(
+        lambda timeout: psycopg.AsyncConnection.connect(autocommit=True, **{"connect_timeout": timeout, **params})
+    )
+
+
+async def connect_waiting[T](connect: Callable[[int], Awaitable[T]]) -> T:
+    """``await connect(timeout)`` (``timeout``: libpq's ``connect_timeout``,
+    seconds), tried again every 0.1 s while psycopg's ``OperationalError``
+    says the server refused or is unreachable, for as long as one attempt
+    of an audit write waits for a connection (:func:`worker_connection_wait`):
+    a refused connection fails at once, and without this wait a short
+    outage (a restart) would cost a write all its attempts within their
+    backoff alone (0.6 s with three attempts), where a write waiting for
+    the pool outlasts it (R-RUN-8). Raises the last ``OperationalError``."""
+    import asyncio
     import math
 
     import psycopg
 
     from .config import get_config
 
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params["application_name"] = AWAITED_APPLICATION_NAME
-    params.setdefault("connect_timeout", max(2, math.ceil(worker_connection_wait(get_config()))))
-    if connection.timezone_name:  # the session time zone Django sets on its own connections
-        params["options"] = f"{params.get('options', '')} -c TimeZone={connection.timezone_name}".strip()
-    return await psycopg.AsyncConnection.connect(autocommit=True, **params)
+    wait = worker_connection_wait(get_config())
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return await connect(max(2, math.ceil(wait)))
+        except psycopg.OperationalError:
+            if time.monotonic() + 0.1 >= deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 async def _run_prepared(conn: Any, sql: str, params: Any) -> tuple | None:

@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import socket
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -20,6 +18,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg.conninfo import make_conninfo
 
+from core.db import connect_waiting
 from core.pool import has_input
 
 log = logging.getLogger(__name__)
@@ -131,23 +130,11 @@ async def _connect(conninfo: str, **kwargs: Any):
 
 async def _connect_waiting(conninfo: str):
     """A new connection, tried again for as long as an audit write waits for
-    one at each attempt (:func:`core.db.worker_connection_wait`):
-    without this wait a refused connection fails at once, and the
-    checkpointer would give up on an outage (a restart) after its backoff
-    alone (0.6 s with three attempts) where the audit writes of the same
-    run outlast it."""
-    from core.config import get_config
-    from core.db import worker_connection_wait
-
-    wait = worker_connection_wait(get_config())
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            return await _connect(conninfo, connect_timeout=max(2, math.ceil(wait)))
-        except psycopg.OperationalError:
-            if time.monotonic() + 0.1 >= deadline:
-                raise
-            await asyncio.sleep(0.1)
+    one (:func:`core.db.connect_waiting`): without this wait a refused
+    connection fails at once, and the checkpointer would give up on an
+    outage (a restart) after its backoff alone (0.6 s with three attempts)
+    where the audit writes of the same run outlast it."""
+    return await connect_waiting(lambda timeout: _connect(conninfo, connect_timeout=timeout))
 
 
 async def _retried[T](

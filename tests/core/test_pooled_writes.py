@@ -645,3 +645,27 @@ def test_the_loops_connections_take_djangos_parameters_and_the_workers_session_l
         AWAITED_APPLICATION_NAME,
         "UTC",
     )
+
+
+def test_a_refused_connection_is_tried_again_for_as_long_as_a_write_waits_for_one_R_RUN_8(thread, hops, monkeypatch):
+    """A short outage (a restart): PostgreSQL refuses connections for a
+    moment. The loop's connect is tried again for as long as one write
+    attempt waits for a connection (as a write waiting for the pool does),
+    not given up at once: five refusals cost no attempt of the write, which
+    lands once, on the loop."""
+    import psycopg
+
+    real = psycopg.AsyncConnection.connect
+    refusals = [5]
+
+    async def refusing(*args, **kwargs):
+        if refusals[0]:
+            refusals[0] -= 1
+            raise psycopg.OperationalError("connection refused (a restart)")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", refusing)
+    lease = acquire(make_run(thread))
+    row = _on_loop(ledger.model_call_start, lease=lease, operation_id="lc_run--r", sequence=1, started_at=T0)
+    assert refusals == [0] and hops == [] and row.sequence == 1
+    assert Message.objects.audit().filter(operation_id="lc_run--r").count() == 1
