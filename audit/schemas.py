@@ -137,6 +137,11 @@ class TimelineItemOut(Schema):
     finished_at: datetime | None
     duration_ms: int | None = Field(None, description="Monotonic duration in ms.")
     usage: dict[str, Any] | None = Field(None, description="Tokens as the provider reported them.")
+    usage_cause: str | None = Field(
+        None,
+        description="Why `usage` is null, when known: `usage_mode_conflict` (the stream's reports contradict "
+        "the model's usage mode, R-MA-12); null otherwise.",
+    )
     cost_usd: str | None = Field(
         None, description="Model calls: USD, decimal string; null while running or when unknown (R-COST-1)."
     )

@@ -172,6 +172,10 @@ class Message(models.Model):
     sequence = models.PositiveIntegerField(null=True, blank=True)
     execution_status = models.CharField(max_length=20, choices=ExecutionStatus.choices, null=True, blank=True)
     usage = StorableJSONField(null=True, blank=True)
+    # Why ``usage`` is null when the worker knows: ``usage_mode_conflict``
+    # (the stream's reports contradict the model's usage mode, R-MA-12).
+    # Null for known usage and for a call cut off before its report.
+    usage_cause = models.CharField(max_length=40, null=True, blank=True)
     # --- cost of a model call (R-COST-1, costs.pricing): USD, null while
     # unknown (never 0 for unknown); where the price came from and which
     # version of it. An empty source means "not priced (yet)". ---

@@ -3,9 +3,9 @@
 The terminal transaction calls :func:`seal_run` once every row of the run is
 closed. Each audit row (``operation_id`` set, the run's final answer
 included) is encoded canonically — ids, role, type, status, sequence,
-timestamps, duration, usage, cost and price, content, declared tool calls,
-tool name and input, and the metadata that carries the raw tool output and
-the purge and erasure marks — and hashed (``row digest``). The chain starts
+timestamps, duration, usage (and its cause when set), cost and price,
+content, declared tool calls, tool name and input, and the metadata that
+carries the raw tool output and the purge and erasure marks — and hashed (``row digest``). The chain starts
 from ``SHA-256("yuxi-seal/v1" | run id)``; each link is
 ``SHA-256(previous link | row digest)`` over the rows in timeline order
 (``sequence``, rows without one last, then id). The run keeps the head, the
@@ -37,6 +37,11 @@ from django.utils import timezone
 SEAL_VERSION = b"yuxi-seal/v1"
 ROW_DIGEST_CHARS = 16
 
+# Facts added after rows were first sealed under v1: hashed only when set,
+# so that a row sealed before the field existed (null there) keeps its
+# digest, while setting, changing or clearing one still changes it.
+LATER_FACT_FIELDS = frozenset({"usage_cause"})  # R-MA-12
+
 # The facts a seal covers, read the same way by the seal and the check.
 FACT_FIELDS = (
     "id",
@@ -51,6 +56,7 @@ FACT_FIELDS = (
     "finished_at",
     "duration_ms",
     "usage",
+    "usage_cause",
     "cost_usd",
     "price_source",
     "price_version",
@@ -75,7 +81,7 @@ def row_digest(facts: dict[str, Any]) -> str:
     """SHA-256 (hex) of one row's canonical encoding: JSON with sorted keys,
     no spaces and ASCII escapes (a lone surrogate hashes too, R-RUN-11)."""
     encoded = json.dumps(
-        {name: _plain(facts[name]) for name in FACT_FIELDS},
+        {name: _plain(facts[name]) for name in FACT_FIELDS if facts[name] is not None or name not in LATER_FACT_FIELDS},
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=True,

@@ -5,8 +5,8 @@ What they refuse, unless the transaction names an open governance action
 (the audited bypass, :func:`governance.bypass.audited_bypass`):
 
 * UPDATE of a **closed** audit row's facts — run, thread, role, operation
-  id, sequence, status, timestamps, duration, usage, tool name and input,
-  declaring row — and overwriting its content, declared tool calls, cost or
+  id, sequence, status, timestamps, duration, usage and its cause, tool
+  name and input, declaring row — and overwriting its content, declared tool calls, cost or
   raw output once set. The terminal reconcile may still *fill* what the
   stream left empty (content, tool calls, cost) and add metadata proofs
   (``state_reconciled``), and binding makes the answer row ``text``: those
@@ -47,12 +47,12 @@ _REFUSE = "USING ERRCODE = 'restrict_violation', HINT = 'only purge_payloads and
 
 _CLOSED_FACTS = """
     (OLD.run_id, OLD.thread_id, OLD.role, OLD.operation_id, OLD.sequence, OLD.execution_status,
-     OLD.started_at, OLD.finished_at, OLD.duration_ms, OLD.usage, OLD.tool_name, OLD.tool_input,
-     OLD.declared_by_id)
+     OLD.started_at, OLD.finished_at, OLD.duration_ms, OLD.usage, OLD.usage_cause, OLD.tool_name,
+     OLD.tool_input, OLD.declared_by_id)
     IS DISTINCT FROM
     (NEW.run_id, NEW.thread_id, NEW.role, NEW.operation_id, NEW.sequence, NEW.execution_status,
-     NEW.started_at, NEW.finished_at, NEW.duration_ms, NEW.usage, NEW.tool_name, NEW.tool_input,
-     NEW.declared_by_id)
+     NEW.started_at, NEW.finished_at, NEW.duration_ms, NEW.usage, NEW.usage_cause, NEW.tool_name,
+     NEW.tool_input, NEW.declared_by_id)
     OR (OLD.content <> '' AND NEW.content IS DISTINCT FROM OLD.content)
     OR (OLD.tool_calls IS NOT NULL AND NEW.tool_calls IS DISTINCT FROM OLD.tool_calls)
     OR (OLD.cost_usd IS NOT NULL AND NEW.cost_usd IS DISTINCT FROM OLD.cost_usd)

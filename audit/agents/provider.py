@@ -1,9 +1,14 @@
 """The chat model the worker calls: langchain-openai's ``ChatOpenAI`` plus
 the provider behaviour the audit must get right (R-MA-11, R-RUN-12).
 
-- **Usage** (R-MA-11): the usage reports of one call are folded by the
-  model's usage mode (:mod:`audit.agents.usage`) and handed to LangChain as one
-  report in a last chunk, so message-finish carries the billed total.
+- **Usage** (R-MA-11, R-MA-12): the usage reports of one call are folded by
+  the model's usage mode (:mod:`audit.agents.usage`) and handed to LangChain
+  as one report in a last chunk, so message-finish carries the billed total.
+  A replay model learns the mode from the ``x-yuxi-usage-mode`` header of
+  the answer it streams (response headers are read for that, then dropped:
+  they never reach message-finish, the row or the State). Reports that
+  contradict the mode give no report at all and ``usage_cause`` in the last
+  chunk's ``response_metadata``, which the recorder stores on the row.
 - **Retries before the first chunk** (R-RUN-12): a request that fails
   before its first streamed chunk — connection refused, reset or closed,
   timeout, HTTP 429 or 5xx — is sent again with exponential backoff and
@@ -41,7 +46,7 @@ import openai
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.exceptions import ModelError
 from langchain_core.messages import AIMessageChunk, BaseMessage
-from langchain_core.outputs import ChatGenerationChunk
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict, Field
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
@@ -49,6 +54,7 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 from core.config import get_config
 from core.errors import ApplicationError
 
+from ..replay.scenarios import USAGE_MODE_HEADER
 from .usage import UsageFold, UsageMode, usage_mode_for
 
 
@@ -173,9 +179,17 @@ class AuditedChatOpenAI(ChatOpenAI):
     configured_name: str = ""
     usage_mode: UsageMode | None = None
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy.from_config)
+    # The replay server names each answer's usage mode in a header (R-MA-12);
+    # the headers are dropped once read (see _fold).
+    include_response_headers: bool = True
 
-    def _usage_mode(self, messages: list[BaseMessage]) -> UsageMode:
-        return self.usage_mode or usage_mode_for(self.configured_name, messages)
+    def _fold(self, first: ChatGenerationChunk | None) -> UsageFold:
+        """The fold of one call, by the mode resolved from its first chunk
+        (which carries the response headers): ``usage_mode`` if set, else
+        :func:`~audit.agents.usage.usage_mode_for`."""
+        headers = _pop_headers(first) if first is not None else {}
+        served = next((str(v) for k, v in headers.items() if str(k).lower() == USAGE_MODE_HEADER), None)
+        return UsageFold(self.usage_mode or usage_mode_for(self.configured_name, served))
 
     def _stream(
         self,
@@ -184,11 +198,13 @@ class AuditedChatOpenAI(ChatOpenAI):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        fold = UsageFold(self._usage_mode(messages))
+        fold: UsageFold | None = None
         for chunk in super()._stream(messages, stop, run_manager, **kwargs):
+            if fold is None:
+                fold = self._fold(chunk)
             yield _without_usage(chunk, fold)
-        if (total := fold.total()) is not None:
-            yield _usage_chunk(total)
+        if fold is not None and (last := _usage_chunk(fold)) is not None:
+            yield last
 
     async def _astream(
         self,
@@ -197,8 +213,8 @@ class AuditedChatOpenAI(ChatOpenAI):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        fold = UsageFold(self._usage_mode(messages))
         stream, first = await self._open_stream(messages, stop, run_manager, kwargs)
+        fold = self._fold(first)
         received = 0
         try:
             chunk = first
@@ -217,8 +233,14 @@ class AuditedChatOpenAI(ChatOpenAI):
                     ) from exc
         finally:
             await stream.aclose()
-        if (total := fold.total()) is not None:
-            yield _usage_chunk(total)
+        if (last := _usage_chunk(fold)) is not None:
+            yield last
+
+    def _create_chat_result(self, response: Any, generation_info: dict | None = None) -> ChatResult:
+        # A call that does not stream: its headers are of no use, keep them
+        # out of the message's response_metadata.
+        info = {k: v for k, v in (generation_info or {}).items() if k != "headers"}
+        return super()._create_chat_result(response, info or None)
 
     async def _open_stream(
         self,
@@ -291,6 +313,14 @@ class AuditedChatOpenAI(ChatOpenAI):
         raise AssertionError("unreachable: tenacity returns or raises")
 
 
+def _pop_headers(chunk: ChatGenerationChunk) -> dict[str, Any]:
+    """The response headers langchain-openai put on the first chunk's
+    ``generation_info`` (``include_response_headers``), removed from it."""
+    info = chunk.generation_info
+    headers = info.pop("headers", None) if info else None
+    return headers if isinstance(headers, dict) else {}
+
+
 def _without_usage(chunk: ChatGenerationChunk, fold: UsageFold) -> ChatGenerationChunk:
     message = chunk.message
     if isinstance(message, AIMessageChunk) and message.usage_metadata:
@@ -299,7 +329,13 @@ def _without_usage(chunk: ChatGenerationChunk, fold: UsageFold) -> ChatGeneratio
     return chunk
 
 
-def _usage_chunk(total: Any) -> ChatGenerationChunk:
+def _usage_chunk(fold: UsageFold) -> ChatGenerationChunk | None:
     """The one usage report LangChain sees: an empty last chunk, as OpenAI
-    sends its usage (``choices: []``)."""
-    return ChatGenerationChunk(message=AIMessageChunk(content="", usage_metadata=total))
+    sends its usage (``choices: []``); for reports that contradict the mode,
+    no usage and the cause in ``response_metadata["usage_cause"]`` (R-MA-12);
+    None when the provider reported nothing."""
+    total = fold.total()
+    if total is None and fold.cause is None:
+        return None
+    cause = {"usage_cause": fold.cause} if fold.cause else {}
+    return ChatGenerationChunk(message=AIMessageChunk(content="", usage_metadata=total, response_metadata=cause))

@@ -1,4 +1,5 @@
-"""Token usage exactly as the provider billed it (R-MA-11).
+"""Token usage exactly as the provider billed it (R-MA-11), or unknown when
+the reports prove no bill (R-MA-12).
 
 Providers report usage while streaming in one of three ways (the *usage
 mode* of a configured model):
@@ -18,6 +19,10 @@ the provider's billed total — in a last chunk, as OpenAI does
 (``audit.agents.provider``). message-finish, the final State's AIMessage and
 the audit row then all carry the same figures.
 
+Reports that contradict the mode (several under ``final``, a running total
+that decreases under ``cumulative``) prove no bill: the call's usage is
+unknown and its ``usage_cause`` is ``usage_mode_conflict`` (R-MA-12).
+
 Stored usage uses LangChain's ``UsageMetadata`` names: ``input_tokens``,
 ``output_tokens``, ``total_tokens``, ``input_token_details: {cache_read,
 cache_creation}``, ``output_token_details: {reasoning}``. Details are parts
@@ -28,13 +33,8 @@ added to them.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Literal, get_args
 
-from langchain_core.messages import BaseMessage
 from langchain_core.messages.ai import UsageMetadata, add_usage
 
 from core.config import get_config
@@ -49,58 +49,28 @@ _STABLE_DETAILS = {
 }
 
 
-def usage_mode_for(model_name: str, messages: Sequence[BaseMessage] = ()) -> UsageMode:
-    """The usage mode of the configured model ``model_name`` (``provider:name``)
-    for one request with ``messages``.
+def usage_mode_for(model_name: str, served_mode: str | None = None) -> UsageMode:
+    """The usage mode of one call of the configured model ``model_name``
+    (``provider:name``).
 
     ``MODEL_USAGE_MODES`` wins; a ``replay:<scenario>`` model not listed there
-    takes the ``usage_mode`` of the scenario turn this request plays (the
-    turn the replay server picks from the same messages); anything else is
-    ``final``. Raises nothing: an unreadable scenario counts as ``final``.
+    takes ``served_mode``, the mode the replay server declared for the turn
+    it plays (its ``x-yuxi-usage-mode`` response header, whatever scenario
+    directory it serves, R-MA-12); anything else is ``final``, as is an
+    absent or unknown ``served_mode``. Raises nothing.
     """
     configured = get_config().MODEL_USAGE_MODES
     if model_name in configured:
         return configured[model_name]
     provider, _, scenario = model_name.partition(":")
-    if provider == "replay" and scenario:
-        return replay_usage_mode(scenario, messages)
+    if provider == "replay" and scenario and served_mode in USAGE_MODES:
+        return served_mode  # type: ignore[return-value]
     return DEFAULT_USAGE_MODE
 
 
-def replay_usage_mode(scenario: str, messages: Sequence[BaseMessage]) -> UsageMode:
-    """The ``usage_mode`` of the bundled scenario's turn that ``messages``
-    select (number of AI messages after the last human message, as the
-    replay server counts them); ``final`` when there is no such turn."""
-    from ..replay.scenarios import BUNDLED_DIR, SUBAGENT_SEPARATOR
-    from ..replay.server import turn_index
-
-    # ``<scenario>/<subagent>``: that subagent's turns (R-SUB-1).
-    scenario, _, subagent = scenario.partition(SUBAGENT_SEPARATOR)
-    path = BUNDLED_DIR / f"{scenario}.json"
-    try:
-        modes = _scenario_modes(path, path.stat().st_mtime_ns, subagent)
-    except OSError:
-        return DEFAULT_USAGE_MODE
-    roles = [{"role": {"human": "user", "ai": "assistant"}.get(m.type, m.type)} for m in messages]
-    index = turn_index(roles)
-    return modes[index] if index < len(modes) else DEFAULT_USAGE_MODE
-
-
-@lru_cache(maxsize=256)
-def _scenario_modes(path: Path, mtime_ns: int, subagent: str = "") -> tuple[UsageMode, ...]:
-    # Read the raw file (not the validated model) so that the worker never
-    # fails a run over a scenario the replay server would refuse anyway.
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        turns = (data.get("subagents") or {}).get(subagent) if subagent else data.get("turns")
-        turns = turns if isinstance(turns, list) else []
-    except (OSError, ValueError, AttributeError):
-        return ()
-    modes: list[UsageMode] = []
-    for turn in turns:
-        mode = turn.get("usage_mode") if isinstance(turn, dict) else None
-        modes.append(mode if mode in USAGE_MODES else DEFAULT_USAGE_MODE)
-    return tuple(modes)
+USAGE_MODE_CONFLICT = "usage_mode_conflict"
+"""The ``usage_cause`` of a call whose reports contradict its usage mode
+(R-MA-12)."""
 
 
 class UsageFold:
@@ -112,6 +82,13 @@ class UsageFold:
     unknown). ``final`` and ``cumulative`` keep the last report (a final
     report is the only one; a running total's last value is the total),
     ``delta`` adds them up, details included.
+
+    Reports that contradict the mode prove no bill (R-MA-12): more than one
+    report under ``final``, or a figure (a total, or a detail both reports
+    give) that decreases from one report to the next under ``cumulative``.
+    Then ``total()`` is None and ``cause`` is :data:`USAGE_MODE_CONFLICT`
+    (else None): the usage is stored unknown, never a number the provider
+    did not bill.
     """
 
     def __init__(self, mode: UsageMode):
@@ -119,17 +96,40 @@ class UsageFold:
             raise ValueError(f"unknown usage mode {mode!r}: use one of {', '.join(USAGE_MODES)}")
         self.mode = mode
         self.reports = 0
+        self.cause: str | None = None
         self._total: UsageMetadata | None = None
 
     def add(self, report: UsageMetadata) -> None:
         self.reports += 1
-        if self.mode == "delta" and self._total is not None:
+        if self.cause is not None:
+            return
+        if self._contradicts(report):
+            self.cause, self._total = USAGE_MODE_CONFLICT, None
+        elif self.mode == "delta" and self._total is not None:
             self._total = add_usage(self._total, report)
         else:
             self._total = report
 
+    def _contradicts(self, report: UsageMetadata) -> bool:
+        if self.mode == "final":
+            return self.reports > 1
+        if self.mode == "cumulative" and self._total is not None:
+            before, after = _figures(self._total), _figures(report)
+            return any(after[name] < value for name, value in before.items() if name in after)
+        return False
+
     def total(self) -> UsageMetadata | None:
         return normalize_usage(self._total) if self._total is not None else None
+
+
+def _figures(usage: UsageMetadata) -> dict[str, int]:
+    """``usage`` normalized and flat: ``{"input_tokens": n, …,
+    "input_token_details.cache_read": n, …}``."""
+    normal: dict[str, Any] = dict(normalize_usage(usage))
+    flat = {name: normal[name] for name in ("input_tokens", "output_tokens", "total_tokens")}
+    for group in _STABLE_DETAILS:
+        flat.update((f"{group}.{key}", value) for key, value in (normal.get(group) or {}).items())
+    return flat
 
 
 def normalize_usage(usage: UsageMetadata | dict[str, Any]) -> UsageMetadata:

@@ -335,7 +335,8 @@ class LifecycleRecorder:
         for tool_call in tool_calls:
             if tool_call.get("id"):
                 self._declared_by[tool_call["id"]] = call.operation_id
-        metadata = {k: v for k, v in (payload.get("metadata") or {}).items() if k in _FINISH_METADATA}
+        response_metadata = payload.get("metadata") or {}
+        metadata = {k: v for k, v in response_metadata.items() if k in _FINISH_METADATA}
         await write_with_retry(
             ledger.model_call_finish,
             lease=self._lease,
@@ -344,6 +345,8 @@ class LifecycleRecorder:
             content=content,
             tool_calls=tool_calls,
             usage=to_jsonable(payload.get("usage")) if payload.get("usage") else None,
+            # Why the usage is unknown, when the chat model knows (R-MA-12).
+            usage_cause=str(response_metadata.get("usage_cause") or "") or None,
             finished_at=event_time(event),
             duration_ms=round((self._clock() - call.started_mono) * 1000),
             metadata=metadata,

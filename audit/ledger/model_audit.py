@@ -327,10 +327,13 @@ def model_call_finish(
     duration_ms: int,
     metadata: dict[str, Any] | None = None,
     returning: bool = True,
+    usage_cause: str | None = None,
 ) -> Message | None:
     """Close the model row at message-finish: content, declared tool calls
     ``[{id, name, args}]``, usage exactly as the provider reported it
     (tokens), ``finished_at``, ``duration_ms`` (monotonic, ms), completed.
+    ``usage_cause`` names why ``usage`` is unknown when the worker knows
+    (``usage_mode_conflict``, R-MA-12), else None.
 
     The row's cost is computed here from its usage (R-COST-1,
     :func:`costs.pricing.price_row`; unknown cost never fails the close).
@@ -357,6 +360,7 @@ def model_call_finish(
         duration_ms=duration_ms,
         metadata=metadata or {},
         load=returning,
+        usage_cause=usage_cause,
     )
     if closed is not None:
         return closed if returning else None
@@ -376,6 +380,7 @@ def model_call_finish(
         row.content = content
         row.tool_calls = tool_calls or None
         row.usage = usage
+        row.usage_cause = usage_cause
         row.finished_at = finished_at
         row.duration_ms = duration_ms
         row.execution_status = ExecStatus.COMPLETED
@@ -386,6 +391,7 @@ def model_call_finish(
                 "content",
                 "tool_calls",
                 "usage",
+                "usage_cause",
                 "finished_at",
                 "duration_ms",
                 "execution_status",
@@ -411,6 +417,7 @@ def _close_running_model_row(
     duration_ms: int,
     metadata: dict[str, Any],
     load: bool,
+    usage_cause: str | None = None,
 ) -> FencedWrite:
     """The close of a ``running`` model row as one statement, priced before
     it is sent (R-COST-1); it writes nothing when the row is not running (or
@@ -441,6 +448,7 @@ def _close_running_model_row(
         .value("content", content)
         .value("tool_calls", tool_calls)
         .value("usage", usage)
+        .value("usage_cause", usage_cause)
         .value("finished_at", finished_at)
         .value("duration_ms", duration_ms)
         .value("execution_status", ExecStatus.COMPLETED)

@@ -196,7 +196,8 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
     (:func:`yuxi_project.responses.json_response`).
 
     ``kind`` is ``model`` or ``tool``; times are datetimes; ``duration_ms``
-    in ms; ``usage`` in tokens as the provider reported it; ``cost_usd`` a
+    in ms; ``usage`` in tokens as the provider reported it, with
+    ``usage_cause`` naming why it is null when known (R-MA-12); ``cost_usd`` a
     decimal string of USD or ``None`` (R-COST-1). ``raw_output``
     (the tool's raw output envelope) is present only when
     ``include_raw_output`` is true: pass it for staff only (R-READ-5).
@@ -217,6 +218,7 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
         "finished_at": row.finished_at,
         "duration_ms": row.duration_ms,
         "usage": row.usage,
+        "usage_cause": row.usage_cause,
         "cost_usd": usd_text(row.cost_usd),
         "price_source": row.price_source,
         "price_version": row.price_version,

@@ -130,6 +130,11 @@ report in a last chunk with empty ``choices`` (OpenAI's
 chunk, then the totals (vLLM's continuous usage stats); ``delta`` —
 increments on every chunk that add up to the totals."""
 
+USAGE_MODE_HEADER = "x-yuxi-usage-mode"
+"""Response header of a streamed replay answer: the ``usage_mode`` of the
+turn the server plays, so that the worker folds its reports by the mode of
+the scenario actually served, from whatever directory (R-MA-12)."""
+
 
 class FailBeforeFirstChunk(_Strict):
     """Answer the first ``times`` requests of a turn with HTTP ``status``

@@ -13,9 +13,10 @@ Routes: ``POST /v1/chat/completions``, ``GET /v1/models``,
 
 Provider behaviours a turn can play (see :class:`~audit.replay.scenarios.Turn`):
 usage reported ``final`` / ``cumulative`` / ``delta`` with token details
-(R-MA-11), connections closed before any response (``connect_error_times``)
-and HTTP errors before the first chunk (``fail_before_first_chunk``)
-(R-RUN-12). The last two need the only state the server keeps: how many
+(R-MA-11; a streamed answer names its turn's mode in the
+``x-yuxi-usage-mode`` header, R-MA-12), connections closed before any
+response (``connect_error_times``) and HTTP errors before the first chunk
+(``fail_before_first_chunk``) (R-RUN-12). The last two need the only state the server keeps: how many
 times it has seen each distinct request.
 """
 
@@ -39,7 +40,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Send
 
-from .scenarios import Scenario, Turn, Usage, load_scenarios, scenario_turns
+from .scenarios import USAGE_MODE_HEADER, Scenario, Turn, Usage, load_scenarios, scenario_turns
 
 logger = logging.getLogger(__name__)
 
@@ -393,7 +394,8 @@ def build_app(scenarios: dict[str, Scenario]) -> Starlette:
             return _ReplayStreamingResponse(
                 _stream(turn, base, include_usage),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                # The turn's usage mode travels with its stream (R-MA-12).
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", USAGE_MODE_HEADER: turn.usage_mode},
             )
         # Take as long as the stream would have, so slow scenarios are slow
         # for non-streaming clients too.

@@ -136,18 +136,18 @@ def test_normalize_keeps_stable_names_and_never_adds_details_to_totals_R_MA_11()
         UsageFold("sum")
 
 
-def test_the_usage_mode_comes_from_the_setting_then_the_replay_scenario_R_MA_11(monkeypatch):
-    human = [HumanMessage("hi")]
-    assert usage_mode_for("replay:usage_cumulative", human) == "cumulative"
-    assert usage_mode_for("replay:usage_delta", human) == "delta"
-    assert usage_mode_for("replay:tool_then_answer", human) == "final"
-    assert usage_mode_for("replay:no_such_scenario", human) == "final"
-    assert usage_mode_for("openai:gpt-4o-mini", human) == "final"
+def test_the_usage_mode_comes_from_the_setting_then_the_replay_server_R_MA_11_R_MA_12(monkeypatch):
+    # served: the mode the replay server names for the turn it plays.
+    assert usage_mode_for("replay:usage_cumulative", "cumulative") == "cumulative"
+    assert usage_mode_for("replay:anything", "delta") == "delta"
+    assert usage_mode_for("replay:tool_then_answer", None) == "final"
+    assert usage_mode_for("replay:anything", "sum") == "final", "an unknown mode is not trusted"
+    assert usage_mode_for("openai:gpt-4o-mini", "delta") == "final", "only the replay server is asked"
     monkeypatch.setattr(
         get_config(), "MODEL_USAGE_MODES", {"openai:vllm-model": "cumulative", "replay:usage_cumulative": "final"}
     )
-    assert usage_mode_for("openai:vllm-model", human) == "cumulative"
-    assert usage_mode_for("replay:usage_cumulative", human) == "final", "the setting wins"
+    assert usage_mode_for("openai:vllm-model") == "cumulative"
+    assert usage_mode_for("replay:usage_cumulative", "cumulative") == "final", "the setting wins"
 
 
 def test_the_setting_is_validated_R_MA_11(monkeypatch):

@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage
 from starlette.testclient import TestClient
 
-from audit.agents.usage import replay_usage_mode
-from audit.replay.scenarios import ScenarioError, load_scenario, load_scenarios, scenario_turns
+from audit.replay.scenarios import Scenario, ScenarioError, load_scenario, load_scenarios, scenario_turns
 from audit.replay.server import build_app
 
 USER = {"role": "user", "content": "Check the retention period."}
@@ -85,10 +83,25 @@ def test_malformed_subagent_turns_are_refused_naming_the_file_R_SUB_1(tmp_path, 
     assert raised.value.path == path
 
 
-def test_a_subagent_model_takes_the_usage_mode_of_its_own_turn_R_SUB_1_R_MA_11():
-    # The slow subagent's second turn reports usage cumulatively; its main
+def test_a_subagent_model_takes_the_usage_mode_of_its_own_turn_R_SUB_1_R_MA_11_R_MA_12():
+    # The subagent's second turn reports usage cumulatively; its main
     # agent's second turn, at the same index, reports it once at the end.
-    second_turn = [HumanMessage("x"), AIMessage("y")]
-    assert replay_usage_mode("researcher_slow_subagent/fact_checker", second_turn) == "cumulative"
-    assert replay_usage_mode("researcher_slow_subagent", second_turn) == "final"
-    assert replay_usage_mode("researcher_slow_subagent/nobody", second_turn) == "final"
+    # The server names the mode of the turn it plays in the stream's header.
+    scenario = Scenario.model_validate(
+        {
+            "name": "modes",
+            "turns": [{"text": "a"}, {"text": "b"}],
+            "subagents": {"fact_checker": [{"text": "x"}, {"text": "y", "usage_mode": "cumulative"}]},
+        }
+    )
+    second_turn = [USER, {"role": "assistant", "content": "y"}]
+
+    def served_mode(client: TestClient, model: str) -> str | None:
+        body = {"model": model, "messages": second_turn, "stream": True}
+        response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200
+        return response.headers.get("x-yuxi-usage-mode")
+
+    with TestClient(build_app({"modes": scenario})) as client:
+        assert served_mode(client, "modes/fact_checker") == "cumulative"
+        assert served_mode(client, "modes") == "final"
