@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from asgiref.sync import sync_to_async
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from ninja import Query, Router
 
 from conversations.models import Conversation
@@ -18,7 +18,7 @@ from ops.metrics import track_sse
 from yuxi_project.responses import json_response
 
 from . import export, ledger
-from .execution.events import run_event_stream
+from .execution.events import client_holds_terminal_event, run_event_stream
 from .models import AgentRun
 from .reads import search, selectors
 from .schemas import (
@@ -238,7 +238,13 @@ _SSE_DOC = {
                     }
                 }
             },
-        }
+        },
+        204: {
+            "description": (
+                "The client's `Last-Event-ID` is at or after the run's `run.finished`: nothing more will come, "
+                "and a browser's EventSource stops reconnecting (R-EVT-3)."
+            )
+        },
     },
     "parameters": [
         {
@@ -260,14 +266,20 @@ async def run_events(request, run_id: uuid.UUID):
     with ``Last-Event-ID`` to resume without gap or repeat; events no longer
     retained are announced by a ``gap`` event carrying the run's state from
     PostgreSQL, and a run deleted meanwhile ends the stream with an
-    ``error`` event (R-EVT-2)."""
+    ``error`` event (R-EVT-2). A reconnect that already holds
+    ``run.finished`` is answered 204, so a browser's EventSource stops;
+    a ``Last-Event-ID`` ahead of a running run's stream still gets the
+    terminal event (R-EVT-3)."""
     raw = request.headers.get("Last-Event-ID", "").strip() or "0"
     # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise InvalidInput("Last-Event-ID must be a non-negative integer", extra={"reason": "bad_last_event_id"})
     run_id = await sync_to_async(_owned_run_id)(request.auth, run_id)
+    redis_url = get_config().REDIS_URL or None
+    if await client_holds_terminal_event(run_id, last_event_id=int(raw), redis_url=redis_url):
+        return HttpResponse(status=204)
     response = StreamingHttpResponse(
-        track_sse(run_event_stream(run_id, last_event_id=int(raw), redis_url=get_config().REDIS_URL or None)),
+        track_sse(run_event_stream(run_id, last_event_id=int(raw), redis_url=redis_url)),
         content_type="text/event-stream",
     )
     response["Cache-Control"] = "no-cache"

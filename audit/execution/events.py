@@ -201,6 +201,53 @@ class RunEventPublisher:
                 self._script = None
 
 
+async def _append_rebuilt(client: Any, run_id: uuid.UUID, last: int, data: dict[str, Any]) -> int:
+    """Append the terminal event rebuilt from the run row to the run's
+    stream (numbered after its tail and after ``last``, with the stream's
+    TTL) and return its number: a client that reconnects after it then
+    finds it in the stream and is answered 204, instead of being sent
+    another one every time (R-EVT-3). When Redis does not answer, the
+    number after ``last``, unrecorded."""
+    from redis.exceptions import RedisError
+
+    try:
+        script = client.register_script(_APPEND_SCRIPT)
+        args = [
+            last,
+            get_config().EVENT_STREAM_MAXLEN,
+            STREAM_TTL_SECONDS,
+            TERMINAL_EVENT,
+            json.dumps(data, default=str),
+        ]
+        return int(await script(keys=[stream_key(run_id)], args=args))
+    except RedisError as exc:
+        log.warning("run %s: rebuilt terminal event not recorded: %s", run_id, exc)
+        return last + 1
+
+
+async def client_holds_terminal_event(run_id: uuid.UUID, *, last_event_id: int, redis_url: str | None) -> bool:
+    """Whether a client that reconnects with ``last_event_id`` already holds
+    the run's terminal event: the stream ends with ``run.finished`` numbered
+    at or before it (without Redis, where the terminal event is the only
+    one served: the run is terminal and the client holds an event). The
+    event stream then answers 204 so that a browser's EventSource stops
+    reconnecting (R-EVT-3). A new client (``last_event_id`` 0) never does.
+    Raises what Redis raises."""
+    if last_event_id <= 0:
+        return False
+    if redis_url is None:
+        rebuilt = await sync_to_async(_terminal_event_data)(run_id)
+        return rebuilt is not None and rebuilt is not _RUN_GONE
+    client = redis_client(redis_url)
+    try:
+        tail = await client.xrevrange(stream_key(run_id), count=1)
+    finally:
+        await client.aclose()
+    return (
+        bool(tail) and tail[0][1].get(b"type") == TERMINAL_EVENT.encode() and _sequence_of(tail[0][0]) <= last_event_id
+    )
+
+
 def _sequence_of(entry_id: bytes | str) -> int:
     if isinstance(entry_id, bytes):
         entry_id = entry_id.decode()
@@ -289,8 +336,15 @@ async def run_event_stream(
     key = stream_key(run_id)
     client = redis_client(redis_url) if redis_url else None
     terminal_seen = 0
+    # The stream's last event when the client came: an event numbered
+    # after it is one the client cannot hold, even when its Last-Event-ID
+    # is ahead of the stream (R-EVT-3).
+    tail_at_start = 0
     try:
         yield "retry: 1000\n\n"
+        if client is not None:
+            tail = await client.xrevrange(key, count=1)
+            tail_at_start = _sequence_of(tail[0][0]) if tail else 0
         while True:
             entries = []
             if client is not None:
@@ -327,9 +381,15 @@ async def run_event_stream(
             terminal_seen += 1
             tail = await client.xrevrange(key, count=1) if client is not None else []
             if tail and tail[0][1].get(b"type") == TERMINAL_EVENT.encode() and _sequence_of(tail[0][0]) <= last:
-                return  # the client already has the terminal event
+                sequence = _sequence_of(tail[0][0])
+                if sequence > tail_at_start:
+                    # Published after the client came, under its
+                    # Last-Event-ID (ahead of the stream): delivered.
+                    yield sse_frame(sequence, TERMINAL_EVENT, tail[0][1][b"data"].decode())
+                return  # else the client already has the terminal event
             if not tail or terminal_seen >= 2:
-                yield sse_frame(last + 1, TERMINAL_EVENT, rebuilt)
+                sequence = await _append_rebuilt(client, run_id, last, rebuilt) if client is not None else last + 1
+                yield sse_frame(sequence, TERMINAL_EVENT, rebuilt)
                 return
     finally:
         if client is not None:

@@ -31,18 +31,21 @@ def _publish(run_id, events):
     asyncio.run(go())
 
 
-def _event_ids(user, run_id, headers=None) -> list[int]:
+def _event_ids(user, run_id, headers=None) -> list[int] | None:
     """The event ids the real endpoint streams (Django's async test client:
-    the endpoint is an async view with an async event stream)."""
+    the endpoint is an async view with an async event stream); None when it
+    answers 204 (the client holds the terminal event, R-EVT-3)."""
     auth = bearer(user)
 
-    async def collect() -> str:
+    async def collect() -> str | None:
         response = await AsyncClient().get(f"/api/runs/{run_id}/events", headers={**auth, **(headers or {})})
+        if response.status_code == 204:
+            return None
         assert response.status_code == 200
         return b"".join([chunk async for chunk in response.streaming_content]).decode()
 
     body = async_to_sync(collect)()
-    return [int(line[4:]) for line in body.splitlines() if line.startswith("id: ")]
+    return None if body is None else [int(line[4:]) for line in body.splitlines() if line.startswith("id: ")]
 
 
 @pytest.mark.django_db
@@ -59,7 +62,7 @@ def test_the_events_endpoint_resumes_after_last_event_id_R_EVT_1(user, thread):
     )
     assert _event_ids(user, run.id) == [1, 2, 3, 4]
     assert _event_ids(user, run.id, {"Last-Event-ID": "2"}) == [3, 4]
-    assert _event_ids(user, run.id, {"Last-Event-ID": "4"}) == []
+    assert _event_ids(user, run.id, {"Last-Event-ID": "4"}) is None, "204: it holds run.finished (R-EVT-3)"
 
 
 @pytest.mark.django_db(transaction=True)
