@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import pytest
@@ -108,26 +109,38 @@ def db_name():
     return connection.settings_dict["NAME"]
 
 
-@pytest.fixture(scope="session")
-def replay_server_url():
-    """A replay model server for the whole session, in a thread of the test
-    process (in-process runner tests); e2e tests start their own process."""
+@contextlib.contextmanager
+def replay_server_in_thread(scenarios, name: str = "replay-model-server"):
+    """Serve ``scenarios`` (``load_scenarios(...)``) with a replay model
+    server in a thread of the test process; yields its base URL and stops
+    it at the end."""
     import threading
     import time
 
-    from audit.replay.scenarios import load_scenarios
     from audit.replay.server import make_server
 
-    server = make_server(load_scenarios(), "127.0.0.1", 0)
-    thread = threading.Thread(target=server.run, name="replay-model-server", daemon=True)
+    server = make_server(scenarios, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while server.base_url is None:
         assert thread.is_alive() and time.monotonic() < deadline, "replay server did not start"
         time.sleep(0.01)
-    yield server.base_url
-    server.should_exit = True
-    thread.join(timeout=5)
+    try:
+        yield server.base_url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def replay_server_url():
+    """A replay model server for the whole session, in a thread of the test
+    process (in-process runner tests); e2e tests start their own process."""
+    from audit.replay.scenarios import load_scenarios
+
+    with replay_server_in_thread(load_scenarios()) as url:
+        yield url
 
 
 @pytest.fixture

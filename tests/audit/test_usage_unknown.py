@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import threading
-import time
 
 import httpx
 import pytest
@@ -30,12 +28,11 @@ from audit.execution.runner import run_execute
 from audit.models import AgentRun
 from audit.reads.selectors import timeline_item
 from audit.replay.scenarios import load_scenarios
-from audit.replay.server import make_server
 from conversations.models import Conversation, Message
 from core.config import get_config
 from costs.selectors import run_cost
 from governance.seal import FACT_FIELDS, row_digest
-from tests.conftest import make_run
+from tests.conftest import make_run, replay_server_in_thread
 
 # Scenarios that are not bundled: the worker can only learn their modes
 # from the server that plays them.
@@ -80,16 +77,8 @@ def scenario_dir_server(tmp_path_factory):
     directory = tmp_path_factory.mktemp("scenarios")
     for name, scenario in SERVED.items():
         (directory / f"{name}.json").write_text(json.dumps(scenario), encoding="utf-8")
-    server = make_server(load_scenarios(directory), "127.0.0.1", 0)
-    thread = threading.Thread(target=server.run, name="replay-scenario-dir", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while server.base_url is None:
-        assert thread.is_alive() and time.monotonic() < deadline, "replay server did not start"
-        time.sleep(0.01)
-    yield server.base_url
-    server.should_exit = True
-    thread.join(timeout=5)
+    with replay_server_in_thread(load_scenarios(directory), "replay-scenario-dir") as url:
+        yield url
 
 
 @pytest.fixture
