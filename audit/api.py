@@ -64,7 +64,10 @@ def get_run(request, run_id: uuid.UUID):
 def cancel_run(request, run_id: uuid.UUID):
     """Request cancellation (R-RUN-6). Answers at once, also while a worker
     holds the run (R-RUN-10): the request is recorded and applied by the
-    worker or the dispatcher. A terminal run is returned unchanged."""
+    worker or the dispatcher. A cancelled run is returned unchanged; 409
+    ``run_not_cancellable`` (with the run's ``status``, and ``resumed_by``
+    for an interrupted run that was resumed) when it already ended
+    otherwise."""
     return 202, RunOut.from_run(ledger.run_request_cancel(user=request.auth, run_id=run_id))
 
 

@@ -109,6 +109,16 @@ class RunNotResumable(Conflict):
     code = "run_not_resumable"
 
 
+class RunNotCancellable(Conflict):
+    """Cancel refused: the run already ended ``completed``, ``failed`` or
+    ``interrupted`` and resumed, so there is nothing to stop (R-RUN-6).
+    ``extra`` names the run's ``status`` and, for a resumed run, the
+    ``resumed_by`` run to cancel instead. A cancelled run is not refused: a
+    cancel repeated is answered with the run as it is."""
+
+    code = "run_not_cancellable"
+
+
 class RequestIdReused(Conflict):
     """The caller already used this idempotency key for a different request:
     another thread or run, other input, or a turn's key sent as a resume and

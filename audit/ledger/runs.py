@@ -19,7 +19,7 @@ from core.errors import Conflict, InvalidInput, NotFound
 from costs.budgets import budget_admit
 from ops import metrics
 
-from ..errors import RunNotResumable, RunNotStartable
+from ..errors import RunNotCancellable, RunNotResumable, RunNotStartable
 from ..models import AgentRun, RunCancelRequest, pending_action_requests
 from .cancellation import cancel_signal_send
 from .handover import enqueue_run
@@ -390,12 +390,15 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
     that was not resumed is cancelled, which lets the thread take new turns
     again. When a worker holds the row, the worker (at its next lease check)
     or the dispatcher applies the request; the returned run then shows
-    ``cancel_requested``. Any other terminal run is returned unchanged.
+    ``cancel_requested``. A cancelled run is returned unchanged (a cancel
+    repeated is answered, not refused).
 
     Answers without waiting on any row lock (R-RUN-10).
 
     Raises:
         NotFound: no such run for this user (R-READ-5).
+        RunNotCancellable: the run ended ``completed``, ``failed``, or
+            ``interrupted`` and was resumed; nothing is recorded.
 
     Implements R-RUN-6 and R-RUN-10.
     """
@@ -403,7 +406,9 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
     if run is None:
         raise NotFound("run not found")
     if run.is_terminal and not _awaits_approval(run):
-        return run
+        if run.status == Status.CANCELLED:
+            return run
+        _refuse_cancel(run)
     now = timezone.now()
     RunCancelRequest.objects.bulk_create(
         [RunCancelRequest(run_id=run.id, requested_at=now, applied_at=None)],
@@ -432,6 +437,15 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
         run.status = Status.CANCEL_REQUESTED
         run.cancel_requested_at = now
     return run
+
+
+def _refuse_cancel(run: AgentRun) -> None:
+    extra: dict[str, Any] = {"status": run.status}
+    resumed_by = AgentRun.objects.filter(resumed_from=run).values_list("pk", flat=True).first()
+    if resumed_by is not None:
+        extra["resumed_by"] = str(resumed_by)
+        raise RunNotCancellable(f"run {run.pk} was resumed by run {resumed_by}: cancel that run", extra=extra)
+    raise RunNotCancellable(f"run {run.pk} already ended {run.status}: nothing to cancel", extra=extra)
 
 
 def _awaits_approval(run: AgentRun) -> bool:

@@ -15,16 +15,17 @@ import pytest
 import redis
 from django.conf import settings
 from django.db import connection, transaction
+from django.test import Client
 from django.utils import timezone
 
 from audit import ledger
-from audit.errors import LeaseLost, RunNotStartable, RunTerminal
+from audit.errors import LeaseLost, RunNotCancellable, RunNotStartable, RunTerminal
 from audit.ledger.cancellation import CancelSignalListener, cancel_key, cancel_signal_send
 from audit.ledger.lease import Lease
 from audit.ledger.runs import _acquire_checked, run_acquire_with_row
-from audit.models import AgentRun
+from audit.models import AgentRun, RunCancelRequest
 from conversations.models import Message
-from tests.conftest import acquire, make_run, prepared_executed_since, prepared_executions
+from tests.conftest import acquire, bearer, make_run, prepared_executed_since, prepared_executions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -391,14 +392,60 @@ def test_a_first_wait_without_a_signal_lasts_its_timeout_R_RUN_6(thread):
     assert waited >= 0.45, f"the first wait returned after {waited * 1000:.0f} ms"
 
 
-def test_cancel_on_a_terminal_run_changes_nothing_R_RUN_6(thread):
+@pytest.mark.parametrize("status", ["completed", "failed"])
+def test_cancel_on_a_run_that_ended_is_refused_and_changes_nothing_R_RUN_6(thread, status):
     run = make_run(thread)
-    ledger.run_finish(lease=acquire(run), status="completed")
+    outcome = {"error_type": "model_error"} if status == "failed" else {}
+    ledger.run_finish(lease=acquire(run), status=status, **outcome)
     run.refresh_from_db()
     before = (run.status, run.updated_at, run.error_type)
-    after = ledger.run_request_cancel(user=thread.user, run_id=run.id)
-    after.refresh_from_db()
-    assert (after.status, after.updated_at, after.error_type) == before
+    with pytest.raises(RunNotCancellable) as refused:
+        ledger.run_request_cancel(user=thread.user, run_id=run.id)
+    assert refused.value.extra == {"status": status}
+    run.refresh_from_db()
+    assert (run.status, run.updated_at, run.error_type) == before
+    assert not RunCancelRequest.objects.filter(run_id=run.id).exists()
+    # Over HTTP: a 409 with a machine-readable body, as resume answers.
+    answer = Client().post(f"/api/runs/{run.id}/cancel", headers=bearer(thread.user))
+    assert answer.status_code == 409, answer.content
+    assert answer.json()["error"]["code"] == "run_not_cancellable"
+    assert answer.json()["error"]["status"] == status
+
+
+def test_cancel_on_an_interrupted_run_that_was_resumed_names_the_resume_R_RUN_6(thread):
+    first = make_run(thread)
+    ledger.run_finish(lease=acquire(first), status="interrupted", interrupts=[{"id": "i1", "value": {}}])
+    resume = AgentRun.objects.create(
+        request_id=uuid.uuid4().hex,
+        thread=thread,
+        user=thread.user,
+        agent_id="assistant",
+        model=thread.model,
+        input={"decisions": [{"type": "approve"}]},
+        resumed_from=first,
+        turn_id=first.turn_id,
+    )
+    answer = Client().post(f"/api/runs/{first.id}/cancel", headers=bearer(thread.user))
+    assert answer.status_code == 409, answer.content
+    error = answer.json()["error"]
+    assert (error["code"], error["status"], error["resumed_by"]) == (
+        "run_not_cancellable",
+        "interrupted",
+        str(resume.id),
+    )
+    first.refresh_from_db()
+    assert first.status == "interrupted"
+
+
+def test_a_repeated_cancel_is_answered_with_the_cancelled_run_R_RUN_6(thread):
+    run = make_run(thread)
+    headers = bearer(thread.user)
+    first = Client().post(f"/api/runs/{run.id}/cancel", headers=headers)
+    assert (first.status_code, first.json()["status"]) == (202, "cancelled")
+    run.refresh_from_db()
+    again = Client().post(f"/api/runs/{run.id}/cancel", headers=headers)
+    assert (again.status_code, again.json()) == (202, first.json())
+    assert AgentRun.objects.get(pk=run.id).updated_at == run.updated_at
 
 
 # --------------------------------------------------------------------------

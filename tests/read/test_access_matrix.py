@@ -63,8 +63,8 @@ MATRIX = {
         {**OWNED, "owner": 201},
     ),
     ("get", "/api/runs/{run_id}"): ("/api/runs/{run_id}", None, {**OWNED, "owner": 200}),
-    ("post", "/api/runs/{run_id}/cancel"): ("/api/runs/{run_id}/cancel", None, {**OWNED, "owner": 202}),
-    # The run is completed, so the owner's resume is a conflict.
+    # The run is completed, so the owner's cancel and resume are conflicts.
+    ("post", "/api/runs/{run_id}/cancel"): ("/api/runs/{run_id}/cancel", None, {**OWNED, "owner": 409}),
     ("post", "/api/runs/{run_id}/resume"): (
         "/api/runs/{run_id}/resume",
         {"request_id": "RES", "decisions": [{"type": "approve"}]},
