@@ -236,8 +236,9 @@ class Config(BaseSettings):
     PROMETHEUS_MULTIPROC_DIR: str = Field(
         default="",
         description=(
-            "One existing, empty directory shared by the web and every worker process, so `/metrics` adds up "
-            "every process. Unset: each process's own values only."
+            "One existing, empty directory shared by the web and every worker process of one host, so `/metrics` "
+            "adds up every process (live gauges of processes that are gone are dropped at each scrape). Unset: "
+            "each process's own values only."
         ),
     )
     LOG_FORMAT: Literal["plain", "json"] = Field(
