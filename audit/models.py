@@ -103,8 +103,11 @@ class AgentRun(models.Model):
     seal_head = models.CharField(max_length=64, blank=True, default="", db_default="")
     seal_row_count = models.PositiveIntegerField(null=True, blank=True)
     # [[row id, first 16 hex digits of the row's digest], ...] in timeline
-    # order: lets a verification name the first row that differs.
+    # order: lets a verification name every row that differs (R-GOV-4).
     seal_rows = models.JSONField(null=True, blank=True)
+    # The encoding the seal was made under (governance.seal.SEAL_VERSION);
+    # null on runs sealed before it was stored, which are version 1 (R-GOV-4).
+    seal_version = models.PositiveSmallIntegerField(null=True, blank=True)
     sealed_at = models.DateTimeField(null=True, blank=True)
 
     objects = AgentRunQuerySet.as_manager()

@@ -1,17 +1,25 @@
-"""Sealed runs (R-GOV-3): a hash chain over a run's closed audit rows.
+"""Sealed runs (R-GOV-3, R-GOV-4): a hash chain over a run's closed audit rows.
 
 The terminal transaction calls :func:`seal_run` once every row of the run is
 closed. Each audit row (``operation_id`` set, the run's final answer
-included) is encoded canonically — ids, role, type, status, sequence,
-timestamps, duration, usage (and its cause when set), cost and price,
-content, declared tool calls, tool name and input, and the metadata that
-carries the raw tool output and the purge and erasure marks — and hashed (``row digest``). The chain starts
-from ``SHA-256("yuxi-seal/v1" | run id)``; each link is
-``SHA-256(previous link | row digest)`` over the rows in timeline order
-(``sequence``, rows without one last, then id). The run keeps the head, the
-row count, when it was sealed and ``seal_rows`` — ``[[row id, first 16 hex
-digits of the row digest], …]`` — so that a verification names the first
-row that differs, not only the run.
+included) is encoded canonically — every fact field of :data:`FACT_FIELDS`:
+ids, role, type, status, sequence, timestamps, duration, usage and its
+cause, cost and price, content, declared tool calls, tool name and input,
+the declaring row, the subagent namespace and parent, and the metadata that
+carries the raw tool output and the purge and erasure marks — and hashed
+(``row digest``). The chain starts from ``SHA-256("yuxi-seal/v<version>" |
+run id)``; each link is ``SHA-256(previous link | row digest)`` over the
+rows in timeline order (``sequence``, rows without one last, then id). The
+run keeps the head, the row count, the seal version, when it was sealed and
+``seal_rows`` — ``[[row id, first 16 hex digits of the row digest], …]`` —
+so that a verification names every row that differs, not only the run.
+
+Versions: a run sealed before the version was stored (``seal_version``
+null) was sealed under version 1, whose encoding lacks the namespace and
+the parent (:data:`V1_FACT_FIELDS`); it is verified under version 1 for
+ever, and a purge or erasure that seals it again seals it under the current
+:data:`SEAL_VERSION`. The version is part of the chain's first link, so a
+seal cannot be passed off as another version's.
 
 A chain without an outside anchor cannot stop someone who rewrites rows
 *and* recomputes every seal; it catches every change made behind the
@@ -34,16 +42,43 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-SEAL_VERSION = b"yuxi-seal/v1"
+# The version new seals are made under (stored on the run as ``seal_version``).
+SEAL_VERSION = 2
 ROW_DIGEST_CHARS = 16
 
-# Facts added after rows were first sealed under v1: hashed only when set,
-# so that a row sealed before the field existed (null there) keeps its
-# digest, while setting, changing or clearing one still changes it.
-LATER_FACT_FIELDS = frozenset({"usage_cause"})  # R-MA-12
-
-# The facts a seal covers, read the same way by the seal and the check.
+# The facts a seal covers, read the same way by the seal and the check:
+# every field of a message row but the bookkeeping ``created_at`` and
+# ``updated_at`` (R-GOV-4).
 FACT_FIELDS = (
+    "id",
+    "run_id",
+    "thread_id",
+    "role",
+    "message_type",
+    "operation_id",
+    "sequence",
+    "execution_status",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "usage",
+    "usage_cause",
+    "cost_usd",
+    "price_source",
+    "price_version",
+    "content",
+    "tool_calls",
+    "tool_name",
+    "tool_input",
+    "declared_by_id",
+    "namespace",
+    "parent_operation_id",
+    "metadata",
+)
+
+# Version 1 sealed these, and never changes: seals made under it verify for
+# ever. It did not seal the subagent namespace and parent.
+V1_FACT_FIELDS = (
     "id",
     "run_id",
     "thread_id",
@@ -68,6 +103,14 @@ FACT_FIELDS = (
     "metadata",
 )
 
+# Facts added to version 1 after rows were first sealed under it: hashed only
+# when set, so that a row sealed before the field existed (null there) keeps
+# its digest, while setting, changing or clearing one still changes it.
+# Version 2 hashes every fact, set or not.
+V1_LATER_FACT_FIELDS = frozenset({"usage_cause"})  # R-MA-12
+
+_CHAIN_TAGS = {1: b"yuxi-seal/v1", 2: b"yuxi-seal/v2"}
+
 
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime):
@@ -77,11 +120,26 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def row_digest(facts: dict[str, Any]) -> str:
-    """SHA-256 (hex) of one row's canonical encoding: JSON with sorted keys,
-    no spaces and ASCII escapes (a lone surrogate hashes too, R-RUN-11)."""
+def _encoded(facts: dict[str, Any], version: int) -> dict[str, Any]:
+    if version == 1:
+        return {
+            name: _plain(facts[name])
+            for name in V1_FACT_FIELDS
+            if facts[name] is not None or name not in V1_LATER_FACT_FIELDS
+        }
+    if version == 2:
+        return {name: _plain(facts[name]) for name in FACT_FIELDS}
+    raise ValueError(f"unknown seal version {version!r}")
+
+
+def row_digest(facts: dict[str, Any], *, version: int = SEAL_VERSION) -> str:
+    """SHA-256 (hex) of one row's canonical encoding under seal ``version``
+    (1 or 2; ``facts`` holds at least that version's fields): JSON with
+    sorted keys, no spaces and ASCII escapes (a lone surrogate hashes too,
+    R-RUN-11). Raises ``ValueError`` for an unknown version (R-GOV-3,
+    R-GOV-4)."""
     encoded = json.dumps(
-        {name: _plain(facts[name]) for name in FACT_FIELDS if facts[name] is not None or name not in LATER_FACT_FIELDS},
+        _encoded(facts, version),
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=True,
@@ -99,16 +157,18 @@ class Seal:
     head: str
     row_count: int
     rows: list[list[Any]] = field(default_factory=list)
+    version: int = SEAL_VERSION
 
 
-def chain(run_id, digests: Iterable[tuple[int, str]]) -> Seal:
-    """The seal of ``run_id`` over ``(row id, row digest)`` in timeline order."""
-    link = hashlib.sha256(SEAL_VERSION + b"|" + str(run_id).encode()).digest()
+def chain(run_id, digests: Iterable[tuple[int, str]], *, version: int = SEAL_VERSION) -> Seal:
+    """The seal of ``run_id`` under ``version`` over ``(row id, row digest)``
+    in timeline order."""
+    link = hashlib.sha256(_CHAIN_TAGS[version] + b"|" + str(run_id).encode()).digest()
     rows = []
     for row_id, digest in digests:
         link = hashlib.sha256(link + bytes.fromhex(digest)).digest()
         rows.append([row_id, digest[:ROW_DIGEST_CHARS]])
-    return Seal(head=link.hex(), row_count=len(rows), rows=rows)
+    return Seal(head=link.hex(), row_count=len(rows), rows=rows, version=version)
 
 
 def audit_row_facts(run_ids: list) -> dict[Any, list[dict[str, Any]]]:
@@ -123,13 +183,16 @@ def audit_row_facts(run_ids: list) -> dict[Any, list[dict[str, Any]]]:
     return by_run
 
 
-def compute_seal(run_id, rows: list[dict[str, Any]]) -> Seal:
-    return chain(run_id, ((facts["id"], row_digest(facts)) for facts in rows))
+def compute_seal(run_id, rows: list[dict[str, Any]], *, version: int = SEAL_VERSION) -> Seal:
+    """The seal of ``run_id`` under ``version`` over ``rows`` (facts in
+    timeline order, as :func:`audit_row_facts` gives them)."""
+    return chain(run_id, ((facts["id"], row_digest(facts, version=version)) for facts in rows), version=version)
 
 
 def seal_run(run, *, save: bool = False, rows: list[dict[str, Any]] | None = None) -> Seal:
-    """Seal a terminal run: hash its audit rows and set ``seal_head``,
-    ``seal_row_count``, ``seal_rows`` and ``sealed_at`` on ``run``.
+    """Seal a terminal run under :data:`SEAL_VERSION`: hash its audit rows
+    and set ``seal_head``, ``seal_row_count``, ``seal_rows``,
+    ``seal_version`` and ``sealed_at`` on ``run``.
 
     The terminal transaction calls it with every row closed, the run row
     locked and its terminal fields set, right before it saves the run: the
@@ -139,19 +202,21 @@ def seal_run(run, *, save: bool = False, rows: list[dict[str, Any]] | None = Non
     SELECT of the run's audit rows, unless ``rows`` gives their facts (each
     with :data:`FACT_FIELDS` as :func:`audit_row_facts` reads them, in any
     order: the terminal transaction has just read and written them).
-    Implements R-GOV-3.
+    Implements R-GOV-3 and R-GOV-4.
     """
     from audit.models import AgentRun
 
     rows = audit_row_facts([run.pk])[run.pk] if rows is None else sorted(rows, key=_timeline_key)
     seal = compute_seal(run.pk, rows)
     run.seal_head, run.seal_row_count, run.seal_rows = seal.head, seal.row_count, seal.rows
+    run.seal_version = seal.version
     run.sealed_at = timezone.now()
     if save:
         AgentRun.objects.filter(pk=run.pk).update(
             seal_head=run.seal_head,
             seal_row_count=run.seal_row_count,
             seal_rows=run.seal_rows,
+            seal_version=run.seal_version,
             sealed_at=run.sealed_at,
         )
     return seal
@@ -164,10 +229,11 @@ def seal_run(run, *, save: bool = False, rows: list[dict[str, Any]] | None = Non
 
 @dataclass(frozen=True)
 class Finding:
-    """One run whose rows differ from its seal: ``kind`` is ``changed``,
-    ``removed``, ``added`` or ``seal`` (the rows match ``seal_rows`` but the
-    head does not: the seal itself was edited); ``row`` describes the first
-    differing row."""
+    """One row of a run that differs from the run's seal: ``kind`` is
+    ``changed``, ``removed``, ``added``, ``moved`` (in sequence: its order
+    against another row of the run is not the sealed one; ``row`` says too
+    whether its facts changed) or ``seal`` (the rows match ``seal_rows`` but
+    the head does not: the seal itself was edited; ``row_id`` is None)."""
 
     run_id: uuid.UUID
     kind: str
@@ -177,47 +243,86 @@ class Finding:
     def __str__(self) -> str:
         if self.kind == "seal":
             return f"run {self.run_id}: the stored seal was changed ({self.row})"
+        if self.kind == "moved":
+            return f"run {self.run_id}: row {self.row_id} moved in sequence after sealing ({self.row})"
         return f"run {self.run_id}: row {self.row_id} {self.kind} after sealing ({self.row})"
 
 
-def _describe(facts: dict[str, Any] | None) -> str:
-    if facts is None:
-        return "row no longer exists"
+def _describe(facts: dict[str, Any]) -> str:
     return f"{facts['role']} {facts['operation_id']}, sequence {facts['sequence']}"
 
 
-def check_run(run_id, head: str, row_count: int, sealed_rows: list, rows: list[dict[str, Any]]) -> Finding | None:
-    """Compare a run's rows with its seal; None when they match."""
-    digests = [(facts["id"], row_digest(facts)) for facts in rows]
-    seal = chain(run_id, digests)
+def _out_of_order(ranks: list[int]) -> set[int]:
+    """Indexes of ``ranks`` (sealed positions, in today's order) that are
+    in an inversion with another entry: a row after one sealed later than
+    it, or before one sealed earlier. A swap names both rows."""
+    late, early = set(), set()
+    highest = -1
+    for index, rank in enumerate(ranks):
+        if rank < highest:
+            late.add(index)
+        highest = max(highest, rank)
+    lowest = len(ranks)
+    for index in range(len(ranks) - 1, -1, -1):
+        if ranks[index] > lowest:
+            early.add(index)
+        lowest = min(lowest, ranks[index])
+    return late | early
+
+
+def check_run(
+    run_id, head: str, row_count: int, sealed_rows: list, rows: list[dict[str, Any]], *, version: int | None
+) -> list[Finding]:
+    """Compare a run's rows with its seal; an empty list when they match.
+
+    ``sealed_rows`` is the run's ``seal_rows`` (``[[row id, digest
+    prefix], …]``), ``rows`` the facts of its audit rows in timeline order
+    (:func:`audit_row_facts`), ``version`` its ``seal_version`` (None: sealed
+    before versions were stored, version 1). Otherwise one :class:`Finding`
+    per differing row — every row added, removed, changed or moved in
+    sequence, in today's timeline order, the removed ones last — or a single
+    ``seal`` finding when every row matches ``seal_rows`` (R-GOV-3,
+    R-GOV-4). Raises ``ValueError`` for an unknown version."""
+    version = version or 1
+    digests = [(facts["id"], row_digest(facts, version=version)) for facts in rows]
+    seal = chain(run_id, digests, version=version)
     if seal.head == head and seal.row_count == row_count:
-        return None
+        return []
     by_id = {facts["id"]: facts for facts in rows}
-    sealed = [tuple(entry) for entry in sealed_rows or []]
+    sealed = {entry[0]: (position, entry[1]) for position, entry in enumerate(sealed_rows or [])}
+    kept = [(row_id, digest) for row_id, digest in digests if row_id in sealed]
+    out_of_order = {kept[index][0] for index in _out_of_order([sealed[row_id][0] for row_id, _ in kept])}
+    findings = []
     for position, (row_id, digest) in enumerate(digests):
-        if position >= len(sealed):
-            return Finding(run_id, "added", row_id, _describe(by_id[row_id]))
-        sealed_id, sealed_digest = sealed[position]
-        if sealed_id == row_id and sealed_digest == digest[:ROW_DIGEST_CHARS]:
+        row = _describe(by_id[row_id])
+        if row_id not in sealed:
+            findings.append(Finding(run_id, "added", row_id, row))
             continue
-        if sealed_id == row_id:
-            return Finding(run_id, "changed", row_id, _describe(by_id[row_id]))
-        if sealed_id not in by_id:
-            return Finding(run_id, "removed", sealed_id, "row no longer exists")
-        if row_id not in {entry[0] for entry in sealed}:
-            return Finding(run_id, "added", row_id, _describe(by_id[row_id]))
-        return Finding(run_id, "changed", row_id, _describe(by_id[row_id]) + "; moved in the timeline")
-    if len(sealed) > len(digests):
-        row_id = sealed[len(digests)][0]
-        return Finding(run_id, "removed", row_id, "row no longer exists")
-    return Finding(run_id, "seal", None, f"head {head[:16]}…, rows recompute to {seal.head[:16]}…")
+        sealed_position, sealed_digest = sealed[row_id]
+        changed = sealed_digest != digest[:ROW_DIGEST_CHARS]
+        if row_id in out_of_order:
+            row += f"; row {sealed_position + 1} of the seal, now row {position + 1}"
+            findings.append(Finding(run_id, "moved", row_id, row + ("; its facts changed too" if changed else "")))
+        elif changed:
+            findings.append(Finding(run_id, "changed", row_id, row))
+    findings.extend(
+        Finding(run_id, "removed", row_id, "row no longer exists") for row_id in sealed if row_id not in by_id
+    )
+    if not findings:
+        findings.append(Finding(run_id, "seal", None, f"head {head[:16]}…, rows recompute to {seal.head[:16]}…"))
+    return findings
 
 
 @dataclass
 class Report:
+    """What :func:`verify_runs` found so far: runs checked, sealed and
+    unsealed, the runs that differ from their seal (``changed``) and one
+    :class:`Finding` per differing row."""
+
     checked: int = 0
     sealed: int = 0
     unsealed: int = 0
+    changed: int = 0
     findings: list[Finding] = field(default_factory=list)
 
 
@@ -226,10 +331,12 @@ def verify_runs(runs, *, batch_size: int = 200) -> Iterator[tuple[Report, list]]
     runs) in batches of ``batch_size`` runs, keyset-paged by id, one query
     for the runs and one for their rows per batch. Yields ``(report so far,
     the batch's runs)`` after each batch. Runs without a seal (ended before
-    sealing existed) are counted as unsealed, not as broken (R-GOV-3)."""
+    sealing existed) are counted as unsealed, not as broken; each sealed
+    run is checked under its own seal version, and every row that differs
+    is reported (R-GOV-3, R-GOV-4)."""
     report = Report()
     last = None
-    fields = ("id", "seal_head", "seal_row_count", "seal_rows", "sealed_at")
+    fields = ("id", "seal_head", "seal_row_count", "seal_rows", "seal_version", "sealed_at")
     while True:
         page = runs.order_by("id")
         if last is not None:
@@ -252,9 +359,14 @@ def verify_runs(runs, *, batch_size: int = 200) -> Iterator[tuple[Report, list]]
         report.unsealed += len(batch) - len(sealed)
         report.sealed += len(sealed)
         for run in sealed:
-            finding = check_run(
-                run["id"], run["seal_head"], run["seal_row_count"], run["seal_rows"], rows.get(run["id"], [])
+            findings = check_run(
+                run["id"],
+                run["seal_head"],
+                run["seal_row_count"],
+                run["seal_rows"],
+                rows.get(run["id"], []),
+                version=run["seal_version"],
             )
-            if finding is not None:
-                report.findings.append(finding)
+            report.changed += bool(findings)
+            report.findings.extend(findings)
         yield report, batch

@@ -117,7 +117,9 @@ def _verified(runs: list[AgentRun]) -> dict:
     sealed = [run for run in runs if run.sealed_at is not None]
     rows = audit_row_facts([run.pk for run in sealed]) if sealed else {}
     return {
-        run.pk: check_run(run.pk, run.seal_head, run.seal_row_count, run.seal_rows, rows.get(run.pk, [])) is None
+        run.pk: not check_run(
+            run.pk, run.seal_head, run.seal_row_count, run.seal_rows, rows.get(run.pk, []), version=run.seal_version
+        )
         for run in sealed
     }
 

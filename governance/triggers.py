@@ -12,7 +12,8 @@ What they refuse, unless the transaction names an open governance action
   (``state_reconciled``), and binding makes the answer row ``text``: those
   happen before the run is sealed.
 * Once the run is **sealed**, any change of a row's sealed facts at all
-  (content, tool calls, type, cost and price, metadata too).
+  (content, tool calls, type, cost and price, metadata, subagent namespace
+  and parent too).
 * UPDATE of a sealed run's seal, status, input, output or end time (an
   ``interrupted`` run excepted: cancelling its pending approval ends it
   again, and that terminal transaction seals it again).
@@ -61,10 +62,10 @@ _CLOSED_FACTS = """
 
 _SEALED_FACTS = """
     (OLD.content, OLD.tool_calls, OLD.message_type, OLD.cost_usd, OLD.price_source, OLD.price_version,
-     OLD.metadata)
+     OLD.metadata, OLD.namespace, OLD.parent_operation_id)
     IS DISTINCT FROM
     (NEW.content, NEW.tool_calls, NEW.message_type, NEW.cost_usd, NEW.price_source, NEW.price_version,
-     NEW.metadata)
+     NEW.metadata, NEW.namespace, NEW.parent_operation_id)
 """
 
 closed_audit_facts = pgtrigger.Trigger(
@@ -125,11 +126,11 @@ sealed_run = pgtrigger.Trigger(
         IF {_BYPASS} THEN
             RETURN NEW;
         END IF;
-        IF (OLD.seal_head, OLD.seal_row_count, OLD.seal_rows, OLD.sealed_at, OLD.status, OLD.input,
-            OLD.output_message_id, OLD.finished_at)
+        IF (OLD.seal_head, OLD.seal_row_count, OLD.seal_rows, OLD.seal_version, OLD.sealed_at, OLD.status,
+            OLD.input, OLD.output_message_id, OLD.finished_at)
            IS DISTINCT FROM
-           (NEW.seal_head, NEW.seal_row_count, NEW.seal_rows, NEW.sealed_at, NEW.status, NEW.input,
-            NEW.output_message_id, NEW.finished_at) THEN
+           (NEW.seal_head, NEW.seal_row_count, NEW.seal_rows, NEW.seal_version, NEW.sealed_at, NEW.status,
+            NEW.input, NEW.output_message_id, NEW.finished_at) THEN
             RAISE EXCEPTION 'run % is sealed: its seal, status, input and output are append-only (R-GOV-3)', OLD.id
                 {_REFUSE};
         END IF;

@@ -643,6 +643,7 @@ _TERMINAL_FIELDS = (
     "seal_head",
     "seal_row_count",
     "seal_rows",
+    "seal_version",
     "sealed_at",
     "updated_at",
 )

@@ -31,7 +31,7 @@ from audit.replay.scenarios import load_scenarios
 from conversations.models import Conversation, Message
 from core.config import get_config
 from costs.selectors import run_cost
-from governance.seal import FACT_FIELDS, row_digest
+from governance.seal import FACT_FIELDS, V1_FACT_FIELDS, row_digest
 from tests.conftest import make_run, replay_server_in_thread
 
 # Scenarios that are not bundled: the worker can only learn their modes
@@ -208,13 +208,15 @@ def test_a_stream_that_contradicts_its_declared_mode_stores_usage_unknown_with_i
 
 
 def test_the_seal_covers_the_cause_and_keeps_the_digests_of_rows_sealed_before_it_R_MA_12():
-    """A row without a cause hashes as under the seal's first encoding
-    (which had no such field), so seals made before it still verify; a
-    cause, once set, is sealed."""
+    """Under seal version 1, a row without a cause hashes as under that
+    version's first encoding (which had no such field), so seals made before
+    it still verify; a cause, once set, is sealed (under version 2 too,
+    R-GOV-4)."""
     facts = {name: None for name in FACT_FIELDS} | {"id": 7, "role": "assistant", "operation_id": "op", "metadata": {}}
-    first_encoding = {name: value for name, value in facts.items() if name != "usage_cause"}
+    first_encoding = {name: facts[name] for name in V1_FACT_FIELDS if name != "usage_cause"}
     before = hashlib.sha256(
         json.dumps(first_encoding, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
     ).hexdigest()
-    assert row_digest(facts) == before
-    assert row_digest({**facts, "usage_cause": "usage_mode_conflict"}) != before
+    assert row_digest(facts, version=1) == before
+    assert row_digest({**facts, "usage_cause": "usage_mode_conflict"}, version=1) != before
+    assert row_digest({**facts, "usage_cause": "usage_mode_conflict"}) != row_digest(facts)

@@ -1,19 +1,23 @@
-"""Sealed runs (R-GOV-3): the terminal transaction seals the run; verify_audit
-is green on untouched runs and names the first row changed, removed or
-added behind the application's back; runs from before sealing are unsealed,
-not broken."""
+"""Sealed runs (R-GOV-3, R-GOV-4): the terminal transaction seals the run;
+verify_audit is green on untouched runs and names every row changed,
+removed, added or moved in sequence behind the application's back, in every
+run; each fact field of a row is sealed; seals made under version 1 stay
+verifiable; runs from before sealing are unsealed, not broken."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import uuid
 
 import pytest
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from audit import ledger
 from audit.models import AgentRun
 from conversations.models import Message
-from governance.seal import audit_row_facts, compute_seal
+from governance.seal import FACT_FIELDS, SEAL_VERSION, audit_row_facts, chain, compute_seal, row_digest
 from tests.conftest import acquire, make_run
 from tests.read.builders import tool_turn
 
@@ -112,3 +116,211 @@ def test_bad_arguments_are_refused_R_GOV_3(thread):
     assert verify("--run", "not-a-uuid")[0] == 1
     assert "no run" in verify("--run", "6f1c2a44-0000-4000-8000-000000000000")[2]
     assert "not a date" in verify("--since", "yesterday-ish")[2]
+
+
+# --------------------------------------------------------------------------
+# Every row named, every fact sealed (R-GOV-4, issue 32 item 6)
+# --------------------------------------------------------------------------
+
+
+def _timeline(run) -> list[Message]:
+    return list(Message.objects.audit().filter(run=run).order_by("sequence", "id"))
+
+
+def test_two_rows_swapped_in_sequence_are_both_named_R_GOV_4(thread):
+    run = tool_turn(thread)
+    first, second, _answer = _timeline(run)
+    behind_the_back(
+        "UPDATE conversations_message SET sequence = CASE id WHEN %s THEN %s ELSE %s END WHERE id IN (%s, %s)",
+        [first.pk, second.sequence, first.sequence, first.pk, second.pk],
+    )
+    status, out, err = verify()
+    assert status == 1
+    assert f"run {run.pk}: row {first.pk} moved in sequence after sealing (assistant lc_run--a1, sequence 2; " in out
+    assert f"run {run.pk}: row {second.pk} moved in sequence after sealing (tool call_a, sequence 1; " in out
+    assert f"row {_answer.pk}" not in out
+    assert "1 run(s) changed after sealing (2 finding(s))" in err
+
+
+def test_every_changed_removed_and_added_row_of_every_run_is_named_R_GOV_4(thread):
+    run = tool_turn(thread, prefix="a")
+    other = tool_turn(thread, prefix="b")
+    model, tool, answer = _timeline(run)
+    behind_the_back(
+        "UPDATE conversations_message SET content = content || ' forged' WHERE id IN (%s, %s)", [model.pk, answer.pk]
+    )
+    behind_the_back("DELETE FROM conversations_message WHERE id = %s", [tool.pk])
+    extra = Message.objects.create(
+        thread=thread,
+        run=run,
+        role="tool",
+        message_type="tool_audit",
+        operation_id="call_smuggled",
+        sequence=99,
+        execution_status="completed",
+    )
+    other_rows = _timeline(other)
+    behind_the_back(
+        "UPDATE conversations_message SET tool_input = '{}', duration_ms = 7 WHERE id IN (%s, %s)",
+        [other_rows[1].pk, other_rows[2].pk],
+    )
+    status, out, err = verify()
+    assert status == 1
+    assert f"run {run.pk}: row {model.pk} changed after sealing (assistant lc_run--a1, sequence 1)" in out
+    assert f"run {run.pk}: row {answer.pk} changed after sealing (assistant lc_run--a2, sequence 3)" in out
+    assert f"run {run.pk}: row {tool.pk} removed after sealing" in out
+    assert f"run {run.pk}: row {extra.pk} added after sealing (tool call_smuggled, sequence 99)" in out
+    assert f"run {other.pk}: row {other_rows[1].pk} changed after sealing" in out
+    assert f"run {other.pk}: row {other_rows[2].pk} changed after sealing" in out
+    assert f"row {other_rows[0].pk} " not in out
+    assert "2 runs: 2 sealed, 0 unsealed (ended before sealing existed), 2 changed after sealing" in out
+    assert "2 run(s) changed after sealing (6 finding(s))" in err
+
+
+# One change per fact field, made behind the application's back to the
+# run's last row (so that only its digest, not its place, can betray it).
+_ID_SHIFT = 1_000_000
+SEALED_CHANGES = {
+    "id": f"id = id + {_ID_SHIFT}",
+    "run_id": "run_id = gen_random_uuid()",
+    "thread_id": "thread_id = gen_random_uuid()",
+    "role": "role = 'system'",
+    "message_type": "message_type = 'model_audit'",
+    "operation_id": "operation_id = operation_id || '-forged'",
+    "sequence": "sequence = sequence + 100",
+    "execution_status": "execution_status = 'abandoned'",
+    "started_at": "started_at = COALESCE(started_at, now()) - interval '1 second'",
+    "finished_at": "finished_at = COALESCE(finished_at, now()) - interval '1 second'",
+    "duration_ms": "duration_ms = COALESCE(duration_ms, 0) + 1",
+    "usage": """usage = '{"input_tokens": 999999}'""",
+    "usage_cause": "usage_cause = 'forged'",
+    "cost_usd": "cost_usd = COALESCE(cost_usd, 0) + 1",
+    "price_source": "price_source = price_source || '-forged'",
+    "price_version": "price_version = price_version || '-forged'",
+    "content": "content = content || ' forged'",
+    "tool_calls": """tool_calls = '[{"id": "call_forged", "name": "rm", "args": {}}]'""",
+    "tool_name": "tool_name = tool_name || '-forged'",
+    "tool_input": """tool_input = '{"forged": true}'""",
+    "declared_by_id": "declared_by_id = id",
+    "namespace": """namespace = '["tools:forged"]'""",
+    "parent_operation_id": "parent_operation_id = 'call_forged'",
+    "metadata": """metadata = metadata || '{"forged": true}'""",
+}
+
+
+def test_the_seal_covers_every_fact_field_of_a_row_R_GOV_4():
+    """Every field of a message row is sealed but the bookkeeping
+    ``created_at``/``updated_at``; a field added later must be sealed (or
+    named bookkeeping here), and has a case below."""
+    fields = {field.attname for field in Message._meta.concrete_fields}
+    assert set(FACT_FIELDS) == fields - {"created_at", "updated_at"}
+    assert set(SEALED_CHANGES) == set(FACT_FIELDS)
+
+
+@pytest.mark.parametrize("fact", list(SEALED_CHANGES))
+def test_each_fact_field_is_sealed_R_GOV_4(thread, fact):
+    run = tool_turn(thread)
+    row = _timeline(run)[-1]
+    before = Message.objects.filter(pk=row.pk).values(*FACT_FIELDS).get()
+    behind_the_back(f"UPDATE conversations_message SET {SEALED_CHANGES[fact]} WHERE id = %s", [row.pk])
+    if fact == "id":  # the run's answer moves with it (the foreign key is checked at the end of the test)
+        behind_the_back(
+            "UPDATE audit_agentrun SET output_message_id = output_message_id + %s WHERE id = %s", [_ID_SHIFT, run.pk]
+        )
+    after = Message.objects.filter(pk=row.pk + _ID_SHIFT if fact == "id" else row.pk).values(*FACT_FIELDS).get()
+    assert after[fact] != before[fact]
+    assert row_digest(after) != row_digest(before)
+    status, out, _ = verify()
+    assert status == 1 and f"run {run.pk}: row {row.pk} " in out
+
+
+# --------------------------------------------------------------------------
+# Seal versions: old seals stay verifiable (R-GOV-4)
+# --------------------------------------------------------------------------
+
+
+def test_version_1_encoding_and_chain_are_unchanged_R_GOV_4():
+    """The digest and head the seal's first version gave this row (computed
+    by the code before version 2 existed): seals made then verify for ever."""
+    run_id = uuid.UUID("6f1c2a44-0000-4000-8000-000000000001")
+    facts = {
+        "id": 41,
+        "run_id": run_id,
+        "thread_id": uuid.UUID("6f1c2a44-0000-4000-8000-000000000002"),
+        "role": "tool",
+        "message_type": "tool_audit",
+        "operation_id": "call_a",
+        "sequence": 2,
+        "execution_status": "completed",
+        "started_at": dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC),
+        "finished_at": dt.datetime(2026, 1, 2, 3, 4, 6, tzinfo=dt.UTC),
+        "duration_ms": 1321,
+        "usage": None,
+        "usage_cause": None,
+        "cost_usd": None,
+        "price_source": "",
+        "price_version": "",
+        "content": "sunny",
+        "tool_calls": None,
+        "tool_name": "get_weather",
+        "tool_input": {"city": "Paris"},
+        "declared_by_id": 40,
+        "metadata": {"namespace": ["tools:t1"]},
+        "namespace": ["tools:t1"],
+        "parent_operation_id": "call_task",
+    }
+    digest = row_digest(facts, version=1)
+    assert digest == "48389a43a8a648e0f025c5e2ffc907c7fe6c0e6dc65db2ed588b7573aacfa543"
+    assert chain(run_id, [(41, digest)], version=1).head == (
+        "e1037d2e6c62885893db23f5fe48345ad4e3471de0c438ec2eab9f221790ef0c"
+    )
+    # Version 2 seals the namespace and the parent; version 1 did not.
+    assert row_digest({**facts, "namespace": []}, version=1) == digest
+    assert row_digest({**facts, "namespace": []}) != row_digest(facts)
+    assert row_digest({**facts, "parent_operation_id": None}) != row_digest(facts)
+
+
+def _seal_under_version_1(run) -> None:
+    seal = compute_seal(run.pk, audit_row_facts([run.pk])[run.pk], version=1)
+    behind_the_back(
+        "UPDATE audit_agentrun SET seal_head = %s, seal_row_count = %s, seal_rows = %s, seal_version = NULL "
+        "WHERE id = %s",
+        [seal.head, seal.row_count, json.dumps(seal.rows), run.pk],
+    )
+
+
+def test_a_run_sealed_under_version_1_still_verifies_and_its_changes_are_named_R_GOV_4(thread):
+    run = tool_turn(thread)
+    assert AgentRun.objects.get(pk=run.pk).seal_version == SEAL_VERSION == 2
+    model, tool, _answer = _timeline(run)
+    # A subagent's rows sealed before version 2: their namespace and parent
+    # were not sealed, and the seal stays valid all the same.
+    behind_the_back(
+        """UPDATE conversations_message SET namespace = '["tools:t1"]', parent_operation_id = 'call_task' """
+        "WHERE id = %s",
+        [tool.pk],
+    )
+    _seal_under_version_1(run)
+    status, out, _ = verify()
+    assert status == 0 and "1 sealed, 0 unsealed" in out and "0 changed after sealing" in out
+    behind_the_back("""UPDATE conversations_message SET tool_input = '{"city": "Oslo"}' WHERE id = %s""", [tool.pk])
+    status, out, _ = verify()
+    assert status == 1 and f"run {run.pk}: row {tool.pk} changed after sealing (tool call_a, sequence 2)" in out
+    assert f"row {model.pk} " not in out
+
+
+def test_a_seal_passed_off_as_another_version_is_caught_R_GOV_4(thread):
+    run = tool_turn(thread)
+    behind_the_back("UPDATE audit_agentrun SET seal_version = NULL WHERE id = %s", [run.pk])
+    status, out, _ = verify()
+    assert status == 1 and f"run {run.pk}: row" in out
+
+
+def test_the_namespace_and_parent_of_a_sealed_runs_row_are_append_only_R_GOV_4(thread):
+    run = tool_turn(thread)
+    row = _timeline(run)[-1]
+    for assignment in ("""namespace = '["tools:forged"]'""", "parent_operation_id = 'call_forged'"):
+        with pytest.raises(IntegrityError, match="sealed run"), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"UPDATE conversations_message SET {assignment} WHERE id = %s", [row.pk])
+    with pytest.raises(IntegrityError, match="sealed"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE audit_agentrun SET seal_version = 1 WHERE id = %s", [run.pk])

@@ -1,4 +1,4 @@
-"""``python manage.py verify_audit [--run ID] [--since DATE]`` (R-GOV-3)."""
+"""``python manage.py verify_audit [--run ID] [--since DATE]`` (R-GOV-3, R-GOV-4)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def _since(value: str) -> dt.datetime:
 class Command(DatabaseCommand):
     help = (
         "Recompute the seal of every terminal run (or one run, or the runs finished since a date) and report "
-        "every run whose audit rows were changed, removed or added after sealing, naming the first differing "
-        "row. Exit status 1 if any. Runs that ended before sealing existed are reported as unsealed."
+        "every audit row changed, removed, added or moved in sequence after sealing, run by run. Exit status 1 "
+        "if any. Runs that ended before sealing existed are reported as unsealed."
     )
 
     def add_arguments(self, parser):
@@ -63,8 +63,10 @@ class Command(DatabaseCommand):
             return
         self.stdout.write(
             f"{report.checked} runs: {report.sealed} sealed, {report.unsealed} unsealed "
-            f"(ended before sealing existed), {len(report.findings)} changed after sealing"
+            f"(ended before sealing existed), {report.changed} changed after sealing"
         )
         if report.findings:
-            raise CommandError(f"{len(report.findings)} run(s) changed after sealing", returncode=1)
+            raise CommandError(
+                f"{report.changed} run(s) changed after sealing ({len(report.findings)} finding(s))", returncode=1
+            )
         self.stdout.write(self.style.SUCCESS("every sealed run matches its seal"))
