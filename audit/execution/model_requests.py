@@ -16,16 +16,28 @@ feeds those callbacks to the run's :class:`~audit.execution.recorder.LifecycleRe
 - ``on_retry`` with ``attempt_failure`` (sent by
   :class:`~audit.agents.provider.AuditedChatOpenAI`) → the attempt is counted
   on the row;
-- ``on_llm_end`` → for a call that never streamed, which whole message
-  is its answer (a non-streaming model's message may come without a run id);
+- ``on_llm_end`` → the call's end (R-SUB-2) and, for a call that never
+  streamed, which whole message is its answer (a non-streaming model's
+  message may come without a run id);
 - ``on_tool_start`` → which tool call a subagent started inside the tool
   belongs to (its namespace), before the subagent's first model request
-  (R-SUB-1);
+  (R-SUB-1), and the tool's start; ``on_tool_end`` / ``on_tool_error`` →
+  its end (R-SUB-2);
 - ``on_llm_error`` → remembered for the terminal transaction, which closes
   the row ``failed`` with the error (a cancel is closed ``interrupted``).
 
 ``raise_error`` is on: a write refused because the lease is gone stops the
 model call, as any audit write does (R-RUN-4).
+
+These callbacks run where the call is made, when it starts or ends; the
+worker reads the stream events of those moments later (it awaits each
+audit write), so the times of the audit rows are read here (R-SUB-2).
+The tool callbacks are plain functions, not coroutines: LangChain then
+calls them in line, in handler order, in the tool's own thread for a
+tool that runs in one (a coroutine would be run after every other
+handler, on a loop of its own), and this handler comes before
+langgraph's stream handlers (the run's callbacks are configured first),
+so a tool's stamp is taken before its stream event exists.
 """
 
 from __future__ import annotations
@@ -67,7 +79,9 @@ class ModelRequestAudit(AsyncCallbackHandler):
     ) -> None:
         await self._recorder.model_request(model_run_id=str(run_id), metadata=metadata or {})
 
-    async def on_tool_start(
+    # The tool callbacks are plain functions, called in line (see the
+    # module docstring).
+    def on_tool_start(
         self,
         serialized: dict[str, Any],
         input_str: str,
@@ -77,10 +91,19 @@ class ModelRequestAudit(AsyncCallbackHandler):
         **kwargs: Any,
     ) -> None:
         # Before the tool's body runs: a subagent started by this call
-        # (deepagents' task) runs in the tool's namespace (R-SUB-1).
+        # (deepagents' task) runs in the tool's namespace (R-SUB-1). A tool
+        # not called by a model has its run id as its key on the stream
+        # (langgraph's StreamToolCallHandler).
         tool_call_id = kwargs.get("tool_call_id")
-        if isinstance(tool_call_id, str):
-            self._recorder.tool_request(tool_call_id=tool_call_id, metadata=metadata or {})
+        if not isinstance(tool_call_id, str) or not tool_call_id:
+            tool_call_id = str(run_id)
+        self._recorder.tool_request(tool_call_id=tool_call_id, metadata=metadata or {}, tool_run_id=str(run_id))
+
+    def on_tool_end(self, output: Any, *, run_id: uuid.UUID, **kwargs: Any) -> None:
+        self._recorder.tool_end(tool_run_id=str(run_id))
+
+    def on_tool_error(self, error: BaseException, *, run_id: uuid.UUID, **kwargs: Any) -> None:
+        self._recorder.tool_end(tool_run_id=str(run_id))
 
     async def on_retry(self, retry_state: Any, *, run_id: uuid.UUID, **kwargs: Any) -> None:
         failure = kwargs.get("attempt_failure")

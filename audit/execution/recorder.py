@@ -15,6 +15,19 @@ A second feed comes from LangChain's callbacks (``audit.execution.model_requests
 row opens before any chunk, R-MA-10), :meth:`~LifecycleRecorder.model_retry`
 per failed attempt (R-RUN-12) and :meth:`~LifecycleRecorder.model_error`.
 They run in the model's task, awaited before the request goes out.
+
+Timestamps are the lifecycle events' times, never the time a row was
+written nor the time the stream was read (R-SUB-2). The worker reads the
+stream and awaits each write before the next event, so it lags behind the
+graph — most behind a subagent's calls, which run on while the rows of
+earlier events are written — and a stream event's ``params.timestamp`` is
+when the worker pulled it (PROTOCOL.md §5). The callbacks run where the call is
+made, at the event: each stamps it (:class:`Stamp`: wall
+clock and monotonic clock, read once) — model request (its start), model
+end, tool start, tool end or error — and the write of the stream event
+takes that stamp. A stream event whose callback has not fired yet (a root
+call whose events the worker reads as they come) is stamped from its pull
+time, which then is its time.
 """
 
 from __future__ import annotations
@@ -38,11 +51,26 @@ from .writes import write_with_retry
 Publish = Callable[[str, dict], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class Stamp:
+    """When a lifecycle event happened: ``at`` the wall clock (aware, UTC),
+    stored as the row's ``started_at`` / ``finished_at``; ``mono`` the
+    monotonic clock (seconds), whose differences are the row's
+    ``duration_ms`` (R-MA-4, R-SUB-2)."""
+
+    at: dt.datetime
+    mono: float
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
 @dataclass
 class _ModelCall:
     operation_id: str
     sequence: int
-    started_mono: float
+    started: Stamp
     namespace: list[str]
     text_deltas: dict[int, list[str]] = field(default_factory=dict)
     finished_blocks: dict[int, dict] = field(default_factory=dict)
@@ -51,12 +79,15 @@ class _ModelCall:
     # its sequence is provisional until then (R-MA-10).
     streamed: bool = True
     error: str | None = None
-    ended_mono: float | None = None
+    # When the call ended (LangChain's on_llm_end or on_llm_error).
+    ended: Stamp | None = None
 
 
 def event_time(event: dict) -> dt.datetime:
     """The event's wall clock (``params.timestamp``, ms) as an aware datetime.
-    It is pull time, for display only; ``seq`` orders (PROTOCOL.md §5)."""
+    It is the time the worker pulled the event, not the time it happened
+    (PROTOCOL.md §5): a row takes it only when no callback stamped the
+    event (R-SUB-2); ``seq`` orders."""
     millis = event.get("params", {}).get("timestamp")
     if millis is None:
         return dt.datetime.now(dt.UTC)
@@ -85,7 +116,9 @@ class LifecycleRecorder:
     ``lease``: the run's lease, which fences every write (R-RUN-4);
     ``budget_user_id``: with it, a model row opens only while that user's
     budget has room (R-COST-3); ``publish``: the run's live events
-    (``publish(kind, data)``), root-level calls only.
+    (``publish(kind, data)``), root-level calls only; ``clock`` (monotonic
+    seconds) and ``wall_clock`` (aware datetime) are read once per
+    lifecycle event, when it happens (R-SUB-2; tests give their own).
     """
 
     def __init__(
@@ -95,14 +128,21 @@ class LifecycleRecorder:
         budget_user_id: int | None = None,
         publish: Publish | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], dt.datetime] = _utc_now,
     ):
         self._lease = lease
         self._budget_user_id = budget_user_id
         self._publish = publish
         self._clock = clock
+        self._wall_clock = wall_clock
         self._calls: dict[str, _ModelCall] = {}  # by LangChain model run id
         self._declared_by: dict[str, str] = {}  # tool_call_id -> model operation id
-        self._tool_started: dict[str, float] = {}
+        # tool_call_id -> when its tool started / ended (R-SUB-2).
+        self._tool_started: dict[str, Stamp] = {}
+        self._tool_ended: dict[str, Stamp] = {}
+        # LangChain tool run id -> tool_call_id (its end callback has no
+        # tool_call_id).
+        self._tool_runs: dict[str, str] = {}
         self.last_values: dict | None = None
         self.interrupts: tuple = ()
         self.model_calls = 0
@@ -113,6 +153,15 @@ class LifecycleRecorder:
         self._whole_message_runs: dict[str, str] = {}
         # namespace of a subgraph -> the tool call that spawned it (R-SUB-1).
         self._spawned_by: dict[tuple[str, ...], str] = {}
+
+    def now(self) -> Stamp:
+        """The lifecycle event happening now: both clocks, read once."""
+        return Stamp(self._wall_clock(), self._clock())
+
+    def _pulled(self, event: dict) -> Stamp:
+        """The stamp of a stream event no callback stamped: its pull time
+        (:func:`event_time`) and the monotonic clock now."""
+        return Stamp(event_time(event), self._clock())
 
     async def handle(self, event: dict) -> None:
         method = event.get("method")
@@ -138,16 +187,36 @@ class LifecycleRecorder:
 
     # -- subagents (R-SUB-1) ----------------------------------------------------
 
-    def tool_request(self, *, tool_call_id: str, metadata: dict) -> None:
+    def tool_request(self, *, tool_call_id: str, metadata: dict, tool_run_id: str | None = None) -> None:
         """A tool is about to run (LangChain's tool start callback, before
         the tool's body: a ``task`` tool's subagent has not started yet).
         Its checkpoint namespace (``metadata["langgraph_checkpoint_ns"]``,
         ``"tools:a9"`` or ``"tools:a9|tools:b1"``) is the namespace of any
-        graph it runs, so calls made there belong to ``tool_call_id``."""
+        graph it runs, so calls made there belong to ``tool_call_id``
+        (R-SUB-1).
+
+        This is the tool's start: its row's ``started_at`` (R-SUB-2), written
+        when the stream's tool-started comes. ``tool_run_id``: LangChain's
+        run id of the tool call, which :meth:`tool_end` is given."""
+        if not tool_call_id:
+            return
+        self._tool_started.setdefault(tool_call_id, self.now())
+        if tool_run_id:
+            self._tool_runs[tool_run_id] = tool_call_id
         checkpoint_ns = metadata.get("langgraph_checkpoint_ns") or ""
         namespace = tuple(part for part in checkpoint_ns.split("|") if part)
-        if tool_call_id and namespace:
+        if namespace:
             self._spawned_by.setdefault(namespace, tool_call_id)
+
+    def tool_end(self, *, tool_run_id: str) -> None:
+        """The tool call LangChain runs as ``tool_run_id`` returned or raised
+        (its end or error callback): its row's ``finished_at`` and the end
+        of its ``duration_ms``, written when the stream's tool-finished (or
+        tool-error) comes (R-SUB-2). A run id :meth:`tool_request` was not
+        given does nothing."""
+        tool_call_id = self._tool_runs.pop(tool_run_id, None)
+        if tool_call_id is not None:
+            self._tool_ended.setdefault(tool_call_id, self.now())
 
     def _on_lifecycle(self, data: dict) -> None:
         cause = data.get("cause") or {}
@@ -173,14 +242,19 @@ class LifecycleRecorder:
         """A model request is about to be sent (LangChain's chat-model start
         for ``model_run_id``): open its row under ``lc_run--<model run id>``,
         the id its message-start will carry, at the provisional sequence
-        ``last_seq + 1`` (R-MA-10). ``metadata`` is the callback metadata
-        (``langgraph_checkpoint_ns`` gives the namespace). A second call for
+        ``last_seq + 1`` (R-MA-10), started now (R-SUB-2). ``metadata`` is
+        the callback metadata (``langgraph_checkpoint_ns`` gives the
+        namespace); ``started_at`` (aware) when the request was sent, by
+        default now — the callback runs when it is sent. A second call for
         the same model run does nothing."""
         if not model_run_id or model_run_id in self._calls:
             return
         operation_id = request_operation_id(model_run_id)
         namespace = namespace_of_checkpoint(metadata.get("langgraph_checkpoint_ns") or "")
-        call = _ModelCall(operation_id, self.last_seq + 1, self._clock(), namespace, streamed=False)
+        started = self.now()
+        if started_at is not None:
+            started = Stamp(started_at, started.mono)
+        call = _ModelCall(operation_id, self.last_seq + 1, started, namespace, streamed=False)
         self._calls[model_run_id] = call
         self.model_calls += 1
         row_metadata = {"namespace": namespace, "model_run_id": model_run_id}
@@ -195,7 +269,7 @@ class LifecycleRecorder:
             returning=False,
             operation_id=operation_id,
             sequence=call.sequence,
-            started_at=started_at or dt.datetime.now(dt.UTC),
+            started_at=call.started.at,
             metadata=row_metadata,
             namespace=namespace,
             parent_operation_id=self.parent_operation(namespace),
@@ -212,13 +286,19 @@ class LifecycleRecorder:
         )
 
     def model_end(self, *, model_run_id: str, message_id: str | None) -> None:
-        """The model call returned (LangChain's ``on_llm_end``). When it
-        never streamed, its whole message comes on the stream under
+        """The model call returned (LangChain's ``on_llm_end``): its row's
+        ``finished_at`` and the end of its ``duration_ms``, written when the
+        stream's message-finish comes, unless that came first (R-SUB-2).
+        When it never streamed, its whole message comes on the stream under
         ``message_id`` and maybe without a run id (PROTOCOL.md §4, capture
         h): remember whose it is, so the row opened at request start is the
         one it closes."""
         call = self._calls.get(model_run_id)
-        if call is not None and not call.streamed and message_id:
+        if call is None:
+            return
+        if call.ended is None:
+            call.ended = self.now()
+        if not call.streamed and message_id:
             self._whole_message_runs[message_id] = model_run_id
 
     def model_error(self, *, model_run_id: str, error: BaseException) -> None:
@@ -229,7 +309,7 @@ class LifecycleRecorder:
         call = self._calls.get(model_run_id)
         if call is None or call.finished or not isinstance(error, Exception):
             return
-        call.ended_mono = self._clock()
+        call.ended = self.now()
         kind = getattr(error, "audit_error_type", None)
         call.error = f"{kind + ': ' if kind else ''}{type(error).__name__}: {error}"[:2000]
 
@@ -306,9 +386,10 @@ class LifecycleRecorder:
                     extra={"reason": "sequence_conflict"},
                 )
             # A replayed start: keep what this process aggregated and the
-            # original monotonic start; the database write is idempotent.
+            # original start; the database write is idempotent.
         else:
-            self._calls[lifecycle] = _ModelCall(operation_id, sequence, self._clock(), namespace)
+            # No request callback opened it: message-start is its start.
+            self._calls[lifecycle] = _ModelCall(operation_id, sequence, self._pulled(event), namespace)
             self.model_calls += 1
         metadata = {"namespace": namespace, "model_run_id": model_run_id}
         if meta.get("langgraph_node"):
@@ -321,7 +402,8 @@ class LifecycleRecorder:
             returning=False,
             operation_id=operation_id,
             sequence=sequence,
-            started_at=event_time(event),
+            # A row opened at request start keeps its request time.
+            started_at=self._calls[lifecycle].started.at,
             metadata=metadata,
             namespace=namespace,
             parent_operation_id=self.parent_operation(namespace),
@@ -332,6 +414,9 @@ class LifecycleRecorder:
 
     async def _finish(self, event: dict, call: _ModelCall, payload: dict) -> None:
         content, tool_calls = _content_of(call)
+        # on_llm_end's stamp; the pull time when the worker read the
+        # message-finish before that callback ran (it was then not lagging).
+        ended = call.ended or self._pulled(event)
         for tool_call in tool_calls:
             if tool_call.get("id"):
                 self._declared_by[tool_call["id"]] = call.operation_id
@@ -347,8 +432,8 @@ class LifecycleRecorder:
             usage=to_jsonable(payload.get("usage")) if payload.get("usage") else None,
             # Why the usage is unknown, when the chat model knows (R-MA-12).
             usage_cause=str(response_metadata.get("usage_cause") or "") or None,
-            finished_at=event_time(event),
-            duration_ms=round((self._clock() - call.started_mono) * 1000),
+            finished_at=ended.at,
+            duration_ms=round((ended.mono - call.started.mono) * 1000),
             metadata=metadata,
         )
         call.finished = True
@@ -396,7 +481,10 @@ class LifecycleRecorder:
         if not tool_call_id:
             return
         if kind == "tool-started":
-            self._tool_started.setdefault(tool_call_id, self._clock())
+            # The start callback's stamp; the pull time without one.
+            started = self._tool_started.get(tool_call_id)
+            if started is None:
+                started = self._tool_started[tool_call_id] = self._pulled(event)
             self.tool_calls += 1
             await write_with_retry(
                 ledger.tool_call_start,
@@ -406,7 +494,7 @@ class LifecycleRecorder:
                 tool_name=data.get("tool_name") or "",
                 tool_input=to_jsonable(data.get("input")),
                 sequence=event["seq"],
-                started_at=event_time(event),
+                started_at=started.at,
                 declared_by_operation_id=self._declared_by.get(tool_call_id),
                 metadata={"namespace": namespace},
                 namespace=namespace,
@@ -422,7 +510,8 @@ class LifecycleRecorder:
             message = _tool_message_of(output, tool_call_id)
             status = "failed" if getattr(message, "status", None) == "error" else "completed"
             content = message_text(getattr(message, "content", message if isinstance(message, str) else ""))
-            started = self._tool_started.get(tool_call_id, self._clock())
+            ended = self._tool_ended.pop(tool_call_id, None) or self._pulled(event)
+            started = self._tool_started.get(tool_call_id, ended)
             await write_with_retry(
                 ledger.tool_call_finish,
                 lease=self._lease,
@@ -431,18 +520,24 @@ class LifecycleRecorder:
                 status=status,
                 content=content,
                 raw_output=to_jsonable(output) if output is not None else None,
-                finished_at=event_time(event),
-                duration_ms=round((self._clock() - started) * 1000),
+                finished_at=ended.at,
+                duration_ms=round((ended.mono - started.mono) * 1000),
             )
             if self._publish and not namespace:
                 await self._publish("tool.finished", {"tool_call_id": tool_call_id, "status": status})
         elif kind == "tool-error":
+            # The row stays running until the terminal closes it (R-TA-3),
+            # with the time the tool raised (R-SUB-2).
+            ended = self._tool_ended.pop(tool_call_id, None) or self._pulled(event)
+            started = self._tool_started.get(tool_call_id, ended)
             await write_with_retry(
                 ledger.tool_call_error,
                 lease=self._lease,
                 returning=False,
                 tool_call_id=tool_call_id,
                 error=str(data.get("message") or ""),
+                finished_at=ended.at,
+                duration_ms=round((ended.mono - started.mono) * 1000),
             )
             if self._publish and not namespace:
                 await self._publish("tool.error", {"tool_call_id": tool_call_id})
@@ -464,16 +559,19 @@ class LifecycleRecorder:
         }
 
     def cut_calls(self) -> dict[str, dict]:
-        """``{operation_id: {"duration_ms", "error"}}`` of the model calls
-        that started (at request start or message-start) but never finished:
-        their monotonic duration until the error that ended them, or until
-        now (a cancel, or the run ended around them); ``error`` as
-        :meth:`model_error` recorded it, else None (R-MA-10)."""
+        """``{operation_id: {"duration_ms", "error", "finished_at"}}`` of the
+        model calls that started (at request start or message-start) but
+        never finished: their monotonic duration until they ended (the
+        model's end or error callback), or until now (a cancel, or the run
+        ended around them); ``error`` as :meth:`model_error` recorded it,
+        else None (R-MA-10); ``finished_at`` when they ended (an aware
+        datetime), else None (R-SUB-2)."""
         now = self._clock()
         return {
             call.operation_id: {
-                "duration_ms": round(((call.ended_mono or now) - call.started_mono) * 1000),
+                "duration_ms": round(((call.ended.mono if call.ended else now) - call.started.mono) * 1000),
                 "error": call.error,
+                "finished_at": call.ended.at if call.ended else None,
             }
             for call in self._calls.values()
             if not call.finished

@@ -221,9 +221,11 @@ def run_finish(
             calls that never finished; kept on their rows, marked
             ``content_partial`` (one write here, never one per token).
         cut_calls: ``{operation_id: {"duration_ms": int, "error": str |
-            None}}`` for model calls that started (at request start, R-MA-10)
-            but never finished: their monotonic duration until they were cut
-            off, and the error that ended them. A call with an error is
+            None, "finished_at": datetime | None}}`` for model calls that
+            started (at request start, R-MA-10) but never finished: their
+            monotonic duration until they were cut off, the error that ended
+            them and when it did (wall clock, aware; the row's
+            ``finished_at``, else the terminal's time: R-SUB-2). A call with an error is
             closed ``failed`` whatever the run's status (a handled model
             error in a completed run is still a failed call), with the error
             in ``metadata.error``; the others are closed by the run's status.
@@ -316,7 +318,7 @@ def _close_cut_calls(cut_calls: dict[str, dict[str, Any]], rows: RunRows, *, now
             update.append("duration_ms")
         if facts.get("error"):
             row.execution_status = ExecStatus.FAILED
-            row.finished_at = row.finished_at or now
+            row.finished_at = row.finished_at or facts.get("finished_at") or now
             row.metadata = {
                 **row.metadata,
                 "error": str(facts["error"])[:2000],
@@ -412,7 +414,8 @@ def _reconcile_tool_rows(final_state: list[StateMessage], prior: set[str], rows:
             continue
         row.execution_status = ExecStatus.FAILED
         row.content = message.content
-        row.finished_at = now
+        # The tool-error's time when the stream gave it (R-SUB-2).
+        row.finished_at = row.finished_at or now
         row.metadata = {**row.metadata, "state_reconciled": True}
         row.metadata.pop("awaiting_run_terminal", None)
         rows.changed(row, "execution_status", "content", "finished_at", "metadata")

@@ -194,22 +194,44 @@ def tool_call_finish(
 
 
 @fenced_service("tool_error")
-def tool_call_error(*, lease: Lease, tool_call_id: str, error: str, returning: bool = True) -> Message | None:
+def tool_call_error(
+    *,
+    lease: Lease,
+    tool_call_id: str,
+    error: str,
+    finished_at: datetime | None = None,
+    duration_ms: int | None = None,
+    returning: bool = True,
+) -> Message | None:
     """Record a bare tool-error: the row stays ``running`` with the mark
     ``awaiting_run_terminal``, to be closed by the run's terminal transaction
     from the last error ToolMessage with the same id, or failed (R-TA-3).
-    ``returning``: as for :func:`tool_call_start`.
+
+    Args:
+        error: the error's text (``metadata["tool_error"]``).
+        finished_at: when the tool raised (wall clock, aware) and
+            ``duration_ms`` (monotonic, ms) how long it ran: the row keeps
+            them when the terminal closes it, as a model call that answers
+            from the error starts after it (R-SUB-2). Without them the
+            terminal stamps its own time.
+        returning: as for :func:`tool_call_start`.
 
     Raises:
         AuditConflict: unknown tool call.
         LeaseError: see :func:`lock_run`.
     """
+    update = Assign().sql("metadata", "m.metadata || %s", {"awaiting_run_terminal": True, "tool_error": error})
+    if finished_at is not None:
+        update.value("finished_at", finished_at)
+    if duration_ms is not None:
+        duration_ms = max(0, int(duration_ms))
+        update.value("duration_ms", duration_ms)
     marked = yield fenced_write(
         lease,
         role=Message.Role.TOOL,
         operation_id=tool_call_id,
         now=timezone.now(),
-        update=Assign().sql("metadata", "m.metadata || %s", {"awaiting_run_terminal": True, "tool_error": error}),
+        update=update,
         update_when=("m.execution_status = %s", [ExecStatus.RUNNING]),
         load=returning,
     )
@@ -222,7 +244,14 @@ def tool_call_error(*, lease: Lease, tool_call_id: str, error: str, returning: b
             raise AuditConflict(f"error for unknown tool call {tool_call_id}", extra={"reason": "unknown_operation"})
         if row.execution_status == ExecStatus.RUNNING:
             row.metadata = {**row.metadata, "awaiting_run_terminal": True, "tool_error": error}
-            row.save(update_fields=["metadata", "updated_at"])
+            fields = ["metadata", "updated_at"]
+            if finished_at is not None:
+                row.finished_at = finished_at
+                fields.append("finished_at")
+            if duration_ms is not None:
+                row.duration_ms = duration_ms
+                fields.append("duration_ms")
+            row.save(update_fields=fields)
         return row if returning else None
 
 
