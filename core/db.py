@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -153,6 +155,100 @@ def raw_connection() -> Any:
 #: pool's and the checkpointer's in ``pg_stat_activity``.
 AWAITED_APPLICATION_NAME = "yuxi-awaited-writes"
 
+#: ``application_name`` of a worker process's Django connections (its pool).
+WORKER_APPLICATION_NAME = "yuxi-worker"
+
+# A worker process's session tag, made once per process: (pid, tag), so a
+# forked child makes its own instead of using its parent's.
+_session_tag: tuple[int, str] | None = None
+# Whether this process names its sessions after its tag (a worker's do).
+_sessions_named = False
+_SESSION_TAG = re.compile(r"(?:^|[: ])(yw[0-9a-f]{16})(?=$|[: ])")
+
+
+def worker_session_tag() -> str:
+    """This process's session tag: ``yw`` and 16 random hex digits, made
+    once per process (a forked child makes its own). A worker's lease owner
+    names it (:func:`audit.execution.runner.worker_identity`) and so do its
+    database sessions' ``application_name`` (:func:`session_application_name`),
+    so the sweeper can end the sessions of a holder whose lease expired
+    (R-RUN-14)."""
+    global _session_tag
+    if _session_tag is None or _session_tag[0] != os.getpid():
+        _session_tag = (os.getpid(), f"yw{secrets.token_hex(8)}")
+    return _session_tag[1]
+
+
+def session_tag_of(owner: str | None) -> str | None:
+    """The session tag (:func:`worker_session_tag`) a lease owner names, or
+    None when it names none (an owner given by hand, an older worker's).
+    Implements R-RUN-14."""
+    found = _SESSION_TAG.search(owner or "")
+    return found.group(1) if found else None
+
+
+def session_application_name(role: str) -> str:
+    """The ``application_name`` of a connection of ``role`` (such as
+    :data:`AWAITED_APPLICATION_NAME`): in a worker process that names its
+    sessions (:func:`name_worker_sessions`) ``"<role> <session tag>"`` —
+    at most 36 characters for the project's roles, under PostgreSQL's 63 —
+    elsewhere ``role`` alone. R-RUN-14."""
+    return f"{role} {worker_session_tag()}" if _sessions_named else role
+
+
+def name_worker_sessions(settings_dict: dict) -> None:
+    """Name every database session this process opens from now on after
+    its session tag: Django's connections (``OPTIONS`` of ``settings_dict``,
+    read when the pool is made: call before this process's first
+    connection), the awaited connections and the checkpointer's
+    (:func:`session_application_name`). Called in each worker process —
+    a forked child again, for its own tag. Implements R-RUN-14."""
+    global _sessions_named
+    _sessions_named = True
+    options = settings_dict.setdefault("OPTIONS", {})
+    if "pool" in options:  # PostgreSQL
+        options["application_name"] = session_application_name(WORKER_APPLICATION_NAME)
+
+
+def holder_sessions_end(tags: Sequence[str], *, wait_seconds: float = 1.0) -> list[int]:
+    """End every database session of the worker processes named by
+    ``tags`` (session tags, :func:`session_tag_of`), whatever its state —
+    idle in a transaction, active and blocked writing to its client
+    (``ClientWrite``), waiting on a lock — with ``pg_terminate_backend``,
+    then wait up to ``wait_seconds`` (s) for them to be gone, so the row
+    locks they held are released. Sessions of this database only, never
+    this connection's nor those of this process's own tag. Returns the
+    backend pids signalled (empty when ``tags`` is). Raises Django's
+    ``DatabaseError`` (``permission denied`` when the sweeper's role may
+    not signal the holder's). Implements R-RUN-14."""
+    tags = sorted(set(tags) - {worker_session_tag()})
+    if not tags:
+        return []
+    with connection.cursor() as cursor:
+        # The sessions are chosen in a materialised CTE and signalled in the
+        # select list, never in the WHERE clause of pg_stat_activity: the
+        # planner orders a filter's conditions by cost, and would call
+        # pg_terminate_backend on every session of the server before the
+        # conditions that choose the holder's.
+        cursor.execute(
+            "WITH holder AS MATERIALIZED ("
+            " SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND application_name LIKE 'yuxi-%%' AND split_part(application_name, ' ', 2) = ANY(%s))"
+            " SELECT pid, pg_terminate_backend(pid) FROM holder",
+            [tags],
+        )
+        pids = [pid for pid, signalled in cursor.fetchall() if signalled]
+        deadline = time.monotonic() + wait_seconds
+        while pids:
+            # Inside a transaction pg_stat_activity is read once: read afresh.
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids])
+            if not cursor.fetchone()[0] or time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+    return pids
+
 
 class AwaitedConnections:
     """The connections of one event loop (a worker thread's, kept from run
@@ -265,7 +361,7 @@ async def _connect_awaited() -> Any:
 
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
-    params["application_name"] = AWAITED_APPLICATION_NAME
+    params["application_name"] = session_application_name(AWAITED_APPLICATION_NAME)
     if connection.timezone_name:  # the session time zone Django sets on its own connections
         params["options"] = f"{params.get('options', '')} -c TimeZone={connection.timezone_name}".strip()
     return await connect_waiting(
@@ -638,7 +734,9 @@ def configure_worker_database(settings_dict: dict, config) -> None:
     a pool wait that fits inside the lease: ``AUDIT_WRITE_ATTEMPTS`` waits of
     at most a sixth of the lease each (R-RUN-8), so a run that loses the
     database fails ``audit_write_failed`` while its lease still holds.
-    Call before the process opens its first connection."""
+    Its sessions are named after its session tag (:func:`name_worker_sessions`,
+    R-RUN-14). Call before the process opens its first connection."""
+    name_worker_sessions(settings_dict)
     options = settings_dict.setdefault("OPTIONS", {})
     if "pool" not in options:  # not PostgreSQL
         return

@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import worker_init, worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yuxi_project.settings")
 
@@ -42,3 +42,16 @@ def refuse_mismatched_schema(**_kwargs) -> None:
         close_pool = getattr(connections["default"], "close_pool", None)
         if close_pool is not None:
             close_pool()
+
+
+@worker_process_init.connect
+def name_forked_worker_sessions(**_kwargs) -> None:
+    """A forked pool process names its database sessions after its own
+    session tag, not its parent's, before its first connection: the sweeper
+    ends the sessions of a process whose lease expired by that name
+    (R-RUN-14)."""
+    from django.db import connections
+
+    from core.db import name_worker_sessions
+
+    name_worker_sessions(connections["default"].settings_dict)

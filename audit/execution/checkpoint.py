@@ -18,7 +18,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg.conninfo import make_conninfo
 
-from core.db import connect_waiting
+from core.db import connect_waiting, session_application_name
 from core.pool import has_input
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ async def _connect(conninfo: str, **kwargs: Any):
         autocommit=True,
         prepare_threshold=0,
         row_factory=dict_row,
-        application_name=CHECKPOINTER_APPLICATION_NAME,
+        application_name=session_application_name(CHECKPOINTER_APPLICATION_NAME),
         options=f"-c client_connection_check_interval={CLIENT_CHECK_INTERVAL_MS}",
         **kwargs,
     )

@@ -32,7 +32,7 @@ from langgraph.types import Command
 
 from conversations.selectors import thread_memory_messages
 from core.config import get_config
-from core.db import release_connection, worker_connection_wait
+from core.db import release_connection, worker_connection_wait, worker_session_tag
 from core.errors import ApplicationError, NotFound
 from core.redis_client import redis_client
 from ops import logcontext
@@ -78,8 +78,12 @@ STOP_GRACE_SECONDS = 2.0
 
 
 def worker_identity() -> str:
-    """A lease owner name unique to this process: ``host:pid:random``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """A lease owner name unique to this process and call:
+    ``host:pid:tag:random``, where ``tag`` is the process's session tag
+    (:func:`core.db.worker_session_tag`), which its database sessions'
+    ``application_name`` ends with: the sweeper ends the sessions of an
+    owner whose lease expired by it (R-RUN-14)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{worker_session_tag()}:{uuid.uuid4().hex[:8]}"
 
 
 def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:

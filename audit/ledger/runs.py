@@ -9,12 +9,20 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Exists, Max, Min, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
-from core.db import execute_prepared, field_converters, model_from_values, stand_ins_bound, stand_ins_checked
+from core.db import (
+    execute_prepared,
+    field_converters,
+    holder_sessions_end,
+    model_from_values,
+    session_tag_of,
+    stand_ins_bound,
+    stand_ins_checked,
+)
 from core.errors import Conflict, InvalidInput, NotFound
 from costs.budgets import budget_admit
 from ops import metrics
@@ -531,20 +539,26 @@ def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -
     with error type ``lease_expired`` — or the cause its worker reported
     before it lost the database (``audit_write_failed``, see
     :mod:`audit.ledger.causes`) — and ``cancelled`` when a cancel was requested
-    (the user's request is honoured; the worker is gone). Rows are claimed
-    with ``SELECT … FOR NO KEY UPDATE SKIP LOCKED``: a run whose owner is
-    writing right now (holding the row lock) is skipped and looked at by a
-    later sweep — PostgreSQL ends a frozen holder's transaction after
-    ``WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS`` (R-RUN-10) — and concurrent
-    sweepers never wait on each other.
+    (the user's request is honoured; the worker is gone).
+
+    First the database sessions of those runs' holders are ended
+    (:func:`_end_stale_holders`, R-RUN-14): a frozen holder may hold the
+    row in any state — idle in a transaction, blocked writing to its client,
+    waiting on a lock — and only the first has a timeout of PostgreSQL's.
+    Then rows are claimed with ``SELECT … FOR NO KEY UPDATE SKIP LOCKED``:
+    a run whose row is still locked (a session slow to end) is skipped and
+    looked at by a later sweep, and concurrent sweepers never wait on each
+    other.
 
     Afterwards the old owner's writes fail :func:`~audit.ledger.lease.lock_run`
-    with ``RunTerminal``. Returns the ids of the runs it ended (at most
-    ``limit``). Implements R-RUN-7, R-RUN-10.
+    with ``RunTerminal`` (the fencing token and status still stop a holder
+    that thaws and reconnects). Returns the ids of the runs it ended (at
+    most ``limit``). Implements R-RUN-7, R-RUN-10, R-RUN-14.
     """
     from .causes import failure_causes
 
     now = now or timezone.now()
+    _end_stale_holders(now=now, limit=limit)
     with transaction.atomic():
         # Index run_lease_expiry_idx serves this query.
         expired = list(
@@ -570,6 +584,36 @@ def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -
             metrics.lease_expired()
         RunCancelRequest.objects.filter(run_id__in=cancels, applied_at__isnull=True).update(applied_at=now)
     return [run.id for run in expired]
+
+
+def _end_stale_holders(*, now: datetime, limit: int) -> None:
+    """End every database session of the holders of the (at most ``limit``)
+    runs whose lease expired at ``now``: the lease owner names its worker
+    process's session tag (:func:`core.db.session_tag_of`), which ends the
+    ``application_name`` of each of that process's connections — Django's,
+    the awaited writes', the checkpointer's. An expired lease can no longer
+    be renewed (:func:`lease_renew` refuses it), so its holder is stale for
+    good; the sessions of other workers and the sweeper's own are left
+    alone (:func:`core.db.holder_sessions_end`). The holder process's other
+    runs, if any, make their writes again on new connections (R-RUN-8).
+    A failure to end them is logged, not raised: the sweep goes on.
+    Implements R-RUN-14."""
+    owners = (
+        AgentRun.objects.filter(status__in=(Status.RUNNING, Status.CANCEL_REQUESTED), lease_expires_at__lte=now)
+        .order_by("lease_expires_at")
+        .values_list("lease_owner", flat=True)[:limit]
+    )
+    tags = sorted({tag for owner in owners if (tag := session_tag_of(owner))})
+    if not tags:
+        return
+    try:
+        with transaction.atomic():  # a savepoint inside a caller's transaction
+            ended = holder_sessions_end(tags)
+    except DatabaseError:
+        log.exception("the sessions of stale lease holders %s could not be ended", tags)
+        return
+    if ended:
+        log.warning("ended %d database session(s) of stale lease holders %s: pids %s", len(ended), tags, ended)
 
 
 # --------------------------------------------------------------------------

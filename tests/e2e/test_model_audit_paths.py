@@ -21,6 +21,7 @@ from audit.execution.events import stream_key
 from audit.models import AgentRun
 from audit.replay.scenarios import load_scenarios
 from conversations.models import Message
+from core.db import WORKER_APPLICATION_NAME, session_tag_of
 from tests.conftest import bearer
 
 from .stack import Process, wait_for_status
@@ -208,16 +209,17 @@ def test_database_unreachable_for_the_worker_fails_the_run_with_audit_write_fail
     for worker in list(stack.workers):
         worker.stop()
         stack.workers.remove(worker)
-    app_name = "yuxi-e2e-r-run-8-worker"  # libpq reads PGAPPNAME: tags the worker's sessions
-    stack.start_worker(
-        name="r-run-8", env={"DB_POOL_TIMEOUT_SECONDS": "1", "LEASE_TTL_SECONDS": "60", "PGAPPNAME": app_name}
-    )
+    stack.start_worker(name="r-run-8", env={"DB_POOL_TIMEOUT_SECONDS": "1", "LEASE_TTL_SECONDS": "60"})
     worker = stack.workers[-1]
     try:
         with stack.client(bearer(user)) as client:
             thread_id = _thread(client, "replay:slow_answer")
             run_id = _submit(client, thread_id, "db-down-1")
             _wait_for_running_model_row(run_id)
+            # The worker's Django sessions: named after the session tag its
+            # lease owner names (R-RUN-14).
+            owner = AgentRun.objects.values_list("lease_owner", flat=True).get(pk=run_id)
+            app_name = f"{WORKER_APPLICATION_NAME} {session_tag_of(owner)}"
             # A database cannot refuse connections to itself from inside:
             # switch it from the maintenance database.
             with _maintenance_connection() as admin:

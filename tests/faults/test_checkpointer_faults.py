@@ -145,7 +145,7 @@ def leaked_checkpointer_connections(stack: FaultStack, wait: float = 5.0) -> lis
         with stack.db() as conn:
             rows = conn.execute(
                 "SELECT pid, state, backend_start::text, left(query, 80) FROM pg_stat_activity"
-                " WHERE application_name = %s",
+                " WHERE split_part(application_name, ' ', 1) = %s",  # "<role> <session tag>"
                 [CHECKPOINTER_APPLICATION_NAME],
             ).fetchall()
         busy = [r for r in rows if r[1] != "idle"]
@@ -226,7 +226,8 @@ def _killer(stack: FaultStack, stop: threading.Event, interval: float, counter: 
             with stack.pg.connect("yuxi") as conn:
                 while not stop.is_set():
                     n = conn.execute(
-                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                        " WHERE split_part(application_name, ' ', 1) = %s",  # "<role> <session tag>"
                         [CHECKPOINTER_APPLICATION_NAME],
                     ).fetchone()[0]
                     counter[0] += n

@@ -55,6 +55,19 @@ def running_count(stack: FaultStack, batch: Batch) -> int:
         ).fetchone()[0]
 
 
+def wait_for_slow_lookup(stack: FaultStack, run_id: str) -> None:
+    """Wait until the run's ``slow_lookup`` tool call has started (its row
+    exists): the worker is then inside the tool for a while."""
+    with stack.db() as conn:
+        wait_until(
+            lambda: conn.execute(
+                "SELECT 1 FROM conversations_message WHERE run_id = %s AND operation_id = 'call_lookup_slow'",
+                [run_id],
+            ).fetchone(),
+            timeout=60,
+        )
+
+
 def worker_pgid_of_run(stack: FaultStack, run_id: str) -> int:
     with stack.db() as conn:
         owner = conn.execute("SELECT lease_owner FROM audit_agentrun WHERE id = %s", [run_id]).fetchone()[0]
@@ -312,14 +325,7 @@ def test_a_worker_frozen_inside_a_transaction_blocks_nobody_R_RUN_10(stack):
     # terminal transaction waits there, inside, holding the run row. There
     # the worker is frozen.
     target = batch.submit(frozen_thread, "archive?")
-    with stack.db() as conn:
-        wait_until(
-            lambda: conn.execute(
-                "SELECT 1 FROM conversations_message WHERE run_id = %s AND operation_id = 'call_lookup_slow'",
-                [target.run_id],
-            ).fetchone(),
-            timeout=60,
-        )
+    wait_for_slow_lookup(stack, target.run_id)
     blocker = stack.db()
     blocker.autocommit = False
     declaring = blocker.execute(
