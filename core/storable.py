@@ -121,6 +121,34 @@ def decode_json(value: Any) -> Any:
     return _map_strings(value, decode_text)
 
 
+# What a model provider's request cannot carry as given: a lone surrogate
+# (no UTF-8 encoding: the request is never sent) and U+0000, which
+# providers refuse or cut text at.
+_UNSENDABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def sendable_text(text: str) -> str:
+    """``text`` as it is sent to a model provider (R-RUN-13): each U+0000
+    and each lone surrogate replaced by its six-character escape of the
+    stored form (``\\u0000``, ``\\ud83d``), every other character as it
+    is (a backslash too: the provider reads the text, it never decodes it).
+    So a tool's output, a tool's arguments or an earlier answer holding one
+    of them never breaks the next model call, and the model reads where the
+    character was. The audit keeps the exact text (:func:`escape_text`)."""
+    if _UNSENDABLE.search(text) is None:
+        return text
+    return _UNSENDABLE.sub(_escape_char, text)
+
+
+def sendable_json(value: Any) -> Any:
+    """A copy of a JSON value (a provider request's payload) with
+    :func:`sendable_text` applied to every string and key; a dict or list
+    with nothing to replace comes back as it is (not copied). R-RUN-13."""
+    if type(value) in (dict, list) and not _may_need_escape(value):
+        return value
+    return _map_strings(value, sendable_text)
+
+
 def visible(value: Any) -> Any:
     """For HTML pages: ``value`` (a string or JSON value) in the escaped
     form, which HTML can carry; other values unchanged. A dict or list with

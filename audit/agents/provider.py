@@ -27,6 +27,12 @@ the provider behaviour the audit must get right (R-MA-11, R-RUN-12).
   :class:`ModelStreamBroken` (``model_stream_broken``), never retried: what
   streamed is kept by the recorder.
 
+- **Text a request cannot carry** (R-RUN-13): a lone surrogate or U+0000 in
+  any text of the request (a tool's output or arguments, an earlier answer)
+  is sent in its replacement form, its six-character escape
+  (:func:`core.storable.sendable_text`); a lone surrogate once made the
+  request unencodable and the call failed ``model_unreachable``.
+
 The sync ``_stream`` folds usage too but does not retry: the worker drives
 models asynchronously.
 """
@@ -53,6 +59,7 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 
 from core.config import get_config
 from core.errors import ApplicationError
+from core.storable import sendable_json
 
 from ..replay.scenarios import USAGE_MODE_HEADER
 from .usage import UsageFold, UsageMode, usage_mode_for
@@ -235,6 +242,13 @@ class AuditedChatOpenAI(ChatOpenAI):
             await stream.aclose()
         if (last := _usage_chunk(fold)) is not None:
             yield last
+
+    def _get_request_payload(self, input_: Any, *, stop: list[str] | None = None, **kwargs: Any) -> dict:
+        # Every request, streamed or not, retried or not, is built here: a
+        # lone surrogate or NUL in any text (a tool's output or arguments,
+        # an earlier answer, a tool name) goes in its replacement form, so
+        # the request can be encoded and sent (R-RUN-13).
+        return sendable_json(super()._get_request_payload(input_, stop=stop, **kwargs))
 
     def _create_chat_result(self, response: Any, generation_info: dict | None = None) -> ChatResult:
         # A call that does not stream: its headers are of no use, keep them

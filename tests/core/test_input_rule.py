@@ -47,7 +47,12 @@ def _endpoints(thread) -> list[tuple[str, str, str, list]]:
     resume = f"/api/runs/{interrupted.id}/resume"
     request = '"request_id": "r-1"'
     return [
-        ("turn input", f"/api/threads/{thread.id}/runs", f'{{{request}, "input": {{"text": "{LONE}"}}}}', ["input", "text"]),
+        (
+            "turn input",
+            f"/api/threads/{thread.id}/runs",
+            f'{{{request}, "input": {{"text": "{LONE}"}}}}',
+            ["input", "text"],
+        ),
         ("title", "/api/threads", f'{{"agent_id": "assistant", "title": "{LONE}"}}', ["title"]),
         (
             "feedback reason",

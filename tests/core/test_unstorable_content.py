@@ -433,3 +433,58 @@ def test_visible_is_the_escaped_form_of_any_json_value_R_RUN_11(value):
     as it is) must give exactly what the full walk gives."""
     assert visible(value) == escape_json(value)
     assert json.dumps(visible(value)) == json.dumps(escape_json(value))
+
+
+# --------------------------------------------------------------------------
+# The provider edge (R-RUN-13)
+# --------------------------------------------------------------------------
+
+
+def test_every_text_of_a_request_is_sent_in_its_replacement_form_R_RUN_13():
+    """A lone surrogate or NUL anywhere in a request (user text, an earlier
+    answer, a declared call's arguments, a tool's output and name) is sent
+    as its six-character escape: the request encodes as UTF-8."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    from audit.agents.provider import AuditedChatOpenAI
+
+    model = AuditedChatOpenAI(model="m", api_key="k", base_url="http://127.0.0.1:9/v1", configured_name="replay:m")
+    messages = [
+        HumanMessage("weather in Par\x00is?"),
+        AIMessage(
+            "half \ud83d",
+            tool_calls=[{"id": "call_\udc00", "name": "get_weather", "args": {"city": "Par\ud800is"}}],
+        ),
+        ToolMessage("unknown city: Par\ud800is", tool_call_id="call_\udc00", name="get_weather"),
+    ]
+    with pytest.raises(UnicodeEncodeError):
+        json.dumps(ChatOpenAI._get_request_payload(model, messages), ensure_ascii=False).encode()
+    payload = model._get_request_payload(messages)
+    json.dumps(payload, ensure_ascii=False).encode("utf-8")  # strict: it can be sent
+    sent = payload["messages"]
+    assert sent[0]["content"] == "weather in Par\\u0000is?"
+    assert sent[1]["content"] == "half \\ud83d" and sent[1]["tool_calls"][0]["id"] == "call_\\udc00"
+    assert json.loads(sent[1]["tool_calls"][0]["function"]["arguments"]) == {"city": "Par\ud800is"}
+    assert sent[2]["content"] == "unknown city: Par\\ud800is" and sent[2]["tool_call_id"] == "call_\\udc00"
+    plain = [HumanMessage("ordinary text, a backslash \\u0000 as written")]
+    assert (
+        model._get_request_payload(plain)["messages"][0]["content"] == "ordinary text, a backslash \\u0000 as written"
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lone_surrogate_in_a_tools_output_reaches_the_next_model_call_R_RUN_13(user, replay_models):
+    """get_weather echoes a city holding a lone surrogate in its error: the
+    next model call once failed ``model_unreachable`` (the request could
+    not be encoded, none was sent)."""
+    run = _run(user, "unstorable_tool_surrogate")
+    assert run.status == "completed", (run.error_type, run.error_message)
+    _assert_ended_cleanly(run)
+    tool = Message.objects.tool_executions().get(run=run)
+    assert tool.tool_input == {"city": "Par\ud800is"}
+    assert tool.content == "unknown city: Par\ud800is" and tool.execution_status == "failed"
+    calls = list(Message.objects.model_calls().filter(run=run).order_by("sequence"))
+    assert [call.execution_status for call in calls] == ["completed", "completed"]
+    assert calls[1].usage["input_tokens"] == 60 and calls[1].usage["output_tokens"] == 7
+    assert run.output_message.content == "I could not find that city."
