@@ -80,6 +80,24 @@ def make_run(thread, *, text: str = "weather in Paris?", request_id: str | None 
     )[0]
 
 
+def resume_row_of(run, *, decisions: list | None = None):
+    """A resume run of ``run`` (interrupted) created as a row, as the resume
+    service would, without the service's checks: for tests that need one
+    in a state the service would refuse to make."""
+    from audit.models import AgentRun
+
+    return AgentRun.objects.create(
+        request_id=uuid.uuid4().hex,
+        thread=run.thread,
+        user=run.thread.user,
+        agent_id="assistant",
+        model=run.thread.model,
+        input={"decisions": decisions or [{"type": "approve"}]},
+        resumed_from=run,
+        turn_id=run.turn_id,
+    )
+
+
 def acquire(run, *, owner: str = "worker-a", ttl: float = 60.0) -> Lease:
     return ledger.run_acquire(run_id=run.id, owner=owner, ttl_seconds=ttl)
 

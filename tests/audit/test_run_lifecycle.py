@@ -8,7 +8,6 @@ import asyncio
 import datetime as dt
 import threading
 import time
-import uuid
 
 import psycopg
 import pytest
@@ -25,7 +24,7 @@ from audit.ledger.lease import Lease
 from audit.ledger.runs import _acquire_checked, run_acquire_with_row
 from audit.models import AgentRun, RunCancelRequest
 from conversations.models import Message
-from tests.conftest import acquire, bearer, make_run, prepared_executed_since, prepared_executions
+from tests.conftest import acquire, bearer, make_run, prepared_executed_since, prepared_executions, resume_row_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -287,16 +286,7 @@ def test_an_interrupted_run_holds_the_thread_until_its_resume_ends_R_RUN_2(threa
         acquire(waiting)
     # The resume of the first turn was created after ``waiting`` but keeps
     # its turn's place: it starts, ``waiting`` still waits until it ends.
-    resume = AgentRun.objects.create(
-        request_id=uuid.uuid4().hex,
-        thread=thread,
-        user=thread.user,
-        agent_id="assistant",
-        model=thread.model,
-        input={"decisions": [{"type": "approve"}]},
-        resumed_from=first,
-        turn_id=first.turn_id,
-    )
+    resume = resume_row_of(first)
     resume_lease = acquire(resume)
     with pytest.raises(RunNotStartable):
         acquire(waiting)
@@ -415,16 +405,7 @@ def test_cancel_on_a_run_that_ended_is_refused_and_changes_nothing_R_RUN_6(threa
 def test_cancel_on_an_interrupted_run_that_was_resumed_names_the_resume_R_RUN_6(thread):
     first = make_run(thread)
     ledger.run_finish(lease=acquire(first), status="interrupted", interrupts=[{"id": "i1", "value": {}}])
-    resume = AgentRun.objects.create(
-        request_id=uuid.uuid4().hex,
-        thread=thread,
-        user=thread.user,
-        agent_id="assistant",
-        model=thread.model,
-        input={"decisions": [{"type": "approve"}]},
-        resumed_from=first,
-        turn_id=first.turn_id,
-    )
+    resume = resume_row_of(first)
     answer = Client().post(f"/api/runs/{first.id}/cancel", headers=bearer(thread.user))
     assert answer.status_code == 409, answer.content
     error = answer.json()["error"]
