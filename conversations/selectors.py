@@ -10,13 +10,20 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import F, Q
-from django.db.models.functions import Length, Substr
 
 from core.config import get_config
 from core.cursors import page_cursor, parse_cursor
 from core.db import execute_prepared_all, serial_plans, stand_ins_bound
 from core.errors import InvalidInput, NotFound
-from core.storable import _StorableText, decode_text
+from core.storable import (
+    StoredHead,
+    StoredLength,
+    _StorableText,
+    decode_head,
+    decode_text,
+    stored_head_sql,
+    stored_length_sql,
+)
 from core.workspace import PREVIEW_CHARS, offloaded_summary, tool_row_large_result_path
 
 from .models import Conversation, Message, history_carrier_q, history_ordinary_q
@@ -187,6 +194,7 @@ def _with_tool_executions(thread_id: uuid.UUID, rows: list[Message]) -> list[His
     wanted = {(row.turn, call["id"]) for row in rows for call in row.tool_calls or [] if call.get("id")}
     by_call: dict[tuple, list[Message]] = {}
     if wanted:
+        head_chars = _content_head_chars()
         tool_rows = (
             Message.objects.filter(
                 thread_id=thread_id,
@@ -205,12 +213,15 @@ def _with_tool_executions(thread_id: uuid.UUID, rows: list[Message]) -> list[His
             .annotate(
                 turn=F("run__turn_id"),
                 run_created=F("run__created_at"),
-                content_chars=Length("content"),
-                content_head=Substr("content", 1, _content_head_chars()),
+                # The real size and head, as the field decodes the text
+                # (R-RUN-13): read through SQL, they bypass its decoding.
+                content_chars=StoredLength("content"),
+                content_head=StoredHead("content", head_chars),
             )
             .order_by("run_created", "sequence", "id")
         )
         for tool_row in tool_rows:
+            tool_row.content_head = decode_head(tool_row.content_head, head_chars)
             by_call.setdefault((tool_row.turn, tool_row.operation_id), []).append(tool_row)
     entries = []
     for row in rows:
@@ -322,13 +333,13 @@ def _memory_with_tools(thread_id: uuid.UUID, fetched: list[tuple], call_dict) ->
     same turn (an approved call runs in the turn's resume run)."""
 
     executions: dict[tuple[str, str | None], tuple] = {}
+    head_chars = _content_head_chars()
     declared = []  # the calls of each model row, as stored: read in one go below
     for row in fetched:
         kind = row[1]
         if kind == _KIND_TOOL:
             tool_id, _, head, _, operation_id, turn, size, status, tool_name, run_id = row
-            if "\\u" in head:
-                head = decode_text(head)
+            head = decode_head(head, head_chars)
             if operation_id is not None and "\\u" in operation_id:
                 operation_id = decode_text(operation_id)
             if "\\u" in tool_name:
@@ -416,9 +427,10 @@ def memory_sql(thread_id: uuid.UUID, *, runs_before: Any = None, include_tools: 
     run_id)``: ``kind`` is ``_KIND_HUMAN``, ``_KIND_AI`` or ``_KIND_TOOL``;
     ``turn`` (as text) only on rows that declare calls and on tool rows,
     which it pairs; the last four on tool rows only: the content is cut to
-    the projection's length, ``content_chars`` is its full length and
-    ``run_id`` is text. Kept public for the read-path benchmark and the plan
-    test, which EXPLAIN it."""
+    the projection's length, in the stored form (:func:`core.storable.decode_head`
+    gives the real head), ``content_chars`` is its full length in real
+    characters (R-RUN-13) and ``run_id`` is text. Kept public for the
+    read-path benchmark and the plan test, which EXPLAIN it."""
     sql, params = _memory_statement(include_tools, runs_before is not None)
     values = {_THREAD: thread_id, _RUNS_BEFORE: runs_before, _HEAD_CHARS: _content_head_chars()}
     return sql, stand_ins_bound(params, values)
@@ -450,14 +462,17 @@ def _memory_statement(include_tools: bool, runs_before: bool) -> tuple[str, tupl
                CASE WHEN x.kind = {_KIND_TOOL} OR x.tool_calls IS NOT NULL THEN r.turn_id::text END,
                x.content_chars, x.execution_status, x.tool_name, x.run_id"""
         tool = f"{t}.message_type = %s"
+        # The real size and a head that decodes to the wanted characters,
+        # as history reads them (R-RUN-13).
+        head_sql, head_params = stored_head_sql(f"{t}.content", _HEAD_CHARS)
         columns = f"""{t}.id, {t}.tool_calls, {t}.operation_id,
                    CASE WHEN {tool} THEN 2 WHEN {t}.role = %s THEN 0 ELSE 1 END AS kind,
-                   CASE WHEN {tool} THEN substr({t}.content, 1, %s) ELSE {t}.content END AS content,
-                   CASE WHEN {tool} THEN length({t}.content) END AS content_chars,
+                   CASE WHEN {tool} THEN {head_sql} ELSE {t}.content END AS content,
+                   CASE WHEN {tool} THEN {stored_length_sql(f"{t}.content")} END AS content_chars,
                    CASE WHEN {tool} THEN {t}.execution_status END AS execution_status,
                    CASE WHEN {tool} THEN {t}.tool_name END AS tool_name,
                    CASE WHEN {tool} THEN {t}.run_id::text END AS run_id"""
-        column_params = [tool_type, user, tool_type, _HEAD_CHARS, tool_type, tool_type, tool_type, tool_type]
+        column_params = [tool_type, user, tool_type, *head_params, tool_type, tool_type, tool_type, tool_type]
         visible = f"({ordinary_sql} OR (({carrier_sql}) OR ({tool_sql})) AND r.status IN ({terminal}))"
         visible_params = [*ordinary_params, *carrier_params, *tool_params, *AgentRun.TERMINAL_STATUSES]
     else:
@@ -522,9 +537,10 @@ class ToolResultView:
 
 def tool_result_view(tool_row: Message) -> ToolResultView:
     """The projection of one tool row loaded by :func:`_with_tool_executions`
-    (anything with ``content_chars``, ``content_head``, ``thread_id``,
-    ``run_id`` and ``operation_id``), shared by history and memory so both
-    show exactly the same (R-TA-4, R-READ-2, R-READ-7)."""
+    (anything with ``content_chars``, the real length, ``content_head``, the
+    decoded head, ``thread_id``, ``run_id`` and ``operation_id``), shared by
+    history and memory so both show exactly the same (R-TA-4, R-READ-2,
+    R-READ-7, R-RUN-13)."""
     return _tool_result(
         thread_id=tool_row.thread_id,
         run_id=tool_row.run_id,
@@ -536,8 +552,9 @@ def tool_result_view(tool_row: Message) -> ToolResultView:
 
 def _tool_result(*, thread_id, run_id, tool_call_id: str, head: str | None, size: int) -> ToolResultView:
     """:func:`tool_result_view` of a tool row's values: ``head`` is its
-    content cut to :func:`_content_head_chars`, ``size`` its full length in
-    characters; ``run_id`` a UUID or its text."""
+    content cut to :func:`_content_head_chars` real characters (decoded),
+    ``size`` its full length in real characters (R-RUN-13); ``run_id`` a
+    UUID or its text."""
     if size <= get_config().LARGE_TOOL_RESULT_CHARS:
         return ToolResultView(content=head or "", size_chars=size, workspace_path=None)
     path = tool_row_large_result_path(thread_id=thread_id, run_id=run_id, tool_call_id=tool_call_id)

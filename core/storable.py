@@ -39,7 +39,12 @@ API, history, memory, timeline, SSE rebuilt from the database, admin,
 dashboard) see the original value; the JSON APIs and the SSE stream send it
 JSON-escaped (``"Hello\\u0000world"``). HTML cannot carry U+0000 or a lone
 surrogate, so the admin shows the escaped form (:func:`visible`). Raw SQL
-(``psql``, SQL on JSON keys) sees the escaped form.
+(``psql``, SQL on JSON keys) sees the escaped form; a reader that
+measures or cuts a stored text in SQL rather than reading it whole (the
+size and head of a tool result in history and memory) uses
+:func:`stored_length_sql`/:class:`StoredLength` and
+:func:`stored_head_sql`/:class:`StoredHead` with :func:`decode_head`, so it
+counts and shows the original's characters (R-RUN-13).
 
 The fields deconstruct as their Django base fields: the escaping is not
 schema, and migrations stay plain ``TextField``/``CharField``/``JSONField``.
@@ -83,6 +88,115 @@ def decode_text(text: str) -> str:
     if "\\u" not in text:
         return text
     return _DECODE.sub(_decode_char, text)
+
+
+# --------------------------------------------------------------------------
+# A stored column's real length and head, read in SQL (R-RUN-13)
+# --------------------------------------------------------------------------
+
+# The two templates below are the one definition of both forms: SQL text
+# for raw statements (stored_length_sql, stored_head_sql) and Django
+# expressions (StoredLength, StoredHead). ``{col}`` is the column, ``{n}``
+# the wanted number of real characters (a parameter, cast to integer).
+# ``strpos(col, '\u') = 0`` is the cheap test that practically every
+# stored text passes: then the stored text is the original, and neither
+# template does any regular-expression work.
+_SQL_ESCAPE_START = "E'\\\\u'"
+# _DECODE as a PostgreSQL regular expression, in an E'' literal so that it
+# reads the same whatever standard_conforming_strings says: each escape
+# counts as one character, matched left to right as decode_text replaces.
+_SQL_DECODE = "E'" + _DECODE.pattern.replace("\\", "\\\\") + "'"
+_LENGTH_TEMPLATE = (
+    f"(CASE WHEN strpos({{col}}, {_SQL_ESCAPE_START}) = 0 THEN length({{col}}) "
+    f"ELSE length(regexp_replace({{col}}, {_SQL_DECODE}, 'x', 'g')) END)"
+)
+# Each real character takes one or six stored characters, so the first
+# 6n stored characters hold at least n whole real characters; an escape
+# cut at the end lies beyond them (decode_head cuts it off).
+_HEAD_TEMPLATE = (
+    f"substr({{col}}, 1, CASE WHEN strpos({{col}}, {_SQL_ESCAPE_START}) = 0 THEN 1 ELSE 6 END * CAST({{n}} AS integer))"
+)
+_TEMPLATE_PART = re.compile(r"\{(col|n)\}")
+
+
+def _fill(template: str, parts: dict[str, tuple[str, list]]) -> tuple[str, list]:
+    """``template`` with each ``{col}``/``{n}`` replaced by the SQL of
+    ``parts[name]`` (``(sql, params)``), and the params in their order."""
+    params: list = []
+
+    def part(match: re.Match) -> str:
+        sql, part_params = parts[match.group(1)]
+        params.extend(part_params)
+        return sql
+
+    return _TEMPLATE_PART.sub(part, template), params
+
+
+def stored_length_sql(column: str) -> str:
+    """SQL for the real length in characters of the stored text column
+    ``column`` (SQL text without params, e.g. ``conversations_message.content``):
+    ``length(decode_text(value))``, counted without reading the value back
+    (R-RUN-13). NULL for NULL."""
+    return _fill(_LENGTH_TEMPLATE, {"col": (column, [])})[0]
+
+
+def stored_head_sql(column: str, chars: Any) -> tuple[str, list]:
+    """SQL and params for a head of the stored text column ``column`` (SQL
+    text without params) that :func:`decode_head` turns into the first
+    ``chars`` real characters of the original (``chars`` is the param for
+    the count, an int or a stand-in, R-RUN-13). The head is ``chars``
+    stored characters when the text holds no escape, else ``6 * chars``."""
+    return _fill(_HEAD_TEMPLATE, {"col": (column, []), "n": ("%s", [chars])})
+
+
+def decode_head(head: str | None, chars: int) -> str | None:
+    """The first ``chars`` real characters of the original, from a head read
+    by :func:`stored_head_sql` or :class:`StoredHead` with the same
+    ``chars`` (R-RUN-13); None stays None."""
+    if head is None:
+        return None
+    if "\\u" in head:
+        head = decode_text(head)
+    return head[:chars]
+
+
+class _StoredTextFunc(models.Func):
+    """A Django expression of one of the templates above over one text
+    expression (a field name or an expression)."""
+
+    _template = ""
+
+    def as_sql(self, compiler, connection, **extra_context):
+        column, *rest = self.get_source_expressions()
+        parts = {"col": compiler.compile(column)}
+        if rest:
+            parts["n"] = compiler.compile(rest[0])
+        sql, params = _fill(self._template, {name: (part, list(p)) for name, (part, p) in parts.items()})
+        return sql, tuple(params)
+
+
+class StoredLength(_StoredTextFunc):
+    """``StoredLength("content")``: the real length in characters of a
+    stored text column, as :func:`stored_length_sql` (R-RUN-13); for
+    annotations that must not read the whole text."""
+
+    _template = _LENGTH_TEMPLATE
+    arity = 1
+    output_field = models.IntegerField()
+
+
+class StoredHead(_StoredTextFunc):
+    """``StoredHead("content", chars)``: the head of a stored text column
+    that :func:`decode_head` ``(head, chars)`` turns into the first ``chars``
+    real characters (``chars`` an int), as :func:`stored_head_sql`
+    (R-RUN-13). The value read is the stored form: decode it with
+    :func:`decode_head`, never with the field."""
+
+    _template = _HEAD_TEMPLATE
+    output_field = models.TextField()
+
+    def __init__(self, expression: Any, chars: int, **extra: Any):
+        super().__init__(expression, models.Value(chars), **extra)
 
 
 def fit_text(text: str, max_length: int) -> str:
