@@ -110,3 +110,39 @@ def test_a_nul_in_resume_edit_args_is_taken_and_kept_as_written_R_RUN_13(user, t
     assert response.status_code == 202, response.content
     resume = AgentRun.objects.get(pk=response.json()["run_id"])
     assert resume.input["decisions"][0]["edited_action"]["args"]["subject"] == "s\x00t"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_nul_in_resume_edit_args_reads_the_same_on_every_path_R_RUN_13(user, staff_user, replay_models):
+    """The approver edits the recipient to hold a NUL; the tool echoes it.
+    History showed that output escaped (``\\u0000``, six characters) while
+    the timeline showed it decoded; every path now shows the same text,
+    and the model's next request carries it in its replacement form."""
+    from audit.execution.runner import run_execute
+
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:approval_send_email")
+    client = Client(headers=bearer(user))
+    submitted = client.post(
+        f"/api/threads/{thread.id}/runs", {"request_id": "email-1", "input": {"text": "email ops"}}, "application/json"
+    )
+    first = submitted.json()["run_id"]
+    assert run_execute(run_id=first, owner="in-process") == "interrupted"
+    edit = {"type": "edit", "args": {"to": "ops\x00@example.com", "subject": "Report", "body": "All good"}}
+    resumed = client.post(
+        f"/api/runs/{first}/resume", {"request_id": "resume-1", "decisions": [edit]}, "application/json"
+    )
+    assert resumed.status_code == 202, resumed.content
+    resume = resumed.json()["run_id"]
+    assert run_execute(run_id=resume, owner="in-process") == "completed"
+
+    tool = Message.objects.tool_executions().get(run_id=resume)
+    assert tool.tool_input["to"] == "ops\x00@example.com"
+    expected = tool.content
+    assert expected.startswith("Email to ops\x00@example.com recorded as ")
+    timeline = Client(headers=bearer(staff_user)).get(f"/api/audit/runs/{resume}/timeline").json()["items"]
+    assert next(item for item in timeline if item["kind"] == "tool")["content"] == expected
+    history = client.get(f"/api/threads/{thread.id}/history").json()["items"]
+    executions = [execution for item in history for execution in item.get("tool_executions") or []]
+    assert [(execution["content"], execution["size_chars"]) for execution in executions] == [(expected, len(expected))]
+    memory = client.get(f"/api/threads/{thread.id}/memory?include_tools=true").json()["messages"]
+    assert [message["content"] for message in memory if message["type"] == "tool"] == [expected]
