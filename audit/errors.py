@@ -104,7 +104,8 @@ class ToolResultConflict(AuditConflict):
 
 class RunNotResumable(Conflict):
     """Resume refused: the run is not ``interrupted``, or it was already
-    resumed by another request (R-TA-5)."""
+    resumed by another request (R-TA-5); then ``extra`` names the
+    ``resumed_by`` run."""
 
     code = "run_not_resumable"
 
@@ -117,6 +118,15 @@ class RunNotCancellable(Conflict):
     cancel repeated is answered with the run as it is."""
 
     code = "run_not_cancellable"
+
+
+class ThreadInterrupted(Conflict):
+    """A new turn refused: a run of the thread waits for an approval and
+    holds the thread until it is resumed or cancelled (R-TA-5). ``extra``
+    names that ``run_id`` (and ``reason: thread_interrupted``, the code's
+    earlier place). Nothing was changed."""
+
+    code = "thread_interrupted"
 
 
 class RequestIdReused(Conflict):

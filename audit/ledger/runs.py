@@ -23,11 +23,11 @@ from core.db import (
     stand_ins_bound,
     stand_ins_checked,
 )
-from core.errors import Conflict, InvalidInput, NotFound
+from core.errors import InvalidInput, NotFound
 from costs.budgets import budget_admit
 from ops import metrics
 
-from ..errors import RunNotCancellable, RunNotResumable, RunNotStartable
+from ..errors import RunNotCancellable, RunNotResumable, RunNotStartable, ThreadInterrupted
 from ..models import AgentRun, RunCancelRequest, pending_action_requests
 from .cancellation import cancel_signal_send
 from .handover import enqueue_run
@@ -63,7 +63,8 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
         NotFound: no such thread for this user.
         RequestIdReused: the user used ``request_id`` for a different
             request (another thread or text, or a resume); 409.
-        Conflict: the thread waits for an approval (``thread_interrupted``).
+        ThreadInterrupted: the thread waits for an approval (409
+            ``thread_interrupted``, ``run_id`` the run to resume or cancel).
         BudgetExceeded: the user's budget has no room for another run
             (402, R-COST-3; checked in the same transaction).
 
@@ -127,8 +128,8 @@ def _refuse_if_interrupted(thread: Conversation) -> None:
         .first()
     )
     if waiting is not None:
-        raise Conflict(
-            "the thread waits for an approval: resume or cancel run first",
+        raise ThreadInterrupted(
+            f"the thread waits for an approval: resume or cancel run {waiting.id} first",
             extra={"reason": "thread_interrupted", "run_id": str(waiting.id)},
         )
 
@@ -679,8 +680,7 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
                 raise RunNotResumable(
                     f"run {run_id} is {interrupted.status}, not interrupted", extra={"reason": "not_interrupted"}
                 )
-            if AgentRun.objects.filter(resumed_from=interrupted).exists():
-                raise RunNotResumable(f"run {run_id} was already resumed", extra={"reason": "already_resumed"})
+            _refuse_if_resumed(run_id)
             budget_admit(user=user)  # R-COST-3: 402 and nothing created
             resume = AgentRun.objects.create(
                 request_id=request_id,
@@ -701,8 +701,21 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
         existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
         if existing is not None:
             return existing, False
+        _refuse_if_resumed(run_id)
         raise RunNotResumable(f"run {run_id} was already resumed", extra={"reason": "already_resumed"}) from None
     return resume, True
+
+
+def _refuse_if_resumed(run_id: uuid.UUID) -> None:
+    """Raise :class:`RunNotResumable` (``reason: already_resumed``, and the
+    ``resumed_by`` run, as a refused cancel names it) when ``run_id`` was
+    already resumed (R-TA-5)."""
+    resumed_by = AgentRun.objects.filter(resumed_from_id=run_id).values_list("id", flat=True).first()
+    if resumed_by is not None:
+        raise RunNotResumable(
+            f"run {run_id} was already resumed by run {resumed_by}",
+            extra={"reason": "already_resumed", "resumed_by": str(resumed_by)},
+        )
 
 
 def _graph_decisions(interrupted: AgentRun, decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -123,15 +123,17 @@ def test_cancelling_a_resume_run_before_it_starts_gives_the_approval_up_R_TA_5(u
 
 
 def test_an_unanswered_approval_holds_the_thread_even_behind_a_queued_turn_R_TA_5_R_RUN_2(user):
-    from core.errors import Conflict
+    from audit.errors import ThreadInterrupted
 
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:approval_send_email")
     first = make_run(thread, text="email ops")
     make_run(thread, text="queued while the first still ran")  # accepted: nothing waits yet
     ledger.run_finish(lease=acquire(first), status="interrupted", interrupts=INTERRUPT)
-    with pytest.raises(Conflict) as exc:
+    with pytest.raises(ThreadInterrupted) as exc:
         ledger.run_submit(user=user, thread_id=thread.id, request_id="third", text="third")
+    assert exc.value.code == "thread_interrupted" and exc.value.http_status == 409
     assert exc.value.extra["reason"] == "thread_interrupted" and exc.value.extra["run_id"] == str(first.id)
+    assert str(first.id) in exc.value.message  # "resume or cancel run <id> first"
 
 
 def test_send_email_names_its_outbox_file_safely_whatever_the_call_id(tmp_path):

@@ -135,6 +135,8 @@ def test_a_repeated_resume_answers_the_same_run_and_other_decisions_are_409_R_ID
     # Another key for the same interrupted run is no retry: the run was resumed.
     refused = _resume(headers, origin.id, "resume-2")
     assert refused.status_code == 409 and refused.json()["error"]["reason"] == "already_resumed"
+    # It names the resume run, as a refused cancel does (resumed_by).
+    assert refused.json()["error"]["resumed_by"] == first.json()["run_id"]
 
 
 def test_a_resume_key_reused_for_another_interrupted_run_is_409_R_IDEM_1(user):
@@ -276,3 +278,5 @@ def test_different_keys_resuming_one_run_at_the_same_moment_one_wins_R_TA_5(user
     refused = next(r for r in responses if r.status_code == 409)
     assert refused.json()["error"]["reason"] == "already_resumed"
     assert AgentRun.objects.filter(resumed_from=origin).count() == 1
+    winner = next(r for r in responses if r.status_code == 202)
+    assert refused.json()["error"]["resumed_by"] == winner.json()["run_id"]

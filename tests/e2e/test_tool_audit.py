@@ -140,7 +140,8 @@ def test_approval_interrupt_resume_approve_then_large_result_R_TA_4_R_TA_5(stack
             f"/api/threads/{thread_id}/runs", json={"request_id": f"req-{uuid.uuid4().hex}", "input": {"text": "hi"}}
         )
         assert refused.status_code == 409, refused.text
-        assert refused.json()["error"]["reason"] == "thread_interrupted"
+        assert refused.json()["error"]["code"] == "thread_interrupted"
+        assert refused.json()["error"]["run_id"] == first["run_id"]
 
         # Bad decisions change nothing.
         assert _resume(client, first["run_id"], [{"type": "approve"}, {"type": "approve"}]).status_code == 422
