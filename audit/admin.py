@@ -315,8 +315,9 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
         ended before sealing existed are unsealed."""
         if run.sealed_at is None:
             return "unsealed"
+        rows = run.seal_row_count
         return format_html(
-            "<code>{}</code> over {} rows, {}", run.seal_head, run.seal_row_count, time_html(run.sealed_at)
+            "<code>{}</code> over {} row{}, {}", run.seal_head, rows, "" if rows == 1 else "s", time_html(run.sealed_at)
         )
 
     # --- read-only: workers write runs (R-RUN-4) ---------------------------

@@ -39,18 +39,18 @@ class Command(DatabaseCommand):
             ),
             ("dashboard", f"{base_url}/admin/dashboard/"),
             ("API docs", f"{base_url}/api/docs"),
-            ("a run", f"curl {auth} {base_url}/api/runs/{first.run_id}"),
-            ("its history", f"curl {auth} {base_url}/api/threads/{first.thread_id}/history"),
-            ("its audit", f"curl {auth} {base_url}/api/audit/runs/{first.run_id}/timeline"),
-            ("find runs", f"curl {auth} '{base_url}/api/audit/runs?tool=get_weather&q=Paris'"),
-            ("export", f"curl {auth} '{base_url}/api/audit/runs/{first.run_id}/export?format=csv'"),
+            ("a run", f"curl -s {auth} {base_url}/api/runs/{first.run_id}"),
+            ("its history", f"curl -s {auth} {base_url}/api/threads/{first.thread_id}/history"),
+            ("its audit", f"curl -s {auth} {base_url}/api/audit/runs/{first.run_id}/timeline"),
+            ("find runs", f"curl -s {auth} '{base_url}/api/audit/runs?tool=get_weather&q=Paris'"),
+            ("export", f"curl -s {auth} '{base_url}/api/audit/runs/{first.run_id}/export?format=csv'"),
         ]
         waiting = next((run for run in runs if run.status == "interrupted"), None)
         if waiting is not None:
             lines.append(
                 (
                     "approve",
-                    f"curl -X POST {auth} -H 'Content-Type: application/json' {base_url}/api/runs/{waiting.run_id}/resume"
+                    f"curl -sX POST {auth} -H 'Content-Type: application/json' {base_url}/api/runs/{waiting.run_id}/resume"
                     f""" -d '{{"request_id": "approve-{waiting.run_id[:8]}", "decisions": [{{"type": "approve"}}]}}'""",
                 )
             )
