@@ -11,6 +11,14 @@ Memory stays constant whatever the size: runs are read in keyset chunks of
 (index ``message_run_sequence_idx``), and the text is produced as it is
 sent. The API, the admin (run page, thread page, run-list action) and
 ``manage.py export_audit`` share these generators.
+
+Text PostgreSQL cannot hold (a NUL, a lone surrogate, stored escaped,
+R-RUN-11) goes out as every other reader shows it (R-RUN-13): a JSON line
+or a CSV JSON cell is the API's JSON (:func:`yuxi_project.responses.encode_json`,
+which writes a lone surrogate as the ``\\ud800`` escape), and a CSV text
+cell is the admin's form (:func:`core.storable.visible`). So every piece
+can be encoded as UTF-8: one such character used to cut the download with
+``UnicodeEncodeError``.
 """
 
 from __future__ import annotations
@@ -26,11 +34,12 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Q, QuerySet
 from django.http import StreamingHttpResponse
-from ninja.responses import NinjaJSONEncoder
 
 from conversations.models import Message
 from core.db import release_connection
 from core.errors import InvalidInput
+from core.storable import visible
+from yuxi_project.responses import encode_json
 
 from .models import AgentRun
 from .reads.selectors import timeline_item
@@ -113,12 +122,11 @@ def records(rows: Iterable[Message]) -> Iterator[dict[str, Any]]:
         yield TimelineItemOut.model_validate(timeline_item(row, include_raw_output=True)).model_dump()
 
 
-_ENCODER = NinjaJSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
 def as_json(value: Any) -> str:
-    """JSON text of ``value`` as the API writes it."""
-    return _ENCODER.encode(value)
+    """JSON text of ``value`` as the API writes it (the same encoder, so
+    the same bytes); always encodable as UTF-8, a lone surrogate included
+    (R-RUN-13)."""
+    return encode_json(value).decode()
 
 
 def render(items: Iterable[dict[str, Any]], fmt: str) -> Iterator[str]:
@@ -126,7 +134,9 @@ def render(items: Iterable[dict[str, Any]], fmt: str) -> Iterator[str]:
 
     ``jsonl``: one JSON object per line. ``csv``: a header of
     :data:`COLUMNS`, then one line per item; JSON-valued fields are JSON
-    texts, a null is an empty cell.
+    texts, a null is an empty cell, text is in the admin's form
+    (:func:`core.storable.visible`: a NUL or lone surrogate as its
+    six-character escape, R-RUN-13).
 
     Raises:
         InvalidInput: an unknown format (``field: format``).
@@ -176,7 +186,10 @@ def _cell(name: str, value: Any) -> str:
         return as_json(value)
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, str)):
+    if isinstance(value, str):
+        # The admin's form: a NUL or lone surrogate as its escape (R-RUN-13).
+        return visible(value)
+    if isinstance(value, int):
         return str(value)
     # Times and ids exactly as in the JSON, without the quotes.
     return json.loads(as_json(value))

@@ -87,3 +87,97 @@ def big_run(
             )
     Message.objects.bulk_create(batch, batch_size=2000)
     return run
+
+
+# Text PostgreSQL cannot hold as given (R-RUN-11, R-RUN-13): a NUL, a lone
+# surrogate, and a literal backslash escape that the stored form must tell
+# apart from them.
+AWKWARD = "Par\x00is \ud800 C:\\u0000 end"
+# How the admin, the CSV and the OpenTelemetry spans show it
+# (core.storable.visible).
+AWKWARD_VISIBLE = "Par\\u0000is \\ud800 C:\\u005cu0000 end"
+
+
+def awkward_run(thread, *, start: dt.datetime | None = None) -> AgentRun:
+    """A completed run of ``thread`` whose title, input, tool input, tool
+    output (and raw output envelope), tool error and model answer all hold
+    :data:`AWKWARD`: a model call declaring ``lookup``, the call, a failed
+    second call, and the final answer (the run's output message)."""
+    start = start or dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    thread.title = AWKWARD
+    thread.save(update_fields=["title"])
+    run = AgentRun.objects.create(
+        request_id=f"awkward-{uuid.uuid4().hex}",
+        thread=thread,
+        user=thread.user,
+        agent_id=thread.agent_id,
+        model=thread.model,
+        input={"text": AWKWARD},
+        status=AgentRun.Status.COMPLETED,
+        started_at=start,
+        finished_at=start + dt.timedelta(seconds=4),
+        usage={"input_tokens": 20, "output_tokens": 10, "total_tokens": 30, "unknown_calls": 0},
+    )
+
+    def at(seconds: float) -> dt.datetime:
+        return start + dt.timedelta(seconds=seconds)
+
+    common = {"thread": thread, "run": run, "execution_status": Message.ExecutionStatus.COMPLETED}
+    model = Message.objects.create(
+        **common,
+        role=Message.Role.ASSISTANT,
+        message_type=Message.Type.MODEL_AUDIT,
+        operation_id="lc_run--awkward-1",
+        sequence=1,
+        started_at=at(0.1),
+        finished_at=at(0.5),
+        duration_ms=400,
+        usage={"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
+        content=AWKWARD,
+        tool_calls=[
+            {"id": "call_awkward_1", "name": "lookup", "args": {"query": AWKWARD}},
+            {"id": "call_awkward_2", "name": "lookup", "args": {"query": AWKWARD}},
+        ],
+        metadata={"model_name": "replay-model"},
+    )
+    tool = {**common, "role": Message.Role.TOOL, "message_type": Message.Type.TOOL_AUDIT, "declared_by": model}
+    Message.objects.create(
+        **tool,
+        operation_id="call_awkward_1",
+        sequence=2,
+        started_at=at(1),
+        finished_at=at(1.2),
+        duration_ms=200,
+        tool_name="lookup",
+        tool_input={"query": AWKWARD},
+        content=AWKWARD,
+        metadata={"raw_output": {"type": "tool", "tool_call_id": "call_awkward_1", "content": AWKWARD}},
+    )
+    Message.objects.create(
+        **(tool | {"execution_status": Message.ExecutionStatus.FAILED}),
+        operation_id="call_awkward_2",
+        sequence=3,
+        started_at=at(1.5),
+        finished_at=at(1.6),
+        duration_ms=100,
+        tool_name="lookup",
+        tool_input={"query": AWKWARD},
+        content=AWKWARD,
+        metadata={"error_type": "tool_error", "tool_error": AWKWARD},
+    )
+    answer = Message.objects.create(
+        **common,
+        role=Message.Role.ASSISTANT,
+        message_type=Message.Type.MODEL_AUDIT,
+        operation_id="lc_run--awkward-2",
+        sequence=4,
+        started_at=at(2),
+        finished_at=at(3),
+        duration_ms=1000,
+        usage={"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
+        content=AWKWARD,
+        metadata={"model_name": "replay-model", "finish_reason": "stop"},
+    )
+    AgentRun.objects.filter(pk=run.pk).update(output_message=answer)
+    run.output_message = answer
+    return run

@@ -23,8 +23,9 @@ from audit.models import AgentRun
 from audit.schemas import TimelineItemOut
 from conversations.models import Conversation
 from tests.conftest import bearer
+from yuxi_project.responses import encode_json
 
-from .builders import big_run
+from .builders import AWKWARD, AWKWARD_VISIBLE, awkward_run, big_run
 
 pytestmark = pytest.mark.django_db
 
@@ -100,6 +101,35 @@ def test_thread_and_filtered_exports_keep_timeline_order_R_ADM_2(client, staff_u
     assert len(everything) == 41
     runs_in_order = list(dict.fromkeys(r["run_id"] for r in everything))
     assert runs_in_order == [str(r.pk) for r in AgentRun.objects.order_by("created_at", "pk")]
+
+
+def test_text_postgresql_cannot_hold_exports_as_the_timeline_shows_it_R_ADM_2_R_RUN_13(
+    client, staff_user, thread, tmp_path
+):
+    """A NUL and a lone surrogate in the input, tool input and output, raw
+    output, tool error and answer: the download completes (a lone surrogate
+    used to cut it with UnicodeEncodeError), every JSON line parses to the
+    timeline API's item, and every CSV text cell holds the form the admin
+    shows (``visible``), its JSON cells the API's JSON."""
+    run = awkward_run(thread)
+    headers = bearer(staff_user)
+    timeline = client.get(f"/api/audit/runs/{run.pk}/timeline", headers=headers).json()["items"]
+    assert [item["content"] for item in timeline] == [AWKWARD] * 4
+
+    exported = lines_of(client.get(f"/api/audit/runs/{run.pk}/export", {"format": "jsonl"}, headers=headers))
+    assert exported == timeline
+    assert exported[1]["tool_input"] == {"query": AWKWARD} and exported[1]["raw_output"]["content"] == AWKWARD
+
+    rows = csv_of(client.get(f"/api/audit/runs/{run.pk}/export", {"format": "csv"}, headers=headers))
+    assert [row["content"] for row in rows] == [AWKWARD_VISIBLE] * 4
+    for row, item in zip(rows, timeline, strict=True):
+        for name in ("tool_calls", "tool_input", "metadata", "raw_output"):
+            assert row[name] == ("" if item[name] is None else encode_json(item[name]).decode())
+    assert json.loads(rows[2]["metadata"])["tool_error"] == AWKWARD
+    # The command writes the same text to a UTF-8 file.
+    out = tmp_path / "run.jsonl"
+    call_command("export_audit", "--run", str(run.pk), "--output", str(out))
+    assert [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] == timeline
 
 
 def test_export_is_for_staff_and_refuses_bad_input_R_ADM_2_R_READ_5(client, user, staff_user, run_and_thread):
