@@ -33,6 +33,15 @@ the tracer also applies its attribute checks and limits.
 Message content and tool payloads are attributes only when ``content`` is
 on (setting ``OTEL_EXPORT_CONTENT``); every payload string longer than
 ``max_chars`` is cut and ends with a ``…[truncated N of M chars]`` marker.
+
+Text PostgreSQL cannot hold (a NUL, a lone surrogate, R-RUN-11) is in the
+spans as the admin shows it (R-RUN-13): every span name, string attribute
+(and string in a list attribute), status description, and every string
+inside a JSON-valued attribute goes through :func:`span_text`, which puts
+it in :func:`core.storable.visible`'s escaped form after any cut. A lone
+surrogate has no UTF-8 encoding: one used to make the whole OTLP request
+unencodable, so the pass failed on that run, every pass after it too, and
+the cursor never moved past it.
 """
 
 from __future__ import annotations
@@ -54,9 +63,19 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from audit.models import AgentRun
 from conversations.models import Message
+from core.storable import visible
 
 SERVICE_NAME = "yuxi-agent-audit"
 SCOPE_NAME = "yuxi.audit.export"
+
+# Attributes whose value is JSON text made by `_json`: their strings are
+# already in span form, and escaping the JSON text again would escape the
+# escapes.
+_JSON_ATTRIBUTES = frozenset(
+    {"gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments", "yuxi.run.input"}
+)
+# Longest span status description (characters).
+STATUS_CHARS = 1000
 
 # Run statuses and row execution statuses that end a span in error.
 _RUN_ERRORS = {AgentRun.Status.FAILED, AgentRun.Status.CANCELLED}
@@ -132,8 +151,39 @@ def truncate(text: str, max_chars: int) -> str:
     return f"{text[:max_chars]}…[truncated {len(text) - max_chars} of {len(text)} chars]"
 
 
+def span_text(text: str, max_chars: int | None = None) -> str:
+    """``text`` as a span carries it (R-RUN-13): cut to ``max_chars``
+    characters by :func:`truncate` when given, then in the escaped form the
+    admin shows (:func:`core.storable.visible`: each NUL and lone surrogate
+    as its six-character escape, ``\\u0000``, ``\\ud800``). Cutting first
+    counts each such character as the one it is and never splits an escape;
+    the result is always encodable as UTF-8, so no content can make an OTLP
+    request unsendable. Apply it once: the escaped form is not escaped
+    again."""
+    if max_chars is not None:
+        text = truncate(text, max_chars)
+    return visible(text)
+
+
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+    """JSON text of ``value`` for a JSON-valued attribute
+    (:data:`_JSON_ATTRIBUTES`), every string and key in :func:`span_text`
+    form; a payload's strings are cut before this, the JSON text after."""
+    return json.dumps(visible(value), ensure_ascii=False, default=_json_default, sort_keys=True)
+
+
+def _json_default(value: Any) -> str:
+    return span_text(str(value))
+
+
+def _attribute(value: Any) -> Any:
+    """A plain attribute value in span form: strings, and the strings of a
+    list, through :func:`span_text`; numbers and booleans as they are."""
+    if isinstance(value, str):
+        return span_text(value)
+    if isinstance(value, list | tuple):
+        return [span_text(item) if isinstance(item, str) else item for item in value]
+    return value
 
 
 def _ns(moment: datetime | None) -> int | None:
@@ -281,7 +331,7 @@ class SpanFactory:
         if run.status in _RUN_ERRORS:
             error_type = run.error_type or run.status
             attributes["error.type"] = error_type
-            status = Status(StatusCode.ERROR, truncate(run.error_message or error_type, 1000))
+            status = Status(StatusCode.ERROR, run.error_message or error_type)
         start = run.started_at or run.created_at
         return self._span(
             name=f"invoke_agent {run.agent_id}",
@@ -384,8 +434,10 @@ class SpanFactory:
             if not isinstance(call, dict):
                 continue
             arguments = call.get("args")
-            if len(_json(arguments)) > self.max_chars:
-                arguments = truncate(_json(arguments), self.max_chars)
+            # Measured and cut as the original's JSON; `_json` escapes the cut text once.
+            raw = json.dumps(arguments, ensure_ascii=False, default=str, sort_keys=True)
+            if len(raw) > self.max_chars:
+                arguments = truncate(raw, self.max_chars)
             parts.append({"type": "tool_call", "id": call.get("id"), "name": call.get("name"), "arguments": arguments})
         finish = (row.metadata or {}).get("finish_reason") or ("tool_call" if row.tool_calls else "stop")
         return {"role": "assistant", "parts": parts, "finish_reason": str(finish)}
@@ -395,7 +447,7 @@ class SpanFactory:
             error_type = str((row.metadata or {}).get("error_type") or row.execution_status)
             attributes["error.type"] = error_type
             detail = (row.metadata or {}).get("tool_error") or row.execution_status
-            return Status(StatusCode.ERROR, truncate(str(detail), 1000))
+            return Status(StatusCode.ERROR, str(detail))
         if row.execution_status == Message.ExecutionStatus.COMPLETED:
             return Status(StatusCode.OK)
         return Status(StatusCode.UNSET)
@@ -419,14 +471,20 @@ class SpanFactory:
         self._ids.trace_id = trace_id
         self._ids.span_id = span_id
         context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent)) if parent else None
+        # Every string of the span in span form, here in one place (R-RUN-13):
+        # payloads were cut by their builders, on the original text.
         span = self._tracer.start_span(
-            name,
+            span_text(name),
             context=context,
             kind=kind,
-            attributes={k: v for k, v in attributes.items() if v is not None},
+            attributes={
+                k: v if k in _JSON_ATTRIBUTES else _attribute(v) for k, v in attributes.items() if v is not None
+            },
             links=links,
             start_time=start_ns,
         )
+        if status.description:
+            status = Status(status.status_code, span_text(status.description, STATUS_CHARS))
         span.set_status(status)
         span.end(end_time=end_ns)
         finished = self._collect.finished.pop()

@@ -6,6 +6,7 @@ and the beat task. The end-to-end proof against Arize Phoenix is
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import psycopg
@@ -22,6 +23,7 @@ from otel_export.models import ExportCursor
 from otel_export.services import OtlpReceiver as Exporter
 from otel_export.services import export_closed_runs
 from otel_export.spans import row_span_id, run_span_id
+from tests.admin.builders import AWKWARD, AWKWARD_VISIBLE, awkward_run
 from tests.conftest import make_run
 
 from .receiver import OtlpReceiver
@@ -34,13 +36,15 @@ OK, ERROR, UNSET = 1, 2, 0  # OTLP status codes
 @pytest.fixture
 def export_config(monkeypatch):
     """Export settings of this process: no settle time (the tests' runs
-    are committed before they export), small requests."""
+    are committed before they export), small requests, the default payload
+    cut (restored after a test that sets its own)."""
     from core.config import get_config
 
     config = get_config()
     monkeypatch.setattr(config, "OTEL_EXPORT_SETTLE_SECONDS", 0.0)
     monkeypatch.setattr(config, "OTEL_EXPORT_BATCH_SPANS", 512)
     monkeypatch.setattr(config, "OTEL_EXPORT_CONTENT", False)
+    monkeypatch.setattr(config, "OTEL_EXPORT_MAX_PAYLOAD_CHARS", 4000)
     return config
 
 
@@ -195,6 +199,49 @@ def test_content_only_when_enabled_and_large_payloads_truncated_R_OTEL_1(user, r
     assert "gen_ai.tool.call.arguments" in tool.attributes
     model_rows = Message.objects.model_calls().filter(run=run)
     assert all("gen_ai.output.messages" in spans[f"{row_span_id(r.pk):016x}"].attributes for r in model_rows)
+
+
+def test_text_postgresql_cannot_hold_never_blocks_the_export_R_OTEL_1_R_RUN_13(
+    user, thread, replay_models, export_config, receiver
+):
+    """A run with a NUL and a lone surrogate in its input, tool input and
+    output, tool error and answer is exported with that text in the admin's
+    form (``visible``), cut before it is escaped; a run that finished after
+    it is exported too. The lone surrogate used to make the OTLP protobuf
+    unencodable: every pass failed on that run and the cursor never moved."""
+    export_config.OTEL_EXPORT_CONTENT = True
+    awkward = awkward_run(thread)
+    after = execute(user, "plain_answer")
+    result = export_closed_runs(receiver=exporter(receiver))
+    assert result.error == "" and result.caught_up and result.runs == 2
+    assert ExportCursor.objects.get().run_id == after.id
+    spans = receiver.unique()
+    assert set(spans) == expected_span_ids([awkward, after])
+
+    root = spans[f"{run_span_id(awkward.id):016x}"]
+    (message,) = json.loads(root.attributes["gen_ai.input.messages"])
+    assert message["parts"][0]["content"] == AWKWARD_VISIBLE
+    (answer,) = json.loads(root.attributes["gen_ai.output.messages"])
+    assert answer["parts"][0]["content"] == AWKWARD_VISIBLE
+    rows = {row.sequence: row for row in Message.objects.audit().filter(run=awkward)}
+    declaring = json.loads(spans[f"{row_span_id(rows[1].pk):016x}"].attributes["gen_ai.output.messages"])[0]
+    assert declaring["parts"][0]["content"] == AWKWARD_VISIBLE
+    assert [part["arguments"] for part in declaring["parts"][1:]] == [{"query": AWKWARD_VISIBLE}] * 2
+    for sequence in (2, 3):
+        tool = spans[f"{row_span_id(rows[sequence].pk):016x}"]
+        assert tool.attributes["gen_ai.tool.call.result"] == AWKWARD_VISIBLE
+        assert json.loads(tool.attributes["gen_ai.tool.call.arguments"]) == {"query": AWKWARD_VISIBLE}
+    failed = spans[f"{row_span_id(rows[3].pk):016x}"]
+    assert failed.status_code == ERROR and failed.status_message == AWKWARD_VISIBLE
+
+    # Cut to 16 characters: the NUL and the lone surrogate count as one each
+    # and are escaped after the cut, so the cut never splits an escape (and
+    # the literal \u000 left of the cut needs none).
+    export_config.OTEL_EXPORT_MAX_PAYLOAD_CHARS = 16
+    assert export_closed_runs(receiver=exporter(receiver), cursor_name="short").runs == 2
+    short = receiver.unique()[f"{row_span_id(rows[2].pk):016x}"]
+    cut = f"…[truncated {len(AWKWARD) - 16} of {len(AWKWARD)} chars]"
+    assert short.attributes["gen_ai.tool.call.result"] == "Par\\u0000is \\ud800 C:\\u000" + cut
 
 
 def test_receiver_failing_mid_export_loses_and_duplicates_nothing_R_OTEL_1(
