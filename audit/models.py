@@ -61,6 +61,10 @@ class AgentRun(models.Model):
     # {"text": ...} for a turn, {"decisions": [...]} for a resume.
     input = StorableJSONField(default=dict)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    # Which execution of this run: 1, then one more each time another
+    # worker continues it after its worker died (R-RUN-15). Every audit row
+    # records the attempt that wrote it (``Message.attempt``).
+    attempt = models.PositiveSmallIntegerField(default=1, db_default=1)
 
     # --- lease (R-RUN-3, R-RUN-4, R-RUN-7) ---
     lease_owner = models.CharField(max_length=200, null=True, blank=True)

@@ -195,6 +195,14 @@ class Message(models.Model):
     # rows written by raw SQL are root rows. ---
     namespace = models.JSONField(default=list, blank=True, db_default=Value([], output_field=models.JSONField()))
     parent_operation_id = StorableCharField(max_length=255, null=True, blank=True)
+    # --- effect ledger (R-EFF-1, R-RUN-15): a tool row's effect key, the
+    # same when its run is retried (``audit.ledger.tool_audit.effect_key``;
+    # null on every other row); the original tool row a replayed result
+    # came from (null unless replayed); the run attempt that wrote the row.
+    # db_default: rows written by raw SQL are of a first attempt. ---
+    effect_key = models.TextField(null=True, blank=True)
+    replayed_from = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="replays")
+    attempt = models.PositiveSmallIntegerField(default=1, db_default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -253,6 +261,13 @@ class Message(models.Model):
                 fields=["operation_id"],
                 name="message_operation_idx",
                 condition=Q(operation_id__isnull=False),
+            ),
+            # Effect ledger (R-EFF-1): "a completed tool row with this effect
+            # key among the runs of this turn" (the key names the turn).
+            models.Index(
+                fields=["effect_key"],
+                name="message_effect_key_idx",
+                condition=Q(effect_key__isnull=False),
             ),
             # Terminal transaction and sweeper: a run's rows still running.
             models.Index(

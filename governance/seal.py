@@ -5,7 +5,8 @@ closed. Each audit row (``operation_id`` set, the run's final answer
 included) is encoded canonically — every fact field of :data:`FACT_FIELDS`:
 ids, role, type, status, sequence, timestamps, duration, usage and its
 cause, cost and price, content, declared tool calls, tool name and input,
-the declaring row, the subagent namespace and parent, and the metadata that
+the declaring row, the subagent namespace and parent, the effect key, the
+row a replayed result came from and the attempt, and the metadata that
 carries the raw tool output and the purge and erasure marks — and hashed
 (``row digest``). The chain starts from ``SHA-256("yuxi-seal/v<version>" |
 run id)``; each link is ``SHA-256(previous link | row digest)`` over the
@@ -16,7 +17,9 @@ so that a verification names every row that differs, not only the run.
 
 Versions: a run sealed before the version was stored (``seal_version``
 null) was sealed under version 1, whose encoding lacks the namespace and
-the parent (:data:`V1_FACT_FIELDS`); it is verified under version 1 for
+the parent (:data:`V1_FACT_FIELDS`); version 2 (:data:`V2_FACT_FIELDS`)
+lacks the effect ledger's facts — effect key, replayed-from row, attempt
+(R-EFF-1). A run is verified under the version it was sealed under for
 ever, and a purge or erasure that seals it again seals it under the current
 :data:`SEAL_VERSION`. The version is part of the chain's first link, so a
 seal cannot be passed off as another version's.
@@ -43,13 +46,45 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 # The version new seals are made under (stored on the run as ``seal_version``).
-SEAL_VERSION = 2
+SEAL_VERSION = 3
 ROW_DIGEST_CHARS = 16
 
 # The facts a seal covers, read the same way by the seal and the check:
 # every field of a message row but the bookkeeping ``created_at`` and
 # ``updated_at`` (R-GOV-4).
 FACT_FIELDS = (
+    "id",
+    "run_id",
+    "thread_id",
+    "role",
+    "message_type",
+    "operation_id",
+    "sequence",
+    "execution_status",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "usage",
+    "usage_cause",
+    "cost_usd",
+    "price_source",
+    "price_version",
+    "content",
+    "tool_calls",
+    "tool_name",
+    "tool_input",
+    "declared_by_id",
+    "namespace",
+    "parent_operation_id",
+    "effect_key",
+    "replayed_from_id",
+    "attempt",
+    "metadata",
+)
+
+# Version 2 sealed these, and never changes: seals made under it verify for
+# ever. It did not seal the effect ledger's facts (R-EFF-1).
+V2_FACT_FIELDS = (
     "id",
     "run_id",
     "thread_id",
@@ -106,10 +141,10 @@ V1_FACT_FIELDS = (
 # Facts added to version 1 after rows were first sealed under it: hashed only
 # when set, so that a row sealed before the field existed (null there) keeps
 # its digest, while setting, changing or clearing one still changes it.
-# Version 2 hashes every fact, set or not.
+# Versions 2 and 3 hash every fact of theirs, set or not.
 V1_LATER_FACT_FIELDS = frozenset({"usage_cause"})  # R-MA-12
 
-_CHAIN_TAGS = {1: b"yuxi-seal/v1", 2: b"yuxi-seal/v2"}
+_CHAIN_TAGS = {1: b"yuxi-seal/v1", 2: b"yuxi-seal/v2", 3: b"yuxi-seal/v3"}
 
 
 def _plain(value: Any) -> Any:
@@ -128,13 +163,15 @@ def _encoded(facts: dict[str, Any], version: int) -> dict[str, Any]:
             if facts[name] is not None or name not in V1_LATER_FACT_FIELDS
         }
     if version == 2:
+        return {name: _plain(facts[name]) for name in V2_FACT_FIELDS}
+    if version == 3:
         return {name: _plain(facts[name]) for name in FACT_FIELDS}
     raise ValueError(f"unknown seal version {version!r}")
 
 
 def row_digest(facts: dict[str, Any], *, version: int = SEAL_VERSION) -> str:
     """SHA-256 (hex) of one row's canonical encoding under seal ``version``
-    (1 or 2; ``facts`` holds at least that version's fields): JSON with
+    (1, 2 or 3; ``facts`` holds at least that version's fields): JSON with
     sorted keys, no spaces and ASCII escapes (a lone surrogate hashes too,
     R-RUN-11). Raises ``ValueError`` for an unknown version (R-GOV-3,
     R-GOV-4)."""

@@ -6,7 +6,8 @@ What they refuse, unless the transaction names an open governance action
 
 * UPDATE of a **closed** audit row's facts — run, thread, role, operation
   id, sequence, status, timestamps, duration, usage and its cause, tool
-  name and input, declaring row — and overwriting its content, declared tool calls, cost or
+  name and input, declaring row, effect key, replayed-from row and attempt
+  (R-EFF-1) — and overwriting its content, declared tool calls, cost or
   raw output once set. The terminal reconcile may still *fill* what the
   stream left empty (content, tool calls, cost) and add metadata proofs
   (``state_reconciled``), and binding makes the answer row ``text``: those
@@ -14,7 +15,8 @@ What they refuse, unless the transaction names an open governance action
 * Once the run is **sealed**, any change of a row's sealed facts at all
   (content, tool calls, type, cost and price, metadata, subagent namespace
   and parent too).
-* UPDATE of a sealed run's seal, status, input, output or end time (an
+* UPDATE of a sealed run's seal, status, input, output, end time or
+  attempt (an
   ``interrupted`` run excepted: cancelling its pending approval ends it
   again, and that terminal transaction seals it again).
 * DELETE of audit rows and of runs (a thread or user deleted with its runs
@@ -49,11 +51,11 @@ _REFUSE = "USING ERRCODE = 'restrict_violation', HINT = 'only purge_payloads and
 _CLOSED_FACTS = """
     (OLD.run_id, OLD.thread_id, OLD.role, OLD.operation_id, OLD.sequence, OLD.execution_status,
      OLD.started_at, OLD.finished_at, OLD.duration_ms, OLD.usage, OLD.usage_cause, OLD.tool_name,
-     OLD.tool_input, OLD.declared_by_id)
+     OLD.tool_input, OLD.declared_by_id, OLD.effect_key, OLD.replayed_from_id, OLD.attempt)
     IS DISTINCT FROM
     (NEW.run_id, NEW.thread_id, NEW.role, NEW.operation_id, NEW.sequence, NEW.execution_status,
      NEW.started_at, NEW.finished_at, NEW.duration_ms, NEW.usage, NEW.usage_cause, NEW.tool_name,
-     NEW.tool_input, NEW.declared_by_id)
+     NEW.tool_input, NEW.declared_by_id, NEW.effect_key, NEW.replayed_from_id, NEW.attempt)
     OR (OLD.content <> '' AND NEW.content IS DISTINCT FROM OLD.content)
     OR (OLD.tool_calls IS NOT NULL AND NEW.tool_calls IS DISTINCT FROM OLD.tool_calls)
     OR (OLD.cost_usd IS NOT NULL AND NEW.cost_usd IS DISTINCT FROM OLD.cost_usd)
@@ -127,11 +129,12 @@ sealed_run = pgtrigger.Trigger(
             RETURN NEW;
         END IF;
         IF (OLD.seal_head, OLD.seal_row_count, OLD.seal_rows, OLD.seal_version, OLD.sealed_at, OLD.status,
-            OLD.input, OLD.output_message_id, OLD.finished_at)
+            OLD.input, OLD.output_message_id, OLD.finished_at, OLD.attempt)
            IS DISTINCT FROM
            (NEW.seal_head, NEW.seal_row_count, NEW.seal_rows, NEW.seal_version, NEW.sealed_at, NEW.status,
-            NEW.input, NEW.output_message_id, NEW.finished_at) THEN
-            RAISE EXCEPTION 'run % is sealed: its seal, status, input and output are append-only (R-GOV-3)', OLD.id
+            NEW.input, NEW.output_message_id, NEW.finished_at, NEW.attempt) THEN
+            RAISE EXCEPTION 'run % is sealed: its seal, status, input, output and attempt are append-only (R-GOV-3)',
+                OLD.id
                 {_REFUSE};
         END IF;
         RETURN NEW;

@@ -204,6 +204,9 @@ SEALED_CHANGES = {
     "declared_by_id": "declared_by_id = id",
     "namespace": """namespace = '["tools:forged"]'""",
     "parent_operation_id": "parent_operation_id = 'call_forged'",
+    "effect_key": "effect_key = COALESCE(effect_key, '') || '-forged'",
+    "replayed_from_id": "replayed_from_id = id",
+    "attempt": "attempt = attempt + 1",
     "metadata": """metadata = metadata || '{"forged": true}'""",
 }
 
@@ -239,36 +242,38 @@ def test_each_fact_field_is_sealed_R_GOV_4(thread, fact):
 # --------------------------------------------------------------------------
 
 
+# One tool row of a subagent, sealed under every version (R-GOV-4).
+_ROW_FACTS = {
+    "id": 41,
+    "run_id": uuid.UUID("6f1c2a44-0000-4000-8000-000000000001"),
+    "thread_id": uuid.UUID("6f1c2a44-0000-4000-8000-000000000002"),
+    "role": "tool",
+    "message_type": "tool_audit",
+    "operation_id": "call_a",
+    "sequence": 2,
+    "execution_status": "completed",
+    "started_at": dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC),
+    "finished_at": dt.datetime(2026, 1, 2, 3, 4, 6, tzinfo=dt.UTC),
+    "duration_ms": 1321,
+    "usage": None,
+    "usage_cause": None,
+    "cost_usd": None,
+    "price_source": "",
+    "price_version": "",
+    "content": "sunny",
+    "tool_calls": None,
+    "tool_name": "get_weather",
+    "tool_input": {"city": "Paris"},
+    "declared_by_id": 40,
+    "metadata": {"namespace": ["tools:t1"]},
+}
+
+
 def test_version_1_encoding_and_chain_are_unchanged_R_GOV_4():
     """The digest and head the seal's first version gave this row (computed
     by the code before version 2 existed): seals made then verify for ever."""
     run_id = uuid.UUID("6f1c2a44-0000-4000-8000-000000000001")
-    facts = {
-        "id": 41,
-        "run_id": run_id,
-        "thread_id": uuid.UUID("6f1c2a44-0000-4000-8000-000000000002"),
-        "role": "tool",
-        "message_type": "tool_audit",
-        "operation_id": "call_a",
-        "sequence": 2,
-        "execution_status": "completed",
-        "started_at": dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC),
-        "finished_at": dt.datetime(2026, 1, 2, 3, 4, 6, tzinfo=dt.UTC),
-        "duration_ms": 1321,
-        "usage": None,
-        "usage_cause": None,
-        "cost_usd": None,
-        "price_source": "",
-        "price_version": "",
-        "content": "sunny",
-        "tool_calls": None,
-        "tool_name": "get_weather",
-        "tool_input": {"city": "Paris"},
-        "declared_by_id": 40,
-        "metadata": {"namespace": ["tools:t1"]},
-        "namespace": ["tools:t1"],
-        "parent_operation_id": "call_task",
-    }
+    facts = {**_ROW_FACTS, "namespace": ["tools:t1"], "parent_operation_id": "call_task"}
     digest = row_digest(facts, version=1)
     assert digest == "48389a43a8a648e0f025c5e2ffc907c7fe6c0e6dc65db2ed588b7573aacfa543"
     assert chain(run_id, [(41, digest)], version=1).head == (
@@ -276,8 +281,32 @@ def test_version_1_encoding_and_chain_are_unchanged_R_GOV_4():
     )
     # Version 2 seals the namespace and the parent; version 1 did not.
     assert row_digest({**facts, "namespace": []}, version=1) == digest
-    assert row_digest({**facts, "namespace": []}) != row_digest(facts)
-    assert row_digest({**facts, "parent_operation_id": None}) != row_digest(facts)
+    assert row_digest({**facts, "namespace": []}, version=2) != row_digest(facts, version=2)
+    assert row_digest({**facts, "parent_operation_id": None}, version=2) != row_digest(facts, version=2)
+
+
+def test_version_2_encoding_and_chain_are_unchanged_R_GOV_4():
+    """The digest and head version 2 gave this row (computed by the code
+    before version 3 existed): runs sealed under it verify for ever, and the
+    effect ledger's facts, which it never sealed, do not enter it."""
+    run_id = uuid.UUID("6f1c2a44-0000-4000-8000-000000000001")
+    facts = {
+        **_ROW_FACTS,
+        "namespace": ["tools:t1"],
+        "parent_operation_id": "call_task",
+        "effect_key": "k",
+        "replayed_from_id": 7,
+        "attempt": 2,
+    }
+    digest = row_digest(facts, version=2)
+    assert digest == "f8baac2c35cf2b17eec8cc5a08992697026b330199bd45c7d9e5b73b75c531d3"
+    assert chain(run_id, [(41, digest)], version=2).head == (
+        "63e9194b65e96e733dba1f6896bb9b9945ed2a9d8b8fc7cad2febd9a20ab126d"
+    )
+    # Version 3 seals the effect key, the replayed-from row and the attempt.
+    for fact, other in (("effect_key", None), ("replayed_from_id", None), ("attempt", 1)):
+        assert row_digest({**facts, fact: other}, version=2) == digest
+        assert row_digest({**facts, fact: other}) != row_digest(facts)
 
 
 def _seal_under_version_1(run) -> None:
@@ -291,7 +320,7 @@ def _seal_under_version_1(run) -> None:
 
 def test_a_run_sealed_under_version_1_still_verifies_and_its_changes_are_named_R_GOV_4(thread):
     run = tool_turn(thread)
-    assert AgentRun.objects.get(pk=run.pk).seal_version == SEAL_VERSION == 2
+    assert AgentRun.objects.get(pk=run.pk).seal_version == SEAL_VERSION == 3
     model, tool, _answer = _timeline(run)
     # A subagent's rows sealed before version 2: their namespace and parent
     # were not sealed, and the seal stays valid all the same.
@@ -301,6 +330,28 @@ def test_a_run_sealed_under_version_1_still_verifies_and_its_changes_are_named_R
         [tool.pk],
     )
     _seal_under_version_1(run)
+    status, out, _ = verify()
+    assert status == 0 and "1 sealed, 0 unsealed" in out and "0 changed after sealing" in out
+    behind_the_back("""UPDATE conversations_message SET tool_input = '{"city": "Oslo"}' WHERE id = %s""", [tool.pk])
+    status, out, _ = verify()
+    assert status == 1 and f"run {run.pk}: row {tool.pk} changed after sealing (tool call_a, sequence 2)" in out
+    assert f"row {model.pk} " not in out
+
+
+def test_a_run_sealed_under_version_2_still_verifies_and_its_changes_are_named_R_GOV_4(thread):
+    run = tool_turn(thread)
+    model, tool, _answer = _timeline(run)
+    # Rows sealed before version 3: the effect ledger's facts were not
+    # sealed (a replay's facts, set here, changed no version 2 digest).
+    behind_the_back(
+        "UPDATE conversations_message SET effect_key = 'k-before-v3', replayed_from_id = %s, attempt = 2 WHERE id = %s",
+        [model.pk, tool.pk],
+    )
+    seal = compute_seal(run.pk, audit_row_facts([run.pk])[run.pk], version=2)
+    behind_the_back(
+        "UPDATE audit_agentrun SET seal_head = %s, seal_row_count = %s, seal_rows = %s, seal_version = 2 WHERE id = %s",
+        [seal.head, seal.row_count, json.dumps(seal.rows), run.pk],
+    )
     status, out, _ = verify()
     assert status == 0 and "1 sealed, 0 unsealed" in out and "0 changed after sealing" in out
     behind_the_back("""UPDATE conversations_message SET tool_input = '{"city": "Oslo"}' WHERE id = %s""", [tool.pk])
@@ -324,3 +375,14 @@ def test_the_namespace_and_parent_of_a_sealed_runs_row_are_append_only_R_GOV_4(t
             cursor.execute(f"UPDATE conversations_message SET {assignment} WHERE id = %s", [row.pk])
     with pytest.raises(IntegrityError, match="sealed"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE audit_agentrun SET seal_version = 1 WHERE id = %s", [run.pk])
+
+
+def test_the_effect_ledger_facts_of_a_closed_row_and_a_sealed_runs_attempt_are_append_only_R_EFF_1(thread):
+    run = tool_turn(thread)
+    tool = _timeline(run)[1]
+    assert tool.role == "tool"
+    for assignment in ("effect_key = 'forged'", "replayed_from_id = id", "attempt = 2"):
+        with pytest.raises(IntegrityError, match="closed"), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"UPDATE conversations_message SET {assignment} WHERE id = %s", [tool.pk])
+    with pytest.raises(IntegrityError, match="sealed"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE audit_agentrun SET attempt = 2 WHERE id = %s", [run.pk])
