@@ -72,6 +72,9 @@ class RunOut(Schema):
     agent_id: str
     model: str
     status: Literal["pending", "running", "cancel_requested", "completed", "failed", "cancelled", "interrupted"]
+    attempt: int = Field(
+        ..., ge=1, description="Which execution of the run: 1 for a run never recovered from a dead worker (R-RUN-15)."
+    )
     error_type: str
     error_message: str
     output_message_id: int | None
@@ -106,6 +109,7 @@ class RunOut(Schema):
             agent_id=run.agent_id,
             model=run.model,
             status=run.status,
+            attempt=run.attempt,
             error_type=run.error_type,
             error_message=run.error_message,
             output_message_id=run.output_message_id,
@@ -158,6 +162,17 @@ class TimelineItemOut(Schema):
     )
     parent_operation_id: str | None = Field(
         None, description="Tool call id of the `task` call whose subagent made this call; null at the root (R-SUB-1)."
+    )
+    attempt: int = Field(..., ge=1, description="The run attempt that wrote the row (R-RUN-15).")
+    effect_key: str | None = Field(
+        None,
+        description="Tool rows: the execution's effect key, the same in every run of the turn (turn id, tool call id "
+        "and the spawning `task` call; R-EFF-1); null for model rows.",
+    )
+    replayed_from: int | None = Field(
+        None,
+        description="`id` of the original tool row whose recorded result this row returned instead of executing "
+        "the tool again (R-EFF-1); null otherwise.",
     )
     is_final_answer: bool
     metadata: dict[str, Any]

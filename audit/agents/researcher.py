@@ -23,7 +23,7 @@ from langchain.agents import create_agent
 
 from ..replay.scenarios import subagent_model_name
 from .models import chat_model
-from .tools import AgentContext, lookup_docs
+from .tools import AgentContext, declare_idempotent, lookup_docs
 
 FACT_CHECKER = "fact_checker"
 
@@ -39,6 +39,9 @@ FACT_CHECKER_PROMPT = (
 
 # The tools of the researcher and its subagent, for the admin's tool filter.
 RESEARCHER_TOOL_NAMES = ("task", lookup_docs.name)
+
+# The subagent's tools; each declares its idempotency (R-EFF-1).
+FACT_CHECKER_TOOLS = [lookup_docs]
 
 
 def subagent_model(model: str, subagent: str) -> str:
@@ -61,8 +64,15 @@ def build_researcher(*, model: str, checkpointer: Any, http_async_client: Any = 
         "description": "Checks facts against the product documentation (lookup_docs) and reports them.",
         "system_prompt": FACT_CHECKER_PROMPT,
         "model": chat_model(subagent_model(model, FACT_CHECKER), http_async_client=http_async_client),
-        "tools": [lookup_docs],
+        "tools": FACT_CHECKER_TOOLS,
     }
+    # The backend is for file tools, which neither agent has.
+    subagents = SubAgentMiddleware(backend=StateBackend(), subagents=[fact_checker])
+    for task in subagents.tools:
+        # Running the subagent again runs its own calls again under the
+        # same effect keys (the task call is their parent): each of them
+        # follows its own declaration (R-EFF-1).
+        declare_idempotent(task, True)
     return create_agent(
         chat_model(model, http_async_client=http_async_client),
         tools=[],
@@ -71,8 +81,7 @@ def build_researcher(*, model: str, checkpointer: Any, http_async_client: Any = 
             # As for the assistant: a new turn after a cancelled task call
             # finds the call without a result in the checkpoint.
             PatchToolCallsMiddleware(),
-            # The backend is for file tools, which neither agent has.
-            SubAgentMiddleware(backend=StateBackend(), subagents=[fact_checker]),
+            subagents,
         ],
         context_schema=AgentContext,
         checkpointer=checkpointer,

@@ -1,6 +1,8 @@
 """Tools of the built-in ``assistant`` agent (SPEC §5).
 
-All are deterministic so that scenarios and tests are repeatable.
+All are deterministic so that scenarios and tests are repeatable. Each
+declares whether it is idempotent (``metadata["idempotent"]``, read by
+:func:`tool_is_idempotent`, R-EFF-1).
 """
 
 from __future__ import annotations
@@ -12,11 +14,35 @@ import operator
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from langchain.tools import ToolRuntime
 from langchain_core.tools import ToolException, tool
 
 from core.workspace import outbox_path
+
+#: The tool metadata key that declares a tool idempotent (R-EFF-1).
+IDEMPOTENT = "idempotent"
+
+
+def declare_idempotent(tool: Any, idempotent: bool) -> Any:
+    """Declare whether ``tool`` (a LangChain ``BaseTool``) is idempotent —
+    executing it twice under one effect key has the effect of executing it
+    once — in its ``metadata["idempotent"]``, keeping its other metadata;
+    returns ``tool``. Implements R-EFF-1."""
+    tool.metadata = {**(tool.metadata or {}), IDEMPOTENT: bool(idempotent)}
+    return tool
+
+
+def tool_is_idempotent(tool: Any) -> bool:
+    """Whether ``tool`` (a LangChain ``BaseTool``, or anything with a
+    ``metadata`` dict) declared itself idempotent: True only for
+    ``metadata["idempotent"] is True``. A tool that declares nothing is not
+    idempotent — the safe default: a tool whose outcome is unknown is
+    executed again only when it said it may be (R-EFF-1, R-RUN-15). Never
+    raises."""
+    metadata = getattr(tool, "metadata", None)
+    return isinstance(metadata, dict) and metadata.get(IDEMPOTENT) is True
 
 
 @dataclass(frozen=True)
@@ -50,6 +76,8 @@ def get_weather(city: str) -> str:
 # A ToolException becomes an error ToolMessage (status="error") instead of
 # propagating: the handled-tool-error path (R-TA-3).
 get_weather.handle_tool_error = True
+# Reads a fixed table.
+declare_idempotent(get_weather, True)
 
 
 _OPERATORS = {
@@ -90,6 +118,9 @@ def calculator(expression: str) -> str:
     return str(result)
 
 
+declare_idempotent(calculator, True)  # a pure function
+
+
 _DOC_TEXT = (
     "Records are retained for 400 days and then deleted. Audit rows are kept for the life of the thread. "
     "Exports are produced nightly. Access to raw tool output is limited to staff. "
@@ -110,6 +141,9 @@ async def lookup_docs(query: str, size: int = 800, latency_ms: int = 0) -> str:
     return header + body
 
 
+declare_idempotent(lookup_docs, True)  # reads only
+
+
 @tool
 def send_email(to: str, subject: str, body: str, runtime: ToolRuntime[AgentContext]) -> str:
     """Send an email. Requires human approval; the email is recorded in the
@@ -124,6 +158,11 @@ def send_email(to: str, subject: str, body: str, runtime: ToolRuntime[AgentConte
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps({"to": to, "subject": subject, "body": body}))
     return f"Email to {to} recorded as {relative.as_posix()}."
+
+
+# Sending an email twice sends two emails: never executed again when its
+# outcome is unknown (R-EFF-1, R-RUN-15).
+declare_idempotent(send_email, False)
 
 
 ASSISTANT_TOOLS = [get_weather, calculator, lookup_docs, send_email]

@@ -24,10 +24,10 @@ conditions, whether the row comes back — into a statement kept for the
 process (and prepared once per connection): a call then prepares only its
 own values (issue 11: building the statement had cost the worker as much as
 its round trip). A new row is every concrete field of
-:class:`~conversations.models.Message`: the values the write gives, and for
-every other field its model default, compiled into the statement as a
-literal — so a column added to the model is written here without change.
-Values go through each field's own preparation (the escaped form of
+:class:`~conversations.models.Message`: the values the write gives, the
+run, thread and attempt of the locked run, and for every other field its
+model default, compiled into the statement as a literal — so a column
+added to the model is written here without change. Values go through each field's own preparation (the escaped form of
 :mod:`core.storable`, JSON), and rows come back through its
 converters, exactly as the ORM would
 (:func:`conversations.sql.messages_from_values`, shared with the readers).
@@ -57,8 +57,8 @@ from .lease import Lease
 
 def leased_run_sql(lease: Lease, *, now: datetime) -> tuple[str, list]:
     """The lock and the checks of :func:`~audit.ledger.lease.lock_run` as one
-    SQL query, and its parameters: ``SELECT id, thread_id FROM <run table>
-    WHERE id = … AND``
+    SQL query, and its parameters: ``SELECT id, thread_id, attempt FROM
+    <run table> WHERE id = … AND``
     request id, thread id, owner and fencing token equal the lease's, the
     status is not terminal and the lease expires after ``now`` ``FOR NO KEY
     UPDATE``. It yields the run's one row while the lease holds, else none.
@@ -91,7 +91,7 @@ def _LEASED_RUN_SQL() -> str:  # noqa: N802 - a constant, built once the connect
     # statement's text never changes (it is prepared once per connection).
     terminal = ", ".join(f"'{status}'" for status in AgentRun.TERMINAL_STATUSES)
     return (
-        f"SELECT id, thread_id FROM {table} WHERE id = %s AND request_id = %s AND thread_id = %s "
+        f"SELECT id, thread_id, attempt FROM {table} WHERE id = %s AND request_id = %s AND thread_id = %s "
         f"AND lease_owner = %s AND fencing_token = %s AND status NOT IN ({terminal}) "
         "AND lease_expires_at > %s FOR NO KEY UPDATE"
     )
@@ -211,6 +211,10 @@ def _compile(
                 values.append("leased_run.id")
             elif f.name == "thread":
                 values.append("leased_run.thread_id")
+            elif f.name == "attempt":
+                # The run attempt that writes the row, read under the lock
+                # (R-RUN-15): never a value the caller could get wrong.
+                values.append("leased_run.attempt")
             elif f.name == "role":
                 values.append(role_sql)
             elif f.name == "operation_id":
@@ -268,9 +272,10 @@ def fenced_write(
             holds for it.
         insert: a new row, ``{field name: value}`` of the fields it gives;
             every other field takes its model default (run, thread, role
-            and operation id are set here; ``created_at``/``updated_at``
-            are ``now``). Inserted only when the update changed nothing and
-            no row has the key (``ON CONFLICT … DO NOTHING``).
+            and operation id are set here, ``attempt`` is the locked run's;
+            ``created_at``/``updated_at`` are ``now``). Inserted only when
+            the update changed nothing and no row has the key (``ON
+            CONFLICT … DO NOTHING``).
         insert_sql: SQL for some inserted columns instead,
             ``{column: (sql, params)}``; it may name ``leased_run``.
         insert_when: a further condition of the insert, ``(sql, params)``

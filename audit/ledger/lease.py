@@ -44,8 +44,10 @@ from ..models import AgentRun
 @dataclass(frozen=True)
 class Lease:
     """What a worker holds after acquiring a run: identity plus fencing
-    token, and the run's configured model (it never changes; model rows are
-    priced with it, R-COST-1 — empty on a hand-built lease: then it is read)."""
+    token, the run's configured model (it never changes; model rows are
+    priced with it, R-COST-1 — empty on a hand-built lease: then it is read)
+    and the run's turn id (it never changes either; tool rows' effect keys
+    are made of it, R-EFF-1 — None on a hand-built lease: then it is read)."""
 
     run_id: uuid.UUID
     request_id: str
@@ -53,6 +55,7 @@ class Lease:
     owner: str
     fencing_token: int
     model: str = ""
+    turn_id: uuid.UUID | None = None
 
 
 # The run columns the checks read, in the order of :func:`lease_refusal`.

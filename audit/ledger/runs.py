@@ -189,6 +189,7 @@ def run_acquire_with_row(
         owner=owner,
         fencing_token=run.fencing_token,
         model=run.model,
+        turn_id=run.turn_id,
     ), run
 
 

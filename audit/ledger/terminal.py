@@ -26,6 +26,7 @@ from ops import metrics
 from ..models import AgentRun, pending_action_requests
 from .handover import enqueue_run
 from .lease import Lease, lock_run, lock_run_then_read
+from .tool_audit import effect_key
 
 log = logging.getLogger(__name__)
 
@@ -364,6 +365,7 @@ def _reconcile_model_rows(run: AgentRun, own_ai: dict[str, StateMessage], rows: 
                 usage=message.usage,
                 execution_status=ExecStatus.COMPLETED,
                 finished_at=now,
+                attempt=run.attempt,
                 metadata={"state_reconciled": True, "source": "state"},
             )
             rows.add(inserted)
@@ -443,10 +445,9 @@ def _record_rejections(
       while this run has no tool row for it.
 
     The row has no ``started_at`` (the tool never started, so it counts as
-    no execution: R-READ-4), ``sequence`` 0 (the timeline shows it at the
-    decision, before the resume run's first event), ``metadata.source =
-    "approval_decision"`` with
-    the decision, and the ToolMessage text as content. Runs again, it
+    no execution: R-READ-4), the call's effect key (R-EFF-1), ``sequence``
+    0 (the timeline shows it at the decision, before the resume run's first
+    event), ``metadata.source = "approval_decision"`` with the decision, and the ToolMessage text as content. Runs again, it
     inserts nothing twice.
     """
     rejected = _rejected_declarations(run)
@@ -477,6 +478,10 @@ def _record_rejections(
             sequence=0,
             finished_at=now,
             declared_by=declared_by,
+            # A reviewer rejects calls of the root graph (the approval
+            # middleware is the root agent's): no parent (R-EFF-1).
+            effect_key=effect_key(run.turn_id, tool_call_id),
+            attempt=run.attempt,
             metadata={"source": "approval_decision", "decision": decision, "state_reconciled": True},
         )
         rows.add(inserted)
@@ -632,6 +637,9 @@ _RUN_FIELDS = (
     "started_at",
     "error_type",
     "output_message_id",
+    # The rows the reconcile inserts carry them (R-EFF-1).
+    "turn_id",
+    "attempt",
 )
 # What :func:`_terminate` changes on the run: its UPDATE writes these.
 _TERMINAL_FIELDS = (

@@ -11,7 +11,10 @@ the row unchanged.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +34,42 @@ log = logging.getLogger(__name__)
 
 Status = AgentRun.Status
 ExecStatus = Message.ExecutionStatus
+
+# --------------------------------------------------------------------------
+# Effect key (R-EFF-1)
+# --------------------------------------------------------------------------
+
+
+def effect_key(turn_id: uuid.UUID | str, tool_call_id: str, parent_operation_id: str | None = None) -> str:
+    """The effect key of one tool execution: SHA-256 (64 hex digits) of
+    the turn id, the namespace the tool runs in — expressed by the tool
+    call id of the ``task`` call whose subagent runs it
+    (``parent_operation_id``; None or ``""`` at the root) — and its
+    ``tool_call_id``, encoded as a JSON list with ASCII escapes.
+
+    Every run of a turn (the first and its resumes, and the same run
+    continued by another worker) gives the same execution the same key,
+    and nothing else does: a tool call id reused by another turn, or by a
+    subagent of the same turn, gets another. LangGraph's ``tools:<task
+    id>`` namespace is not part of it: task ids change when a run is
+    retried. A hash, so that any tool call id (a NUL, a lone surrogate,
+    any length) makes a key of the same short, storable form. Never
+    raises for strings. Implements R-EFF-1.
+    """
+    identity = json.dumps(
+        [str(turn_id), parent_operation_id or "", tool_call_id], ensure_ascii=True, separators=(",", ":")
+    )
+    return hashlib.sha256(identity.encode("ascii")).hexdigest()
+
+
+def lease_turn_id(lease: Lease) -> uuid.UUID | None:
+    """The turn id of the leased run: the lease's own (a worker's lease
+    carries it), else read (a hand-built lease; None only for a run that
+    does not exist, whose write the lease then refuses)."""
+    if lease.turn_id is not None:
+        return lease.turn_id
+    return AgentRun.objects.filter(pk=lease.run_id).values_list("turn_id", flat=True).first()
+
 
 # --------------------------------------------------------------------------
 # Tool audit (R-TA-1, R-TA-2)
@@ -70,9 +109,14 @@ def tool_call_start(
     the call its interrupted ancestor declared), the declaring model row is
     looked up in the same turn (:func:`declaring_model_row`).
 
+    The row carries its :func:`effect_key` (the lease's turn, the row's
+    parent, ``tool_call_id``) and, like every row a fenced write inserts,
+    the locked run's ``attempt``, in the same statement (R-EFF-1).
+
     A repeated start returns the row unchanged; a closed row is never
     reopened (R-TA-2). Raises what :func:`lock_run` raises.
     """
+    nesting = subagent_fields(namespace, parent_operation_id, metadata)
     row = {
         "message_type": Message.Type.TOOL_AUDIT,
         "tool_name": tool_name,
@@ -81,7 +125,8 @@ def tool_call_start(
         "started_at": started_at,
         "execution_status": ExecStatus.RUNNING,
         "metadata": metadata or {},
-        **subagent_fields(namespace, parent_operation_id, metadata),
+        **nesting,
+        "effect_key": effect_key(lease_turn_id(lease), tool_call_id, nesting["parent_operation_id"]),
     }
     if declared_by_operation_id:
         # The declaring model row of this run, looked up in the statement.

@@ -205,6 +205,10 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
     ``namespace`` (list of strings, ``[]`` at the root) and
     ``parent_operation_id`` (the spawning ``task`` call's tool call id, or
     None) place a subagent's call under the call that started it (R-SUB-1).
+    ``attempt`` is the run attempt that wrote the row (int, R-RUN-15),
+    ``effect_key`` a tool row's effect key (None on model rows) and
+    ``replayed_from`` the ``id`` of the tool row whose recorded result this
+    one returned, or None (R-EFF-1).
     """
     is_tool = row.role == Message.Role.TOOL
     item: dict[str, Any] = {
@@ -229,6 +233,9 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
         "declared_by_id": row.declared_by_id,
         "namespace": list(row.namespace or []),
         "parent_operation_id": row.parent_operation_id,
+        "attempt": row.attempt,
+        "effect_key": row.effect_key,
+        "replayed_from": row.replayed_from_id,
         "is_final_answer": row.is_final_answer,
         "metadata": {k: v for k, v in (row.metadata or {}).items() if k not in _TIMELINE_HIDDEN_METADATA},
     }

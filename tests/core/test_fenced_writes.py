@@ -16,6 +16,7 @@ from audit import ledger
 from audit.errors import LeaseLost, RunTerminal
 from audit.execution.events import RunEventPublisher, stream_key
 from audit.ledger.lease import lock_run
+from audit.ledger.tool_audit import effect_key
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
 from tests.conftest import acquire, make_run, prepared_executed_since, prepared_executions
@@ -262,12 +263,19 @@ def test_a_write_that_reads_nothing_back_stores_the_row_the_loading_write_stores
     loaded_lease, silent_lease = acquire(make_run(thread)), acquire(make_run(other))
     loaded, silent = lifecycle(loaded_lease, True), lifecycle(silent_lease, False)
     assert all(isinstance(row, Message) for row in loaded) and silent == [None] * 6
-    skip = {"id", "thread", "run", "created_at", "updated_at", "declared_by"}
+    # The effect key names the run's turn (R-EFF-1): compared as "the key
+    # of this row's turn", as the declaring row is compared as "declared".
+    skip = {"id", "thread", "run", "created_at", "updated_at", "declared_by", "effect_key"}
     names = [f.name for f in Message._meta.concrete_fields if f.name not in skip]
 
     def stored(lease) -> list[dict]:
         rows = Message.objects.audit().filter(run_id=lease.run_id).order_by("role")
-        return [{n: getattr(row, n) for n in names} | {"declared": row.declared_by_id is not None} for row in rows]
+        return [
+            {n: getattr(row, n) for n in names}
+            | {"declared": row.declared_by_id is not None}
+            | {"keyed": row.effect_key == (effect_key(lease.turn_id, row.operation_id) if row.role == "tool" else None)}
+            for row in rows
+        ]
 
     assert stored(loaded_lease) == stored(silent_lease) and len(stored(silent_lease)) == 2
 
