@@ -16,7 +16,7 @@ import psycopg
 from django.db import connections
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from core.db import connect_waiting, session_application_name
 from core.pool import has_input
@@ -39,7 +39,17 @@ _memory_saver = InMemorySaver()
 
 
 def postgres_conninfo(alias: str = "default") -> str | None:
-    """libpq connection string of Django's database, or None off PostgreSQL."""
+    """libpq connection string of Django's database, or None off PostgreSQL.
+
+    It carries the session options of Django's connections (libpq
+    ``options``: ``plan_cache_mode`` in every process, as the awaited-write
+    connections take it) and so, in a worker process, its session limits —
+    ``lock_timeout``, ``statement_timeout`` and
+    ``idle_in_transaction_session_timeout``
+    (:func:`core.db.configure_worker_database`) — so a worker frozen inside
+    a State write (a pipeline's implicit transaction) does not keep its
+    checkpoint rows locked, nor the next run of the thread waiting on them
+    without bound (R-RUN-10)."""
     connection = connections[alias]
     if connection.vendor != "postgresql":
         return None
@@ -50,6 +60,7 @@ def postgres_conninfo(alias: str = "default") -> str | None:
         "password": s.get("PASSWORD") or None,
         "host": s.get("HOST") or None,
         "port": str(s["PORT"]) if s.get("PORT") else None,
+        "options": (s.get("OPTIONS") or {}).get("options") or None,
     }
     return make_conninfo(**{k: v for k, v in params.items() if v})
 
@@ -116,6 +127,8 @@ CHECKPOINTER_APPLICATION_NAME = "yuxi-checkpointer"
 async def _connect(conninfo: str, **kwargs: Any):
     from psycopg.rows import dict_row
 
+    # A keyword replaces the connection string's own options: keep them.
+    options = conninfo_to_dict(conninfo).get("options") or ""
     # The options LangGraph's own from_conn_string uses.
     return await psycopg.AsyncConnection.connect(
         conninfo,
@@ -123,7 +136,7 @@ async def _connect(conninfo: str, **kwargs: Any):
         prepare_threshold=0,
         row_factory=dict_row,
         application_name=session_application_name(CHECKPOINTER_APPLICATION_NAME),
-        options=f"-c client_connection_check_interval={CLIENT_CHECK_INTERVAL_MS}",
+        options=f"{options} -c client_connection_check_interval={CLIENT_CHECK_INTERVAL_MS}".strip(),
         **kwargs,
     )
 

@@ -647,6 +647,62 @@ def test_the_loops_connections_take_djangos_parameters_and_the_workers_session_l
     )
 
 
+@pytest.fixture
+def worker_database(monkeypatch):
+    """This process's database connections set up as a Celery worker's
+    (:func:`core.db.configure_worker_database`, as ``worker_init`` does) on
+    a new pool, with an ``idle_in_transaction_session_timeout`` of 4321 ms;
+    Django's own settings and pool again afterwards."""
+    import copy
+
+    from core import db as core_db
+    from core.config import get_config
+
+    default = connections["default"]
+    monkeypatch.setitem(default.settings_dict, "OPTIONS", copy.deepcopy(default.settings_dict["OPTIONS"]))
+    monkeypatch.setattr(core_db, "_sessions_named", False)  # name_worker_sessions sets it
+    connection.close()
+    default.close_pool()
+    config = get_config().model_copy(update={"WORKER_IDLE_IN_TRANSACTION_TIMEOUT_MS": 4321})
+    core_db.configure_worker_database(default.settings_dict, config)
+    yield
+    connection.close()
+    default.close_pool()
+
+
+def test_every_connection_a_worker_opens_ends_a_frozen_transaction_R_RUN_10(worker_database):
+    """Issue 35: worker connections without
+    ``idle_in_transaction_session_timeout`` were noticed by a slow fault
+    test only. Each kind of connection a worker's run uses carries it:
+    Django's (the lease keeper, the locked paths), a pooled call's (the
+    terminal transaction), the loop's awaited writes and the
+    checkpointer's."""
+    from audit.execution.checkpoint import open_checkpointer, postgres_conninfo
+
+    query = "SELECT current_setting('idle_in_transaction_session_timeout')"
+
+    def djangos() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute(query)
+            return cursor.fetchone()[0]
+
+    async def awaited() -> str:
+        return (await awaited_connections().execute_prepared(query, []))[0]
+
+    async def checkpointers() -> str:
+        async with open_checkpointer(postgres_conninfo()) as saver, saver.conn.cursor() as cursor:
+            await cursor.execute(query)
+            return next(iter((await cursor.fetchone()).values()))
+
+    kinds = {
+        "django": djangos(),  # opens the new pool
+        "pooled": call_with_pooled_statements(lambda: execute_prepared(query, [])[0], {}),
+        "awaited": run_in_worker_loop(awaited()),
+        "checkpointer": run_in_worker_loop(checkpointers()),
+    }
+    assert kinds == dict.fromkeys(kinds, "4321ms")
+
+
 def test_a_refused_connection_is_tried_again_for_as_long_as_a_write_waits_for_one_R_RUN_8(thread, hops, monkeypatch):
     """A short outage (a restart): PostgreSQL refuses connections for a
     moment. The loop's connect is tried again for as long as one write
