@@ -146,6 +146,21 @@ def test_model_prices_override_catalogue_and_replay_defaults_R_COST_1(monkeypatc
     assert replay.usd == (10 * 3 + 10 * 7) / M and replay.source == "MODEL_PRICES"
 
 
+@pytest.mark.parametrize("kind", ["input", "cached_input", "cache_creation", "output", "reasoning"])
+def test_the_price_version_changes_with_the_price_of_each_kind_R_COST_1(monkeypatch, kind):
+    """Issue 35: a version digest that left the reasoning price out
+    survived the suite. Rows priced under two tables that differ in one
+    kind's price must not claim the same price version."""
+    prices = {"input": "0.2", "cached_input": "0.02", "cache_creation": "0.3", "output": "0.6", "reasoning": "0.9"}
+    table = ModelPriceConfig(**{k: Decimal(v) for k, v in prices.items()})
+    changed = table.model_copy(update={kind: getattr(table, kind) + Decimal("0.01")})
+    monkeypatch.setattr(get_config(), "MODEL_PRICES", {"openai:a": table, "openai:b": changed})
+    stored = usage(1000, 1000, cache_read=100, cache_creation=200, reasoning=300)
+    a, b = (price_usage(model=m, usage=stored, at=AT) for m in ("openai:a", "openai:b"))
+    assert a.source == b.source == "MODEL_PRICES" and a.usd != b.usd
+    assert a.version != b.version
+
+
 @pytest.mark.parametrize(
     ("model", "stored", "reason"),
     [

@@ -132,6 +132,17 @@ def test_young_runs_and_running_runs_are_not_purged_R_GOV_1(thread):
     assert Message.objects.get(pk=run.output_message_id).content == "It is sunny (a)."
 
 
+def test_the_age_is_counted_in_days_not_hours_R_GOV_1(thread):
+    """Issue 35: ``--older-than-days 3`` applied as hours survived the
+    suite, whose runs were either minutes or 40 days old."""
+    run = tool_turn(thread)
+    day_three = run.finished_at + dt.timedelta(days=3)
+    kept = payloads_purge(older_than_days=3, actor="t", now=day_three - dt.timedelta(minutes=5))
+    assert kept.rows == 0 and Message.objects.get(pk=run.output_message_id).content == "It is sunny (a)."
+    assert payloads_purge(older_than_days=3, actor="t", now=day_three + dt.timedelta(minutes=5)).rows == 3
+    assert Message.objects.get(pk=run.output_message_id).content == ""
+
+
 def test_interrupted_purge_resumes_where_it_stopped_R_GOV_1(thread):
     runs = [tool_turn(thread, prefix=p) for p in ("a", "b", "c")]
     first = payloads_purge(older_than_days=1, actor="t", now=LATER, batch_runs=1, max_batches=1)

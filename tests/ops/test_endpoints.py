@@ -99,6 +99,17 @@ def test_readyz_names_redis_and_the_worker_when_redis_does_not_answer_R_OPS_1(cl
     assert body["checks"]["worker"]["detail"] == "not checked: Redis is down"
 
 
+def test_readyz_names_the_worker_when_no_worker_answers_the_ping_R_OPS_1(client):
+    """Issue 35: a worker check that passed without a reply survived the
+    suite. The tests' broker is their own Redis database, which no worker
+    consumes: the broadcast ping goes out for real and nobody answers."""
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    body = response.json()
+    assert "worker" in body["down"] and body["checks"]["redis"]["ok"]
+    assert body["checks"]["worker"]["detail"].startswith("RuntimeError: no Celery worker answered a ping")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_readyz_names_the_migrations_when_the_schema_guard_objects_R_OPS_1(client, monkeypatch):
     monkeypatch.setattr(get_config(), "REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")

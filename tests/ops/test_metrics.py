@@ -86,6 +86,28 @@ def test_a_completed_run_counts_its_end_duration_model_calls_tokens_and_tools_as
     assert delta(before, after, "yuxi_audit_write_duration_seconds_count", kind="model_start") == 2
 
 
+def test_each_token_kind_counts_its_own_figure_R_OPS_1(user, replay_models):
+    """Issue 35: ``cache_creation`` reading the cache-read count survived
+    the suite, whose runs had no cache details. One call that read 64
+    tokens from the cache and wrote 16 to it (and reasoned 8)."""
+    model = "replay:usage_delta"
+    before = scrape()
+    run = make_run(new_thread(user, "usage_delta"))
+    assert run_execute(run_id=run.id, owner="metrics-test") == "completed"
+    after = scrape()
+    usage = Message.objects.model_calls().get(run=run).usage
+    figures = {
+        "input": usage["input_tokens"],
+        "output": usage["output_tokens"],
+        "cache_read": usage["input_token_details"]["cache_read"],
+        "cache_creation": usage["input_token_details"]["cache_creation"],
+        "reasoning": usage["output_token_details"]["reasoning"],
+    }
+    assert figures == {"input": 120, "output": 30, "cache_read": 64, "cache_creation": 16, "reasoning": 8}
+    for kind, tokens in figures.items():
+        assert delta(before, after, "yuxi_model_tokens_total", model=model, kind=kind) == tokens, kind
+
+
 def test_a_failed_run_counts_under_its_error_type_and_its_call_without_usage_R_OPS_1(user, replay_models):
     model = "replay:model_http_error"
     before = scrape()

@@ -3,7 +3,8 @@ server on loopback that decodes ``ExportTraceServiceRequest`` protobufs with
 ``opentelemetry-proto`` and keeps every span it accepted. A script of
 answers lets a test make it fail mid-export: ``"ok"`` stores and answers
 200, ``"store-503"`` stores the spans but answers 503 (the receiver took
-them, the exporter does not know), ``"503"`` answers 503 without storing.
+them, the exporter does not know), ``"503"`` answers 503 without storing, ``"302"`` and ``"307"`` answer a
+redirect without storing (and without a ``Location``: nothing to follow).
 :meth:`OtlpReceiver.stop` closes the socket (a dead receiver).
 
 With ``upstream`` (a real receiver's base URL, e.g. Phoenix) it is a proxy
@@ -67,7 +68,7 @@ class OtlpReceiver:
                     answer = receiver.script.pop(0) if receiver.script else receiver.default
                     if self.path != "/v1/traces":
                         answer = "404"
-                    status = {"ok": 200, "store-503": 503, "503": 503, "404": 404}[answer]
+                    status = {"ok": 200, "store-503": 503, "503": 503, "404": 404, "302": 302, "307": 307}[answer]
                     if answer in ("ok", "store-503"):
                         upstream_status = receiver._store(body)
                         if answer == "ok":

@@ -283,6 +283,49 @@ def test_receiver_failing_mid_export_loses_and_duplicates_nothing_R_OTEL_1(
     assert export_closed_runs(receiver=exporter(receiver)).runs == 0
 
 
+def test_a_request_ending_inside_a_run_does_not_move_the_cursor_past_it_R_OTEL_1(
+    user, replay_models, export_config, receiver
+):
+    """Issue 35: a run marked exported before its spans were queued
+    survived the fast suite, whose requests all ended on a run boundary.
+    Requests of 3 spans, runs of 4: the first request ends inside the first
+    run and is accepted, the second (its last span and the next run's
+    first) is refused. No run is wholly accepted, so the cursor stays."""
+    export_config.OTEL_EXPORT_BATCH_SPANS = 3
+    runs = [execute(user, "tool_then_answer", f"Weather {i}?") for i in range(2)]  # 4 spans each
+    receiver.script = ["ok"]
+    receiver.default = "503"
+    first = export_closed_runs(receiver=exporter(receiver, timeout=1.5))
+    assert first.error and first.runs == 0 and receiver.requests >= 2
+    assert ExportCursor.objects.get().run_id is None
+    sent_first = {span.span_id for span in receiver.spans}
+    assert len(sent_first) == 3
+
+    receiver.default = "ok"
+    again = export_closed_runs(receiver=exporter(receiver))
+    assert again.error == "" and again.caught_up and again.runs == 2
+    assert set(receiver.unique()) == expected_span_ids(runs)
+    # Sent again only what the first pass could not count as a whole run.
+    assert {span_id for span_id, n in receiver.duplicates().items() if n > 1} == sent_first
+    assert max(receiver.duplicates().values()) == 2
+
+
+@pytest.mark.parametrize("redirect", ["302", "307"])
+def test_a_redirect_is_not_an_acceptance_R_OTEL_1(user, replay_models, export_config, receiver, redirect):
+    """Issue 35: the SDK counts any status below 400 as success; a 3xx
+    counted as accepted survived the suite. The receiver stored nothing,
+    so the cursor stays and the next pass sends the run."""
+    run = execute(user, "plain_answer")
+    receiver.default = redirect
+    refused = export_closed_runs(receiver=exporter(receiver))
+    assert f"HTTP {redirect}" in refused.error and not refused.caught_up and refused.runs == 0
+    assert receiver.requests == 1 and receiver.spans == []
+    assert ExportCursor.objects.get().run_id is None
+    receiver.default = "ok"
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 1
+    assert set(receiver.unique()) == expected_span_ids([run])
+
+
 def test_an_open_terminal_transaction_holds_the_cursor_back_R_OTEL_1(
     user, replay_models, export_config, receiver, db_name
 ):
