@@ -49,70 +49,9 @@ from django.utils import timezone
 SEAL_VERSION = 3
 ROW_DIGEST_CHARS = 16
 
-# The facts a seal covers, read the same way by the seal and the check:
-# every field of a message row but the bookkeeping ``created_at`` and
-# ``updated_at`` (R-GOV-4).
-FACT_FIELDS = (
-    "id",
-    "run_id",
-    "thread_id",
-    "role",
-    "message_type",
-    "operation_id",
-    "sequence",
-    "execution_status",
-    "started_at",
-    "finished_at",
-    "duration_ms",
-    "usage",
-    "usage_cause",
-    "cost_usd",
-    "price_source",
-    "price_version",
-    "content",
-    "tool_calls",
-    "tool_name",
-    "tool_input",
-    "declared_by_id",
-    "namespace",
-    "parent_operation_id",
-    "effect_key",
-    "replayed_from_id",
-    "attempt",
-    "metadata",
-)
-
-# Version 2 sealed these, and never changes: seals made under it verify for
-# ever. It did not seal the effect ledger's facts (R-EFF-1).
-V2_FACT_FIELDS = (
-    "id",
-    "run_id",
-    "thread_id",
-    "role",
-    "message_type",
-    "operation_id",
-    "sequence",
-    "execution_status",
-    "started_at",
-    "finished_at",
-    "duration_ms",
-    "usage",
-    "usage_cause",
-    "cost_usd",
-    "price_source",
-    "price_version",
-    "content",
-    "tool_calls",
-    "tool_name",
-    "tool_input",
-    "declared_by_id",
-    "namespace",
-    "parent_operation_id",
-    "metadata",
-)
-
 # Version 1 sealed these, and never changes: seals made under it verify for
-# ever. It did not seal the subagent namespace and parent.
+# ever. Each later version seals its predecessor's facts and those it adds;
+# the encoding sorts the keys, so the order here does not matter.
 V1_FACT_FIELDS = (
     "id",
     "run_id",
@@ -137,6 +76,15 @@ V1_FACT_FIELDS = (
     "declared_by_id",
     "metadata",
 )
+# Version 2 added the subagent namespace and parent (R-SUB-1, R-GOV-4).
+V2_FACT_FIELDS = (*V1_FACT_FIELDS, "namespace", "parent_operation_id")
+# Version 3 added the effect ledger's facts (R-EFF-1, R-RUN-15).
+V3_FACT_FIELDS = (*V2_FACT_FIELDS, "effect_key", "replayed_from_id", "attempt")
+
+# The facts a seal covers, read the same way by the seal and the check:
+# every field of a message row but the bookkeeping ``created_at`` and
+# ``updated_at`` (R-GOV-4).
+FACT_FIELDS = V3_FACT_FIELDS
 
 # Facts added to version 1 after rows were first sealed under it: hashed only
 # when set, so that a row sealed before the field existed (null there) keeps
