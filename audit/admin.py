@@ -293,7 +293,7 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
                     "input_text",
                     "error_message",
                     "interrupts_text",
-                    ("lease_owner", "fencing_token", "lease_expires_at"),
+                    ("lease_owner", "fencing_token", "attempt", "lease_expires_at"),
                     "trace_id",
                     "cancel_requested_display",
                     "seal_display",

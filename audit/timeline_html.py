@@ -177,8 +177,19 @@ def rows_html(rows: list[dict], *, show_run: bool) -> list[str]:
         parts.append("\n              ")
         if r["raw_output_json"]:
             parts.append(f'<h4>raw tool output</h4><pre class="yx-pre yx-raw">{v(r["raw_output_json"])}</pre>')
+        parts.append("\n              ")
+        if r["effect_key"]:
+            # The effect ledger's identity of this tool execution, and the
+            # row whose recorded result it returned instead of executing
+            # again (R-EFF-1).
+            parts.append(f'<p class="yx-effect">effect key <code>{v(r["effect_key"])}</code>')
+            if r["replayed_from"]:
+                parts.append(f" · result replayed from row #{number(r['replayed_from'])}")
+            parts.append("</p>")
+        attempt = r["attempt"]
+        attempt_text = f"attempt {number(attempt)} · " if attempt and attempt > 1 else ""
         parts.append(
-            f'\n              <p class="yx-times">started {v(time_html(started, zone=zone))} · finished {v(time_html(finished, zone=zone))}'
+            f'\n              <p class="yx-times">{attempt_text}started {v(time_html(started, zone=zone))} · finished {v(time_html(finished, zone=zone))}'
             "</p>\n            </div>\n          </details>\n        </td>\n      </tr>\n    "
         )
         out.append("".join(parts))

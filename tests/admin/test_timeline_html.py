@@ -67,6 +67,9 @@ def _row(i: int, **overrides) -> dict:
         "indent_em": 0.0,
         "ancestor_ids": "",
         "descendants": 0,
+        "effect_key": None,
+        "replayed_from": None,
+        "attempt": 1,
     }
     row.update(overrides)
     return row
@@ -86,6 +89,8 @@ VARIED = [
     _row(10, bar={"left": 0.0, "width": 100.0}, duration_ms=0, content="x" * 119 + "é"),
     _row(11, bar={"left": 33.333, "width": 1e-07}, content="a\u0301" * 130, cost_text="", usage_text="—"),
     _row(12, label=mark_safe("<i>safe</i>"), operation_id="", status="running", finished_at=None),
+    _row(13, kind="tool", effect_key="9f<&>" + "0" * 59, attempt=2),
+    _row(14, kind="tool", effect_key="a" * 64, replayed_from=1_234_567, attempt=3),
 ]
 
 
@@ -108,6 +113,10 @@ def test_run_page_rows_are_the_row_template_R_ADM_1(thread):
     rows = context["timeline_rows"]
     assert len(rows) == 3
     assert context["timeline_rows_html"] == reference_html(rows, show_run=False)
+    # The tool row shows its effect key (R-EFF-1); model rows have none.
+    (tool,) = [r for r in rows if r["kind"] == "tool"]
+    assert context["timeline_rows_html"].count('class="yx-effect"') == 1
+    assert f"effect key <code>{tool['effect_key']}</code>" in context["timeline_rows_html"]
 
 
 class _Row:
