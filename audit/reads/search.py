@@ -15,8 +15,12 @@ action, management command) and the message list search:
   the same row: "where did the model say X"). Words are matched with
   PostgreSQL full-text search on the generated ``search_vector`` column in
   the language-neutral ``simple`` configuration, GIN-indexed (migration
-  ``conversations.0003_audit_search``); the query is
+  ``conversations.0004_audit_search``); the query is
   ``websearch_to_tsquery`` syntax: ``"exact phrase"``, ``or``, ``-word``.
+  Chinese, Japanese and Korean text is indexed as overlapping bigrams and a
+  CJK term searched as the phrase of its bigrams (:func:`search_text`,
+  migration ``conversations.0010_cjk_phrase_search``, R-ADM-3): a phrase
+  is found inside a sentence, in its order, through the same index.
 
 Filters that look into audit rows are ``run IN (SELECT run_id ...)``
 subqueries driven by an index of the message table, so a rare match does
@@ -81,6 +85,16 @@ SEARCH_WALK_RUNS = 5_000
 # id prefix the search takes as an id.
 ID_PREFIX_MIN = 8
 _HEX = re.compile(r"^[0-9a-f]+$")
+# Characters of Chinese, Japanese and Korean words: Han, 々 and 〇, kana,
+# Hangul. The same class as the SQL function ``audit_search_text`` that
+# builds ``search_vector`` (migration conversations.0010_cjk_phrase_search).
+CJK_CHARACTERS = (
+    "\u1100-\u11ff\u3005\u3007\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f\U00020000-\U0002ffff"
+)
+_CJK_RUN = re.compile(f"([{CJK_CHARACTERS}]+)")
+_CJK_INSIDE = re.compile(f"(?<=[{CJK_CHARACTERS}])([{CJK_CHARACTERS}])(?=[{CJK_CHARACTERS}])")
+_QUERY_TOKEN = re.compile(r"\S+")
 
 
 @dataclass(frozen=True)
@@ -280,6 +294,40 @@ def search_condition(term: str, *, walk: PageWalk | None = None) -> Expression:
     return InIdArray(matches)
 
 
+def search_text(text: str) -> str:
+    """``text`` as ``search_vector`` indexes it (the SQL function
+    ``audit_search_text``): each run of CJK characters set apart by spaces
+    and written as its overlapping bigrams in order (``深度检索`` →
+    ``深度 度检 检索``; one character stays as it is). Text without CJK
+    characters is returned unchanged."""
+    return _CJK_INSIDE.sub(r"\1 \1", _CJK_RUN.sub(r" \1 ", text))
+
+
+def tsquery_words(words: str) -> str:
+    """A search's ``words`` (``websearch_to_tsquery`` syntax) for the
+    bigram index (R-ADM-3): a term holding CJK characters becomes the phrase
+    of its :func:`search_text` (``请使用深度检索工具`` holds
+    ``"深度 度检 检索"``; ``检索深度`` does not), keeping a leading ``-``;
+    inside a quoted phrase the text is only transformed, so the phrase
+    runs on. Words without CJK characters are returned unchanged."""
+    if not _CJK_RUN.search(words):
+        return words
+    pieces = words.split('"')
+    # Even pieces are outside quotes, odd ones inside (an unclosed quote
+    # runs to the end, as in websearch_to_tsquery).
+    for i, piece in enumerate(pieces):
+        pieces[i] = search_text(piece) if i % 2 else _QUERY_TOKEN.sub(_cjk_term_as_phrase, piece)
+    return '"'.join(pieces)
+
+
+def _cjk_term_as_phrase(match: re.Match[str]) -> str:
+    term = match.group()
+    if not _CJK_RUN.search(term):
+        return term
+    sign, term = ("-", term[1:]) if term.startswith("-") else ("", term)
+    return f'{sign}"{search_text(term).strip()}"'
+
+
 def words_condition(words: str, *, using: str) -> Q | Expression:
     """Messages whose content, tool name, tool input or declared tool calls
     hold ``words`` (``websearch_to_tsquery`` syntax, ``simple``
@@ -357,7 +405,7 @@ class WordsOfPage:
     ``EXPLAIN`` (the tests read them)."""
 
     def __init__(self, words: str, walk: PageWalk):
-        self.words = words
+        self.words = tsquery_words(words)
         self.walk = walk
 
     def as_sql(self, connection) -> tuple[str, list, list[tuple[str, list]]]:
@@ -406,7 +454,8 @@ class WordsOfPage:
 
 
 class MatchesWords(Expression):
-    """``<message table>.search_vector @@ websearch_to_tsquery('simple', words)``.
+    """``<message table>.search_vector @@ websearch_to_tsquery('simple', words)``,
+    ``words`` written for the bigram index (:func:`tsquery_words`).
 
     ``search_vector`` is a generated column that is no model field (see the
     migration): its table alias is taken from the message's primary key
@@ -418,7 +467,7 @@ class MatchesWords(Expression):
 
     def __init__(self, words: str):
         super().__init__()
-        self.words = words
+        self.words = tsquery_words(words)
         self.pk = F("pk")
 
     def get_source_expressions(self):

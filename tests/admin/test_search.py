@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import random
 import re
 import uuid
 from dataclasses import dataclass
@@ -564,3 +565,119 @@ def test_the_admin_run_list_walks_a_common_word_and_says_at_least_R_ADM_2(client
     assert exported.status_code == 200
     runs = {json.loads(line)["run_id"] for line in b"".join(exported.streaming_content).decode().splitlines() if line}
     assert len(runs) == sum(1 for n in range(len(weather_log)) if n % 3 != 1)
+
+
+# --------------------------------------------------------------------------
+# Chinese, Japanese and Korean phrases inside a sentence (R-ADM-3)
+# --------------------------------------------------------------------------
+
+CJK_SENTENCES = {
+    "zh": "请使用深度检索工具",
+    "ja": "深層検索ツールを使ってください",
+    "ko": "오늘은 심층검색도구를 사용하세요",
+    "mixed": "先用GPT4模型回答，再检查。",
+}
+
+
+@pytest.fixture
+def cjk_runs(thread) -> dict[str, AgentRun]:
+    runs = {
+        lang: make_run(thread, created=NOW - dt.timedelta(minutes=i), rows=[{"kind": "model", "content": text}])
+        for i, (lang, text) in enumerate(CJK_SENTENCES.items(), start=1)
+    }
+    runs["english"] = make_run(
+        thread, created=NOW - dt.timedelta(minutes=9), rows=[{"kind": "model", "content": "deep search tool"}]
+    )
+    return runs
+
+
+CJK_CASES = [
+    ("深度检索", ["zh"]),  # R-ADM-3's example: inside 请使用深度检索工具
+    ("使用深度检索工具", ["zh"]),
+    ("请使用深度检索工具", ["zh"]),  # the whole run, as before
+    ("检索工具 -深度检索", []),
+    ("检索深度", []),  # the same characters in another order
+    ("深检索度", []),
+    ("検索ツール", ["ja"]),
+    ("ツールを使", ["ja"]),
+    ("ツール検索", []),
+    ("검색도구", ["ko"]),
+    ("도구검색", []),
+    ('"오늘은 심층검색"', ["ko"]),  # a phrase across a space
+    ("模型", ["mixed"]),  # set apart from the Latin letters next to it
+    ("GPT4模型", ["mixed"]),
+    ("gpt4", ["mixed"]),
+    ("检查 or 검색도구", ["mixed", "ko"]),
+    ("deep search", ["english"]),
+]
+
+
+@pytest.mark.parametrize(("q", "names"), CJK_CASES, ids=[q for q, _ in CJK_CASES])
+def test_a_cjk_phrase_is_found_inside_a_sentence_in_its_order_R_ADM_3(client, staff_user, cjk_runs, q, names):
+    expected = {str(cjk_runs[n].pk) for n in names}
+    assert api_ids(client, bearer(staff_user), q=q) == expected
+    client.force_login(staff_user)
+    assert admin_ids(client, q=q) == expected
+
+
+def test_the_message_list_finds_a_cjk_phrase_inside_a_sentence_R_ADM_3(client, staff_user, cjk_runs):
+    client.force_login(staff_user)
+    row = Message.objects.get(run=cjk_runs["zh"])
+    url = reverse("admin:conversations_message_changelist")
+    assert f"/admin/conversations/message/{row.pk}/change/" in client.get(url, {"q": "深度检索"}).content.decode()
+    assert f"/admin/conversations/message/{row.pk}/change/" not in client.get(url, {"q": "检索深度"}).content.decode()
+
+
+def test_a_cjk_phrase_is_answered_by_the_gin_index_R_ADM_3(cjk_runs):
+    from audit.reads.search import MatchesWords
+
+    query = Message.objects.filter(MatchesWords("深度检索")).values("run_id")
+    sql, params = query.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "message_search_idx" in plan, plan
+
+
+def test_the_index_and_the_query_write_cjk_text_alike_R_ADM_3():
+    """``search_text`` (Python, the query) and ``audit_search_text`` (SQL,
+    the generated column) give the same text, character class included."""
+    from audit.reads.search import search_text
+
+    alphabet = "深度检索请使用工具ツールをひらがなー데이터베이스를々〇\U00020001ｱｲ a1-,。，"
+    rng = random.Random(3)
+    samples = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(300)]
+    samples += [*CJK_SENTENCES.values(), "no CJK at all", ""]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT audit_search_text(s) FROM unnest(%s::text[]) WITH ORDINALITY AS t(s, n) ORDER BY n", [samples]
+        )
+        in_sql = [row[0] for row in cursor.fetchall()]
+    assert in_sql == [search_text(s) for s in samples]
+    assert search_text("请使用深度检索工具") == " 请使 使用 用深 深度 度检 检索 索工 工具 "
+    assert search_text("the weather in Paris") == "the weather in Paris"
+
+
+def test_huge_cjk_content_never_breaks_an_audit_write_R_ADM_3_R_MA_1(thread):
+    """Bigrams triple a CJK text: a row of 60,000 distinct characters and
+    as many in its tool input (worst case: every bigram distinct) is written
+    under the 1 MB tsvector limit, its first phrase found."""
+    rng = random.Random(5)
+    han = [chr(c) for c in range(0x4E00, 0x9FFF)]
+    text = "".join(rng.choice(han) for _ in range(60_000))
+    run = make_run(thread)
+    row = Message.objects.create(
+        thread=thread,
+        run=run,
+        role=Message.Role.TOOL,
+        message_type=Message.Type.TOOL_AUDIT,
+        operation_id="call_huge_cjk",
+        content=text,
+        tool_name="lookup_docs",
+        tool_input={"query": text},
+        tool_calls=[{"id": "x", "name": "lookup_docs", "args": {"query": text}}],
+    )
+    from audit.reads.search import MatchesWords
+
+    assert Message.objects.filter(MatchesWords(text[100:110]), pk=row.pk).exists()
