@@ -24,11 +24,12 @@ HINT = (
 )
 
 
-def require_database() -> None:
+def require_database(*, tables: bool = True) -> None:
     """Raise :class:`CommandError` (one line, no traceback) when the
     configured database cannot hold this project's data: an embedded SQLite
-    file that does not exist (it is not created), or a database without the
-    project's tables (``manage.py migrate`` not run)."""
+    file that does not exist (it is not created), an unreachable server, or
+    (``tables=True``) a database without the project's tables
+    (``manage.py migrate`` not run)."""
     settings = connection.settings_dict
     if connection.vendor == "sqlite":
         name = str(settings["NAME"])
@@ -37,10 +38,10 @@ def require_database() -> None:
                 raise CommandError(f"there is no SQLite database at {name}: {HINT}")
             raise CommandError(f"DATABASE_URL is not set: {HINT}")
     try:
-        tables = set(connection.introspection.table_names())
+        present = set(connection.introspection.table_names())
     except Exception as exc:  # unreachable server, bad credentials, ...
         raise CommandError(f"cannot open the database ({type(exc).__name__}: {exc}); {HINT}") from None
-    if "auth_user" not in tables or "audit_agentrun" not in tables:
+    if tables and ("auth_user" not in present or "audit_agentrun" not in present):
         raise CommandError(
             f"database {settings['NAME']!s} has no tables of this project: run manage.py migrate first, or {HINT}"
         )
@@ -49,8 +50,13 @@ def require_database() -> None:
 class DatabaseCommand(BaseCommand):
     """A command that reads or writes the project's data: it refuses with
     :func:`require_database` before anything opens the database (Django's
-    system checks do, which would create an empty SQLite file)."""
+    system checks do, which would create an empty SQLite file).
+
+    ``project_tables = False`` for a command that migrates a database of its
+    own (``bench_read_paths``): it needs the server, not the tables."""
+
+    project_tables = True
 
     def execute(self, *args, **options):
-        require_database()
+        require_database(tables=self.project_tables)
         return super().execute(*args, **options)

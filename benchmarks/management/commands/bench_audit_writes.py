@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import statistics
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from audit.ledger.handover import dispatch_held
+from audit.management.commands._database import DatabaseCommand
 from benchmarks.audit_writes import bench_audit_writes
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Benchmark one lease-checked audit write (model_call_start) against the equivalent raw SQL "
         "transaction on the configured database: median and p95 latency, their ratio, and writes per "

@@ -8,16 +8,18 @@ import dataclasses
 import json
 
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import connection, connections
 
+from audit.management.commands._database import DatabaseCommand
 from benchmarks import read_paths
 from benchmarks.databases import create_database, drop_database, use_database
 
 _MARK_TABLE = "bench_read_paths_dataset"
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
+    project_tables = False  # it creates and migrates a database of its own
     help = (
         "Build a realistic audit (default 1,000,000 audit rows over 30 days, many users and threads, one "
         "20,000-row run, one 1,000-turn thread) by bulk SQL in its own database (<database>_bench, created "

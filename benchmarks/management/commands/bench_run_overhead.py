@@ -4,13 +4,14 @@ checkpointer; see :mod:`benchmarks.run_overhead`."""
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from audit.ledger.handover import dispatch_held
+from audit.management.commands._database import DatabaseCommand
 from benchmarks.run_overhead import VARIANTS, bench_run_overhead, settle_unless_autovacuum
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Benchmark one run (2 model calls + 1 tool, replay model at 0 ms, in process) four ways, interleaved: "
         "the plain graph, the graph with AsyncPostgresSaver (a connection per run, as LangGraph documents it), "

@@ -5,14 +5,15 @@ every user without one; ``--remove`` removes a budget."""
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from audit.management.commands._database import DatabaseCommand
 from core.errors import InvalidInput
 from costs.models import Budget
 from costs.services import budget_remove, budget_set
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = "Set a user's (or the default) spending limit in USD per day or month."
 
     def add_arguments(self, parser):

@@ -8,12 +8,13 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from audit.management.commands._database import DatabaseCommand
 from dashboard.rollups import rollups_rebuild
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = "Recompute the dashboard rollups from the audit rows (R-DASH-1)."
 
     def add_arguments(self, parser):

@@ -10,6 +10,7 @@ from yuxi_project.config_reference import render
 
 
 class Command(BaseCommand):
+    requires_system_checks = []  # needs no database: the checks would create an empty SQLite file
     help = (
         "Render the configuration reference (docs/configuration.md) from core.config.Config: "
         "print it, --write it to a file, or --check that a file matches it (exit 1 when it does not)."

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from audit.management.commands._database import DatabaseCommand
 from core.config import get_config
 from otel_export.services import CursorMoved, ExportNotConfigured, ExportProgress, SdkDisabled, export_closed_runs
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Export closed agent runs as OpenTelemetry GenAI spans to OTEL_EXPORTER_OTLP_ENDPOINT, exactly once "
         "behind a durable cursor. Without --once it keeps exporting every OTEL_EXPORT_INTERVAL_SECONDS."
