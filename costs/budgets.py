@@ -45,29 +45,51 @@ from .selectors import spent_usd, usd_text
 
 
 class BudgetExceeded(ApplicationError):
-    """The user's budget for the current period is used up (R-COST-3).
+    """The user's budget for the current period has no room (R-COST-3).
 
     The API answers 402 with ``{"error": "budget_exceeded", "limit_usd",
-    "spent_usd", "period", "reserved_usd", "message"}`` (amounts as decimal
-    strings, USD); a run stopped by it ends ``failed`` with error type
-    ``budget_exceeded``."""
+    "spent_usd", "period", "reserved_usd", "run_reserve_usd", "message"}``
+    (amounts as decimal strings, USD; ``run_reserve_usd`` is the reserve the
+    refused run needed, ``BUDGET_RUN_RESERVE_USD``, given by admission). The
+    message says which of two things happened: the budget is used up (the
+    spend and the unfinished runs' reserves reach the limit), or what is left
+    is less than the new run's reserve. A run stopped by it ends ``failed``
+    with error type ``budget_exceeded``."""
 
     code = "budget_exceeded"
     http_status = 402
 
-    def __init__(self, *, limit_usd: Decimal, spent_usd: Decimal, period: str, reserved_usd: Decimal = Decimal(0)):
-        message = f"the {period} budget of {usd_text(limit_usd)} USD is used up: {usd_text(spent_usd)} USD spent"
-        if reserved_usd:
-            message += f", {usd_text(reserved_usd)} USD held by unfinished runs"
-        super().__init__(
-            message,
-            extra={
-                "limit_usd": usd_text(limit_usd),
-                "spent_usd": usd_text(spent_usd),
-                "period": period,
-                "reserved_usd": usd_text(reserved_usd),
-            },
-        )
+    def __init__(
+        self,
+        *,
+        limit_usd: Decimal,
+        spent_usd: Decimal,
+        period: str,
+        reserved_usd: Decimal = Decimal(0),
+        run_reserve_usd: Decimal | None = None,
+    ):
+        held = f", {usd_text(reserved_usd)} USD held by unfinished runs" if reserved_usd else ""
+        left = limit_usd - spent_usd - reserved_usd
+        if run_reserve_usd is not None and left > 0:
+            # Room is left, but less than a run reserves: "used up" would be false.
+            message = (
+                f"the {period} budget of {usd_text(limit_usd)} USD has {usd_text(left)} USD left "
+                f"({usd_text(spent_usd)} USD spent{held}), less than the reserve of {usd_text(run_reserve_usd)} USD "
+                "a new run needs (BUDGET_RUN_RESERVE_USD)"
+            )
+        else:
+            message = (
+                f"the {period} budget of {usd_text(limit_usd)} USD is used up: {usd_text(spent_usd)} USD spent{held}"
+            )
+        extra = {
+            "limit_usd": usd_text(limit_usd),
+            "spent_usd": usd_text(spent_usd),
+            "period": period,
+            "reserved_usd": usd_text(reserved_usd),
+        }
+        if run_reserve_usd is not None:
+            extra["run_reserve_usd"] = usd_text(run_reserve_usd)
+        super().__init__(message, extra=extra)
 
     def body(self) -> dict[str, Any]:
         """The 402 body: the contract's flat shape."""
@@ -123,7 +145,11 @@ def budget_admit(*, user, now: dt.datetime | None = None) -> None:
     unfinished = AgentRun.objects.filter(user=user, status__in=AgentRun.ACTIVE_STATUSES).count()
     if spent >= budget.limit_usd or spent + reserve * (unfinished + 1) > budget.limit_usd:
         raise BudgetExceeded(
-            limit_usd=budget.limit_usd, spent_usd=spent, period=budget.period, reserved_usd=reserve * unfinished
+            limit_usd=budget.limit_usd,
+            spent_usd=spent,
+            period=budget.period,
+            reserved_usd=reserve * unfinished,
+            run_reserve_usd=reserve,
         )
 
 

@@ -15,4 +15,8 @@ class BudgetExceededOut(Schema):
     spent_usd: str = Field(..., description="Spent in the current period, summed from the model rows.")
     period: Literal["day", "month"]
     reserved_usd: str = Field(..., description="Held by the user's unfinished runs (BUDGET_RUN_RESERVE_USD each).")
+    run_reserve_usd: str = Field(
+        ...,
+        description="The reserve the refused run needed (BUDGET_RUN_RESERVE_USD); the message says when it did not fit.",
+    )
     message: str

@@ -88,6 +88,46 @@ def test_submit_over_budget_is_402_with_the_figures_and_creates_nothing_R_COST_3
     assert ok.status_code == 202, ok.content
 
 
+def test_a_budget_below_one_run_s_reserve_says_the_reserve_does_not_fit_R_COST_3(client, user, monkeypatch):
+    # The first turn under a budget smaller than one run's reserve: nothing is
+    # spent, so "used up: 0 USD spent" would be false; the reserve is the reason.
+    monkeypatch.setattr(get_config(), "BUDGET_RUN_RESERVE_USD", Decimal("0.05"))
+    thread = _thread(user)
+    budget_set(user=user, limit_usd="0.000001", period="day")
+
+    response = client.post(
+        f"/api/threads/{thread.id}/runs",
+        data={"request_id": "tiny-1", "input": {"text": "hi"}},
+        content_type="application/json",
+        headers=bearer(user),
+    )
+    assert response.status_code == 402, response.content
+    body = response.json()
+    assert body["error"] == "budget_exceeded"
+    assert (body["limit_usd"], body["spent_usd"], body["period"]) == ("0.000001", "0", "day")
+    assert (body["reserved_usd"], body["run_reserve_usd"]) == ("0", "0.05")
+    assert "used up" not in body["message"], body["message"]
+    assert "0.000001 USD left" in body["message"] and "reserve of 0.05 USD" in body["message"], body["message"]
+    assert not AgentRun.objects.filter(thread=thread).exists()
+
+
+def test_a_spent_up_budget_keeps_saying_it_is_used_up_R_COST_3(client, user, monkeypatch):
+    monkeypatch.setattr(get_config(), "BUDGET_RUN_RESERVE_USD", Decimal("0.05"))
+    thread = _thread(user)
+    _spend(user, "0.75")
+    budget_set(user=user, limit_usd="0.75", period="day")
+    response = client.post(
+        f"/api/threads/{thread.id}/runs",
+        data={"request_id": "spent-1", "input": {"text": "hi"}},
+        content_type="application/json",
+        headers=bearer(user),
+    )
+    assert response.status_code == 402, response.content
+    body = response.json()
+    assert body["message"] == "the day budget of 0.75 USD is used up: 0.75 USD spent", body["message"]
+    assert (body["reserved_usd"], body["run_reserve_usd"]) == ("0", "0.05")
+
+
 def test_the_default_budget_applies_to_users_without_their_own_R_COST_3(user, other_user, monkeypatch):
     monkeypatch.setattr(get_config(), "BUDGET_RUN_RESERVE_USD", Decimal("0"))
     budget_set(user=None, limit_usd="0.5", period="month")
