@@ -1,4 +1,5 @@
-# Shared by bin/*: find Python >= 3.12 and keep .venv installed from pyproject.toml.
+# Shared by bin/*: find Python >= 3.12, keep .venv installed from pyproject.toml,
+# and keep the previous run's logs.
 find_python() {
   for candidate in "${PYTHON:-}" python3.12 python3.13 python3 \
       /root/.pyenv/versions/3.12*/bin/python3 /root/.pyenv/versions/3.13*/bin/python3; do
@@ -42,4 +43,16 @@ ensure_venv() {
     fi
     touch "$stamp"
   fi
+}
+
+rotate_logs() {  # rotate_logs <dir> <name>…: move each <dir>/<name>.log to <name>.log.1 (one generation)
+  # A second run of bin/quickstart would otherwise truncate the logs of the
+  # run before it, which are the ones to read after a failure.
+  local dir="$1"; shift
+  local name
+  for name in "$@"; do
+    if [ -f "$dir/$name.log" ]; then
+      mv -f "$dir/$name.log" "$dir/$name.log.1"
+    fi
+  done
 }
