@@ -233,18 +233,23 @@ def test_message_list_searches_words_ids_and_operation_ids_R_ADM_2(client, staff
     )
 
 
-def test_words_search_is_answered_by_the_gin_index_R_ADM_2(world):
-    """The query's expression is the indexed generated column: with
-    sequential scans off (tiny tables would make the planner prefer them),
-    PostgreSQL answers it from ``message_search_idx``."""
+def _search_plan(words: str) -> str:
+    """PostgreSQL's plan of a words search, with sequential scans off (tiny
+    tables would make the planner prefer them)."""
     from audit.reads.search import MatchesWords
 
-    query = Message.objects.filter(MatchesWords("paris")).values("run_id")
+    query = Message.objects.filter(MatchesWords(words)).values("run_id")
     sql, params = query.query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute("EXPLAIN " + sql, params)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def test_words_search_is_answered_by_the_gin_index_R_ADM_2(world):
+    """The query's expression is the indexed generated column: PostgreSQL
+    answers it from ``message_search_idx``."""
+    plan = _search_plan("paris")
     assert "message_search_idx" in plan, plan
 
 
@@ -629,14 +634,7 @@ def test_the_message_list_finds_a_cjk_phrase_inside_a_sentence_R_ADM_3(client, s
 
 
 def test_a_cjk_phrase_is_answered_by_the_gin_index_R_ADM_3(cjk_runs):
-    from audit.reads.search import MatchesWords
-
-    query = Message.objects.filter(MatchesWords("深度检索")).values("run_id")
-    sql, params = query.query.sql_with_params()
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute("EXPLAIN " + sql, params)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
+    plan = _search_plan("深度检索")
     assert "message_search_idx" in plan, plan
 
 

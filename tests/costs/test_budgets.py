@@ -58,6 +58,15 @@ def _spend(user, usd: str, *, finished_at: dt.datetime | None = None) -> Message
     )
 
 
+def _submit(client, user, thread, request_id: str):
+    return client.post(
+        f"/api/threads/{thread.id}/runs",
+        data={"request_id": request_id, "input": {"text": "hi"}},
+        content_type="application/json",
+        headers=bearer(user),
+    )
+
+
 def test_submit_over_budget_is_402_with_the_figures_and_creates_nothing_R_COST_3(client, user, monkeypatch):
     monkeypatch.setattr(get_config(), "BUDGET_RUN_RESERVE_USD", Decimal("0"))
     thread = _thread(user)
@@ -65,12 +74,7 @@ def test_submit_over_budget_is_402_with_the_figures_and_creates_nothing_R_COST_3
     budget_set(user=user, limit_usd="0.75", period="day")
     runs, messages = AgentRun.objects.count(), Message.objects.count()
 
-    response = client.post(
-        f"/api/threads/{thread.id}/runs",
-        data={"request_id": "over-1", "input": {"text": "hi"}},
-        content_type="application/json",
-        headers=bearer(user),
-    )
+    response = _submit(client, user, thread, "over-1")
     assert response.status_code == 402, response.content
     body = response.json()
     assert body["error"] == "budget_exceeded"
@@ -79,12 +83,7 @@ def test_submit_over_budget_is_402_with_the_figures_and_creates_nothing_R_COST_3
 
     # Raised, it fits again; a default budget applies to users without one.
     budget_set(user=user, limit_usd="1", period="day")
-    ok = client.post(
-        f"/api/threads/{thread.id}/runs",
-        data={"request_id": "over-1", "input": {"text": "hi"}},
-        content_type="application/json",
-        headers=bearer(user),
-    )
+    ok = _submit(client, user, thread, "over-1")
     assert ok.status_code == 202, ok.content
 
 
@@ -95,12 +94,7 @@ def test_a_budget_below_one_run_s_reserve_says_the_reserve_does_not_fit_R_COST_3
     thread = _thread(user)
     budget_set(user=user, limit_usd="0.000001", period="day")
 
-    response = client.post(
-        f"/api/threads/{thread.id}/runs",
-        data={"request_id": "tiny-1", "input": {"text": "hi"}},
-        content_type="application/json",
-        headers=bearer(user),
-    )
+    response = _submit(client, user, thread, "tiny-1")
     assert response.status_code == 402, response.content
     body = response.json()
     assert body["error"] == "budget_exceeded"
@@ -116,12 +110,7 @@ def test_a_spent_up_budget_keeps_saying_it_is_used_up_R_COST_3(client, user, mon
     thread = _thread(user)
     _spend(user, "0.75")
     budget_set(user=user, limit_usd="0.75", period="day")
-    response = client.post(
-        f"/api/threads/{thread.id}/runs",
-        data={"request_id": "spent-1", "input": {"text": "hi"}},
-        content_type="application/json",
-        headers=bearer(user),
-    )
+    response = _submit(client, user, thread, "spent-1")
     assert response.status_code == 402, response.content
     body = response.json()
     assert body["message"] == "the day budget of 0.75 USD is used up: 0.75 USD spent", body["message"]
