@@ -213,10 +213,13 @@ class Message(models.Model):
         # (R-GOV-3, governance.triggers).
         triggers = MESSAGE_TRIGGERS
         constraints = [
-            # One row per operation of a run; model and tool ids are separate
-            # namespaces because the role is part of the key (R-MA-1).
+            # One row per operation of a run attempt; model and tool ids are
+            # separate namespaces because the role is part of the key
+            # (R-MA-1). A run continued by another worker executes a tool
+            # call again, or replays it, in a row of its new attempt
+            # (R-RUN-15, R-EFF-1); the earlier attempt's row stays as it was.
             models.UniqueConstraint(
-                fields=["run", "role", "operation_id"],
+                fields=["run", "role", "operation_id", "attempt"],
                 condition=Q(operation_id__isnull=False),
                 name="message_run_role_operation_uniq",
             ),

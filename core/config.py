@@ -132,6 +132,23 @@ class Config(BaseSettings):
         gt=0,
         description="How often Celery beat runs the lease sweeper, which fails runs whose lease expired (R-RUN-7).",
     )
+    RUN_RECOVERY: Literal["resume", "fail"] = Field(
+        default="fail",
+        description=(
+            "What the lease sweeper does with a run whose worker died: `resume` puts it back to `pending` "
+            "with `attempt` + 1 for another worker to continue from its last checkpoint; `fail` ends it "
+            "`failed`, `lease_expired` (R-RUN-15)."
+        ),
+    )
+    RUN_RECOVERY_ATTEMPTS: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description=(
+            "How many times one run is continued after its worker died; the next expiry ends it `failed`, "
+            "`lease_expired` (R-RUN-15)."
+        ),
+    )
     AUDIT_WRITE_ATTEMPTS: int = Field(
         default=3, ge=1, le=20, description="Tries of one audit write before the run fails (R-RUN-8)."
     )

@@ -136,6 +136,10 @@ AUDIT_WRITE_ERRORS = Counter(
 LEASE_ACQUISITIONS = Counter("yuxi_lease_acquisitions", "Leases taken on pending runs (run starts).")
 LEASE_RENEWALS = Counter("yuxi_lease_renewals", "Lease renewals by the owning worker.")
 LEASE_EXPIRIES = Counter("yuxi_lease_expiries", "Runs failed by the lease sweeper because their lease expired.")
+RUNS_RECOVERED = Counter(
+    "yuxi_runs_recovered",
+    "Runs whose lease expired that the lease sweeper put back to pending for another worker to continue (R-RUN-15).",
+)
 LEASE_TAKEOVERS = Counter(
     "yuxi_lease_takeovers",
     "Acquisitions of a run that an earlier owner had held (fencing token above 1).",
@@ -290,6 +294,13 @@ def lease_renewed() -> None:
 def lease_expired() -> None:
     """After commit: one run failed by the lease sweeper."""
     _after_commit(LEASE_EXPIRIES.inc)
+
+
+@_safely
+def run_recovered() -> None:
+    """After commit: one run put back to pending by the lease sweeper, to be
+    continued by another worker (R-RUN-15)."""
+    _after_commit(RUNS_RECOVERED.inc)
 
 
 @_safely

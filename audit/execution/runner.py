@@ -154,6 +154,9 @@ class RunExecutor:
         self.recorder = LifecycleRecorder(lease, budget_user_id=run.user_id, publish=self.publisher.publish)
         self.prior_message_ids: set[str] = set()
         self.seed_messages: list = []
+        # Whether this attempt goes on from a checkpoint an earlier attempt
+        # of the run wrote (R-RUN-15).
+        self.continuing = False
         self._stop: _Outcome | None = None
         self._drive_task: asyncio.Task | None = None
         # The run's checkpointer while the drive has one open, and whether
@@ -217,6 +220,9 @@ class RunExecutor:
                 # and counts retries (R-RUN-12).
                 graph_config = {
                     "configurable": {"thread_id": str(self.run.thread_id)},
+                    # Every checkpoint this run writes names it: a later
+                    # attempt knows where the run got to (R-RUN-15).
+                    "metadata": {"run_id": str(self.run.id)},
                     "recursion_limit": 40,
                     "callbacks": [ModelRequestAudit(self.recorder)],
                 }
@@ -229,12 +235,22 @@ class RunExecutor:
                 # (R-GOV-3): the thread's first run finds none to read, and
                 # no history to rebuild (the lease acquisition told).
                 first_run = not getattr(self.run, "thread_has_earlier_run", True)
-                if not first_run:
+                snapshot = None
+                if not first_run or self.run.attempt > 1:
                     snapshot = await graph.aget_state(graph_config)
-                    self.prior_message_ids = {
-                        m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)
-                    }
-                if not self.prior_message_ids and not self.run.resumed_from_id and not first_run:
+                    self.prior_message_ids = _message_ids(snapshot)
+                    if self.run.attempt > 1 and (snapshot.metadata or {}).get("run_id") == str(self.run.id):
+                        # An earlier attempt of this run got this far: go on
+                        # from its last checkpoint, its input already in the
+                        # State (R-RUN-15). What came before it is prior.
+                        self.continuing = True
+                        self.prior_message_ids = await _message_ids_before(graph, graph_config, self.run.id)
+                if (
+                    not self.prior_message_ids
+                    and not self.run.resumed_from_id
+                    and not first_run
+                    and not self.continuing
+                ):
                     # The checkpointer lost the thread (pruned, migrated):
                     # rebuild the history from the audit tables, by the same
                     # rules as the memory API (R-READ-2). Its ids are prior
@@ -245,11 +261,19 @@ class RunExecutor:
                     )
                     self.prior_message_ids = {m.id for m in self.seed_messages if m.id}
                 stream = await graph.astream_events(
-                    self._graph_input(), graph_config, version="v3", context=self._context()
+                    None if self.continuing else self._graph_input(),
+                    graph_config,
+                    version="v3",
+                    context=self._context(),
                 )
                 try:
                     async for event in stream:
                         await self.recorder.handle(event)
+                    if self.continuing and self.recorder.last_values is None and snapshot is not None:
+                        # The earlier attempt had ended the graph (its last
+                        # checkpoint is final) but not the run: that
+                        # checkpoint is the final State.
+                        self.recorder.last_values = snapshot.values
                 except asyncio.CancelledError:
                     # Async cancellation really stops the model call
                     # (PROTOCOL.md §8); abort finalises the stream.
@@ -515,6 +539,22 @@ class RunExecutor:
                     log.error("run %s fallback write failed; the sweeper will end it: %s", self.run.id, write_exc)
                     return None
                 await asyncio.sleep(0.5)
+
+
+def _message_ids(snapshot: Any) -> set[str]:
+    """The ids of the messages in a State snapshot."""
+    return {m.id for m in (snapshot.values or {}).get("messages", []) if getattr(m, "id", None)}
+
+
+async def _message_ids_before(graph: Any, graph_config: dict, run_id: uuid.UUID) -> set[str]:
+    """The ids of the messages the thread's State held before ``run_id``
+    first wrote to it: those of its newest checkpoint that another run (or
+    none) wrote, walking back from the head past this run's own
+    (R-RUN-15, R-MA-9). Empty when every checkpoint is this run's."""
+    async for state in graph.aget_state_history(graph_config):
+        if (state.metadata or {}).get("run_id") != str(run_id):
+            return _message_ids(state)
+    return set()
 
 
 def _run_status(*, lease: Lease) -> str:

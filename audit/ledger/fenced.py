@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import json
-import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -189,7 +188,10 @@ def _compile(
         sets.append(f"{_field('updated_at')[1]} = %s")
         parts.append(
             f", updated AS (UPDATE {table} AS m SET {', '.join(sets)} FROM leased_run "
-            f"WHERE m.run_id = leased_run.id AND m.role = {role_sql} AND m.operation_id = %s AND ({update_when}) "
+            # The row of the locked run's attempt: an earlier attempt's row of
+            # the same operation is never changed by a later one (R-RUN-15).
+            f"WHERE m.run_id = leased_run.id AND m.role = {role_sql} AND m.operation_id = %s "
+            f"AND m.attempt = leased_run.attempt AND ({update_when}) "
             f"RETURNING {returning})"
         )
         selects.append("SELECT * FROM updated")
@@ -239,7 +241,7 @@ def _compile(
         parts.append(
             f", inserted AS (INSERT INTO {table} AS m ({', '.join(columns)}) "
             f"SELECT {', '.join(values)} FROM leased_run{guard} "
-            "ON CONFLICT (run_id, role, operation_id) WHERE operation_id IS NOT NULL DO NOTHING "
+            "ON CONFLICT (run_id, role, operation_id, attempt) WHERE operation_id IS NOT NULL DO NOTHING "
             f"RETURNING {returning})"
         )
         selects.append("SELECT * FROM inserted")
@@ -259,7 +261,8 @@ def fenced_write(
     insert_when: tuple[str, list] | None = None,
     load: bool = True,
 ) -> FencedWrite:
-    """The write of the row ``(lease.run_id, role, operation_id)`` as one
+    """The write of the row ``(lease.run_id, role, operation_id)`` of the
+    run's current attempt as one
     statement fenced by the lease (see the module docstring), not sent:
     :func:`write_operation_row` sends it, a :func:`fenced_service` yields it.
     Its result (:meth:`FencedWrite.result`) is the row, or None when nothing
@@ -412,6 +415,7 @@ def json_param(value: Any) -> Any:
     return Message._meta.get_field("metadata").get_db_prep_save(value, connections[DEFAULT_DB_ALIAS])
 
 
-def operation_row(run_id: uuid.UUID, role: str, operation_id: str) -> Message | None:
-    """The row of one operation of a run, or None (the unique key's index)."""
-    return Message.objects.filter(run_id=run_id, role=role, operation_id=operation_id).first()
+def operation_row(run: AgentRun, role: str, operation_id: str) -> Message | None:
+    """The row of one operation of ``run``'s current attempt (a run locked
+    by the caller), or None (the unique key's index, R-RUN-15)."""
+    return Message.objects.filter(run_id=run.pk, role=role, operation_id=operation_id, attempt=run.attempt).first()

@@ -110,10 +110,10 @@ def model_call_open(
     if opened is not None:
         return opened if returning else None
     with transaction.atomic():
-        lock_run(lease)  # a lease error names the cause before the budget
+        run = lock_run(lease)  # a lease error names the cause before the budget
         if budget_user_id is not None:
             budget_check_running(user_id=budget_user_id, now=now)
-        existing = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
+        existing = operation_row(run, Message.Role.ASSISTANT, operation_id)
         row = existing if existing is not None else _insert_model_row(lease, operation_id, row)
         return row if returning else None
 
@@ -167,8 +167,8 @@ def model_call_retry(*, lease: Lease, operation_id: str, failure: dict[str, Any]
         LeaseError: see :func:`lock_run`.
     """
     with transaction.atomic():
-        lock_run(lease)
-        row = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
+        run = lock_run(lease)
+        row = operation_row(run, Message.Role.ASSISTANT, operation_id)
         if row is None:
             raise AuditConflict(f"retry of unknown operation {operation_id}", extra={"reason": "unknown_operation"})
         errors = list(row.metadata.get("attempt_errors") or [])
@@ -276,10 +276,10 @@ def _start_locked(
     """:func:`model_call_start` under the run lock: a row opened under
     another key, a repeat, a conflict, or a row to insert."""
     with transaction.atomic():
-        lock_run(lease)
-        row = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
+        run = lock_run(lease)
+        row = operation_row(run, Message.Role.ASSISTANT, operation_id)
         if row is None and opened_as:
-            row = operation_row(lease.run_id, Message.Role.ASSISTANT, opened_as)
+            row = operation_row(run, Message.Role.ASSISTANT, opened_as)
             if row is not None and row.metadata.get("awaiting_first_chunk"):
                 row.operation_id = operation_id
             else:
@@ -365,8 +365,8 @@ def model_call_finish(
     if closed is not None:
         return closed if returning else None
     with transaction.atomic():
-        lock_run(lease)
-        row = operation_row(lease.run_id, Message.Role.ASSISTANT, operation_id)
+        run = lock_run(lease)
+        row = operation_row(run, Message.Role.ASSISTANT, operation_id)
         if row is None:
             raise AuditConflict(f"finish for unknown operation {operation_id}", extra={"reason": "unknown_operation"})
         result = {"content": content, "tool_calls": tool_calls or None, "usage": usage}

@@ -14,6 +14,7 @@ from django.db.models import Exists, Max, Min, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
+from core.config import get_config
 from core.db import (
     execute_prepared,
     field_converters,
@@ -34,7 +35,7 @@ from .handover import enqueue_run
 from .idempotency import existing_request, resume_fingerprint, turn_fingerprint
 from .lease import Lease, lock_run
 from .locks import web_lock_wait
-from .terminal import _terminate
+from .terminal import _terminate, run_requeue_attempt
 
 log = logging.getLogger(__name__)
 
@@ -493,9 +494,13 @@ def cancel_request_apply(*, run_id: uuid.UUID) -> AgentRun | None:
                 error_type="cancelled",
                 error_message="cancelled while waiting for approval"
                 if awaits_approval
-                else "cancelled before it started",
+                else "cancelled before it started"
+                if run.attempt == 1
+                else f"cancelled while waiting to be continued as attempt {run.attempt}",
             )
-            if run.resumed_from_id is not None and not awaits_approval:
+            # A run waiting to be continued (R-RUN-15) had started: as for a
+            # resume run cancelled while running, its approval was answered.
+            if run.resumed_from_id is not None and not awaits_approval and run.attempt == 1:
                 _give_up_approval(run.resumed_from_id)
         elif run.status == Status.RUNNING:
             run.status = Status.CANCEL_REQUESTED
@@ -543,6 +548,14 @@ def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -
     :mod:`audit.ledger.causes`) — and ``cancelled`` when a cancel was requested
     (the user's request is honoured; the worker is gone).
 
+    With ``RUN_RECOVERY=resume`` a run that would end ``lease_expired`` is
+    instead put back to ``pending`` as its next attempt, for another worker
+    to continue from its last checkpoint (:func:`~audit.ledger.terminal.run_requeue_attempt`),
+    while its ``attempt`` is at most ``RUN_RECOVERY_ATTEMPTS``; the expiry
+    after that ends it ``failed``, ``lease_expired`` (R-RUN-15). A run whose
+    worker reported a cause is not continued: that worker is alive and met
+    a fault (the database) that another attempt would meet too.
+
     First the database sessions of those runs' holders are ended
     (:func:`_end_stale_holders`, R-RUN-14): a frozen holder may hold the
     row in any state — idle in a transaction, blocked writing to its client,
@@ -555,11 +568,14 @@ def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -
     Afterwards the old owner's writes fail :func:`~audit.ledger.lease.lock_run`
     with ``RunTerminal`` (the fencing token and status still stop a holder
     that thaws and reconnects). Returns the ids of the runs it ended (at
-    most ``limit``). Implements R-RUN-7, R-RUN-10, R-RUN-14.
+    most ``limit``), those continued later included. Implements R-RUN-7,
+    R-RUN-10, R-RUN-14, R-RUN-15.
     """
     from .causes import failure_causes
 
     now = now or timezone.now()
+    config = get_config()
+    recovery, attempts = config.RUN_RECOVERY, config.RUN_RECOVERY_ATTEMPTS
     _end_stale_holders(now=now, limit=limit)
     with transaction.atomic():
         # Index run_lease_expiry_idx serves this query.
@@ -579,8 +595,13 @@ def run_sweep_expired_leases(*, now: datetime | None = None, limit: int = 100) -
             elif run.pk in causes:
                 status, error_type = Status.FAILED, causes[run.pk][0]
                 message = f"{causes[run.pk][1]}; {expiry}"
+            elif recovery == "resume" and run.attempt <= attempts:
+                run_requeue_attempt(run, now=now, reason=expiry)
+                continue
             else:
                 status, error_type, message = Status.FAILED, "lease_expired", expiry
+                if recovery == "resume":
+                    message += f"; attempt {run.attempt}, after {attempts} recoveries (RUN_RECOVERY_ATTEMPTS)"
             _terminate(run, status=status, now=now, error_type=error_type, error_message=message)
             log.warning("run %s ended %s (%s): %s", run.id, status, error_type, expiry)
             metrics.lease_expired()

@@ -622,6 +622,51 @@ def _terminate(
         on_commit(lambda: _enqueue_pending(pending))
 
 
+def run_requeue_attempt(run: AgentRun, *, now: datetime, reason: str) -> None:
+    """Put a locked run whose worker is gone back to ``pending`` as its next
+    attempt, to be continued by another worker from its last checkpoint
+    (R-RUN-15). Must be called inside ``transaction.atomic()`` with the run
+    row locked (the lease sweeper's claim).
+
+    In the same transaction: every row the attempt left ``running`` is
+    closed ``interrupted`` with ``metadata.closed_by = "recovery"`` and the
+    attempt's number (``usage_unknown`` for a model call cut before the
+    provider reported usage); a tool row is marked ``outcome_unknown``, as
+    nobody knows whether its effect happened, except one whose tool raised
+    (its error is recorded, ``awaiting_run_terminal``), which closes
+    ``failed``. The run becomes ``pending`` with ``attempt`` + 1, no owner
+    and no expiry; its fencing token stays, so the next acquisition's is
+    new and every write of the old owner stays refused (R-RUN-4). Its
+    ``started_at``, usage (summed again at its end over every attempt's
+    rows) and turn stay. ``reason`` (the expired lease) is kept in the
+    log. The run is enqueued after commit (the dispatcher offers it again
+    if that message is lost, R-RUN-9).
+    """
+    rows = RunRows.read(run)
+    for row in rows.running():
+        raised = row.role == Message.Role.TOOL and bool(row.metadata.get("awaiting_run_terminal"))
+        row.execution_status = ExecStatus.FAILED if raised else ExecStatus.INTERRUPTED
+        row.finished_at = row.finished_at or now
+        marks: dict[str, Any] = {"closed_by": "recovery", "recovered_attempt": run.attempt}
+        if row.role == Message.Role.ASSISTANT:
+            marks["usage_unknown"] = row.usage is None
+        elif not raised:
+            marks["outcome_unknown"] = True
+        row.metadata = {**row.metadata, **marks}
+        row.metadata.pop("awaiting_run_terminal", None)
+        rows.changed(row, "execution_status", "finished_at", "metadata")
+    rows.save()
+    run.status = Status.PENDING
+    run.attempt += 1
+    run.lease_owner = None
+    run.lease_expires_at = None
+    run.save(update_fields=["status", "attempt", "lease_owner", "lease_expires_at", "updated_at"])
+    log.warning("run %s continues as attempt %d: %s", run.id, run.attempt, reason)
+    metrics.run_recovered()
+    run_id = run.id
+    transaction.on_commit(lambda: enqueue_run(run_id))
+
+
 # What the terminal transaction reads of the run (the lease checks', the
 # terminal path's and what the worker reads of the returned run); the rest
 # loads on access.

@@ -143,11 +143,11 @@ def tool_call_start(
             return started if returning else None
     with transaction.atomic():
         run = lock_run(lease)
-        existing = operation_row(lease.run_id, Message.Role.TOOL, tool_call_id)
+        existing = operation_row(run, Message.Role.TOOL, tool_call_id)
         if existing is not None:
             return existing if returning else None
         declared_by = (
-            operation_row(lease.run_id, Message.Role.ASSISTANT, declared_by_operation_id)
+            operation_row(run, Message.Role.ASSISTANT, declared_by_operation_id)
             if declared_by_operation_id
             else declaring_model_row(run, tool_call_id)
         )
@@ -213,8 +213,8 @@ def tool_call_finish(
     if closed is not None:
         return closed if returning else None
     with transaction.atomic():
-        lock_run(lease)
-        row = operation_row(lease.run_id, Message.Role.TOOL, tool_call_id)
+        run = lock_run(lease)
+        row = operation_row(run, Message.Role.TOOL, tool_call_id)
         if row is None:
             raise AuditConflict(f"finish for unknown tool call {tool_call_id}", extra={"reason": "unknown_operation"})
         if row.execution_status != ExecStatus.RUNNING:
@@ -283,8 +283,8 @@ def tool_call_error(
     if marked is not None:
         return marked if returning else None
     with transaction.atomic():
-        lock_run(lease)
-        row = operation_row(lease.run_id, Message.Role.TOOL, tool_call_id)
+        run = lock_run(lease)
+        row = operation_row(run, Message.Role.TOOL, tool_call_id)
         if row is None:
             raise AuditConflict(f"error for unknown tool call {tool_call_id}", extra={"reason": "unknown_operation"})
         if row.execution_status == ExecStatus.RUNNING:
