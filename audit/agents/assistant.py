@@ -27,16 +27,25 @@ SYSTEM_PROMPT = (
 )
 
 
-def build_agent(agent_id: str, *, model: str, checkpointer: Any, http_async_client: Any = None) -> Any:
+def build_agent(
+    agent_id: str, *, model: str, checkpointer: Any, http_async_client: Any = None, tool_guard: Any = None
+) -> Any:
     """Compile the agent ``agent_id`` with the chat model ``model``.
+
+    ``tool_guard``: a tool-call middleware that every agent of the graph
+    (a subagent's too) runs innermost, right around each tool — the
+    worker's replay guard (R-EFF-1); None: none.
 
     Raises :class:`~audit.catalogue.UnknownAgent` / :class:`~audit.catalogue.UnknownModel`.
     """
     validate_agent_id(agent_id)
+    guard = [tool_guard] if tool_guard is not None else []
     if agent_id == "researcher":
         from .researcher import build_researcher
 
-        return build_researcher(model=model, checkpointer=checkpointer, http_async_client=http_async_client)
+        return build_researcher(
+            model=model, checkpointer=checkpointer, http_async_client=http_async_client, tool_guard=tool_guard
+        )
     return create_agent(
         chat_model(model, http_async_client=http_async_client),
         tools=ASSISTANT_TOOLS,
@@ -50,6 +59,8 @@ def build_agent(agent_id: str, *, model: str, checkpointer: Any, http_async_clie
             # Approval first: a rejected call never reaches the tool (R-TA-5).
             HumanInTheLoopMiddleware(interrupt_on=APPROVAL_REQUIRED),
             LargeToolResultMiddleware(threshold_chars=get_config().LARGE_TOOL_RESULT_CHARS),
+            # Innermost: a replayed result is offloaded as a fresh one.
+            *guard,
         ],
         context_schema=AgentContext,
         checkpointer=checkpointer,

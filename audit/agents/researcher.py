@@ -54,8 +54,10 @@ def subagent_model(model: str, subagent: str) -> str:
     return model
 
 
-def build_researcher(*, model: str, checkpointer: Any, http_async_client: Any = None) -> Any:
-    """Compile the ``researcher`` agent with the chat model ``model``.
+def build_researcher(*, model: str, checkpointer: Any, http_async_client: Any = None, tool_guard: Any = None) -> Any:
+    """Compile the ``researcher`` agent with the chat model ``model``;
+    ``tool_guard`` as for :func:`~audit.agents.assistant.build_agent`, in
+    the researcher and its subagent.
 
     Raises ``UnknownModel`` for an unknown model provider.
     """
@@ -65,6 +67,7 @@ def build_researcher(*, model: str, checkpointer: Any, http_async_client: Any = 
         "system_prompt": FACT_CHECKER_PROMPT,
         "model": chat_model(subagent_model(model, FACT_CHECKER), http_async_client=http_async_client),
         "tools": FACT_CHECKER_TOOLS,
+        "middleware": [tool_guard] if tool_guard is not None else [],
     }
     # The backend is for file tools, which neither agent has.
     subagents = SubAgentMiddleware(backend=StateBackend(), subagents=[fact_checker])
@@ -82,6 +85,7 @@ def build_researcher(*, model: str, checkpointer: Any, http_async_client: Any = 
             # finds the call without a result in the checkpoint.
             PatchToolCallsMiddleware(),
             subagents,
+            *([tool_guard] if tool_guard is not None else []),
         ],
         context_schema=AgentContext,
         checkpointer=checkpointer,

@@ -57,6 +57,7 @@ from ..ledger.runs import run_acquire_with_row
 from ..ledger.trace import run_set_trace
 from ..models import AgentRun, RunCancelRequest
 from .checkpoint import ReconnectingPostgresSaver, open_checkpointer, postgres_conninfo
+from .effects import EffectLedgerGuard
 from .events import RunEventPublisher
 from .model_requests import ModelRequestAudit
 from .recorder import LifecycleRecorder
@@ -213,7 +214,12 @@ class RunExecutor:
             async with open_checkpointer(self.conninfo) as saver, model_http_client() as http_client:
                 self._saver = saver
                 graph = build_agent(
-                    self.run.agent_id, model=self.run.model, checkpointer=saver, http_async_client=http_client
+                    self.run.agent_id,
+                    model=self.run.model,
+                    checkpointer=saver,
+                    http_async_client=http_client,
+                    # No tool call of the turn executed twice (R-EFF-1).
+                    tool_guard=EffectLedgerGuard(self),
                 )
                 # The model request callback checks the budget and opens each
                 # model row before its request is sent (R-COST-3, R-MA-10),

@@ -29,9 +29,10 @@ and the benchmarks import it.
 from .model_audit import model_call_finish, model_call_open, model_call_retry, model_call_start
 from .runs import lease_renew, run_acquire, run_request_cancel, run_resume, run_submit, run_sweep_expired_leases
 from .terminal import StateMessage, run_finish, run_finish_fallback
-from .tool_audit import tool_call_error, tool_call_finish, tool_call_start
+from .tool_audit import EffectCheck, tool_call_error, tool_call_finish, tool_call_start, tool_effect_check
 
 __all__ = [
+    "EffectCheck",
     "StateMessage",
     "lease_renew",
     "model_call_finish",
@@ -48,4 +49,5 @@ __all__ = [
     "tool_call_error",
     "tool_call_finish",
     "tool_call_start",
+    "tool_effect_check",
 ]

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -298,6 +299,108 @@ def tool_call_error(
                 fields.append("duration_ms")
             row.save(update_fields=fields)
         return row if returning else None
+
+
+# --------------------------------------------------------------------------
+# Replay guard (R-EFF-1, R-RUN-15)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EffectCheck:
+    """What :func:`tool_effect_check` found under one effect key.
+
+    ``action`` is ``"execute"`` (nothing recorded forbids running the tool),
+    ``"replayed"`` (an execution under the key completed: ``original`` is
+    its row, ``replay`` the new row that gives its result back) or
+    ``"outcome_unknown"`` (an execution under the key was cut off by a
+    dead worker and the tool is not idempotent: ``original`` is that row).
+    """
+
+    action: str
+    original: Message | None = None
+    replay: Message | None = None
+
+
+def tool_effect_check(
+    *,
+    lease: Lease,
+    tool_call_id: str,
+    tool_name: str,
+    idempotent: bool,
+    namespace: list[str] | None = None,
+    parent_operation_id: str | None = None,
+    sequence: int | None = None,
+    at: datetime | None = None,
+) -> EffectCheck:
+    """Decide, before a tool runs, whether it may: look up the executions
+    recorded under its effect key (the lease's turn, ``parent_operation_id``
+    — the ``task`` call whose subagent runs it, None at the root — and
+    ``tool_call_id``) in one transaction under the run lock (R-RUN-4).
+
+    * An execution that completed is never made again: a new row of this
+      attempt records the replay — ``completed``, the original's content
+      and input, ``replayed_from`` the original, no duration,
+      ``metadata.replayed`` — and ``action`` is ``"replayed"``; the caller
+      gives the recorded result to the graph. A replay row already there
+      (the check made again) is returned as it is.
+    * Else an execution whose outcome is unknown (its worker died while it
+      ran: ``metadata.outcome_unknown``) of a tool that is not
+      ``idempotent`` must not be made again blindly: ``"outcome_unknown"``.
+    * Else ``"execute"``: the recorder opens the row when the tool starts.
+
+    ``sequence`` and ``at`` (aware; default now) place the replay row in
+    the timeline. Raises what :func:`lock_run` raises. Implements R-EFF-1
+    and R-RUN-15.
+    """
+    at = at or timezone.now()
+    nesting = subagent_fields(namespace, parent_operation_id, None)
+    key = effect_key(lease_turn_id(lease), tool_call_id, nesting["parent_operation_id"])
+    with transaction.atomic():
+        run = lock_run(lease)
+        # The key is made of the turn: no other turn's row carries it.
+        recorded = list(Message.objects.filter(effect_key=key, role=Message.Role.TOOL).order_by("id"))
+        current = next((row for row in recorded if row.run_id == run.pk and row.attempt == run.attempt), None)
+        if current is not None:
+            if current.replayed_from_id is None:
+                return EffectCheck("execute")
+            original = next((row for row in recorded if row.pk == current.replayed_from_id), None)
+            return EffectCheck("replayed", original=original, replay=current)
+        original = next(
+            (row for row in recorded if row.execution_status == ExecStatus.COMPLETED and row.replayed_from_id is None),
+            None,
+        )
+        if original is not None:
+            declared_by = declaring_model_row(run, tool_call_id)
+            replay = write_operation_row(
+                lease,
+                role=Message.Role.TOOL,
+                operation_id=tool_call_id,
+                now=at,
+                insert={
+                    "message_type": Message.Type.TOOL_AUDIT,
+                    "tool_name": tool_name or original.tool_name,
+                    "tool_input": original.tool_input,
+                    "content": original.content,
+                    "sequence": sequence,
+                    "started_at": at,
+                    "finished_at": at,
+                    "duration_ms": 0,
+                    "execution_status": ExecStatus.COMPLETED,
+                    "metadata": {"namespace": nesting["namespace"], "replayed": True},
+                    **nesting,
+                    "effect_key": key,
+                    "replayed_from": original.pk,
+                    "declared_by": None if declared_by is None else declared_by.pk,
+                },
+            )
+            if replay is None:  # the lock is held and there was no row
+                raise AuditConflict(f"replay of tool call {tool_call_id} could not be recorded")
+            return EffectCheck("replayed", original=original, replay=replay)
+        if not idempotent and any(row.metadata.get("outcome_unknown") for row in recorded):
+            unknown = [row for row in recorded if row.metadata.get("outcome_unknown")]
+            return EffectCheck("outcome_unknown", original=unknown[-1])
+        return EffectCheck("execute")
 
 
 def declaring_model_row(run: AgentRun, tool_call_id: str) -> Message | None:
