@@ -11,9 +11,11 @@ hold). Each invariant is one query, so a new fault test gets all of them:
    stay unknown (``unknown_calls``), never zero;
 5. FIFO per thread: a run of a later turn starts only after every run of
    the earlier turns ended;
-6. no two rows share ``(run, role, operation_id)``.
+6. no two rows share ``(run, role, operation_id, attempt)``;
+7. no ``send_email`` effect key was executed twice (a replay is no
+   execution, R-EFF-1).
 
-The seventh — a new turn on every affected thread completes — needs HTTP:
+The eighth — a new turn on every affected thread completes — needs HTTP:
 :func:`tests.faults.harness.new_turn_on_each_thread`.
 """
 
@@ -73,10 +75,16 @@ QUERIES: dict[str, str] = {
         WHERE later.started_at IS NOT NULL
           AND (earlier.finished_at IS NULL OR earlier.finished_at > later.started_at)
     """,
-    "duplicate (run, role, operation_id)": """
-        SELECT run_id::text, role, operation_id, count(*) FROM conversations_message
+    "duplicate (run, role, operation_id, attempt)": """
+        SELECT run_id::text, role, operation_id, attempt, count(*) FROM conversations_message
         WHERE operation_id IS NOT NULL AND thread_id = ANY(%(threads)s::uuid[])
-        GROUP BY run_id, role, operation_id HAVING count(*) > 1
+        GROUP BY run_id, role, operation_id, attempt HAVING count(*) > 1
+    """,
+    "send_email executed twice under one effect key (R-EFF-1)": """
+        SELECT effect_key, count(*) FROM conversations_message
+        WHERE thread_id = ANY(%(threads)s::uuid[]) AND role = 'tool' AND tool_name = 'send_email'
+          AND replayed_from_id IS NULL AND started_at IS NOT NULL
+        GROUP BY effect_key HAVING count(*) > 1
     """,
 }
 
