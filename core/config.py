@@ -133,7 +133,7 @@ class Config(BaseSettings):
         description="How often Celery beat runs the lease sweeper, which fails runs whose lease expired (R-RUN-7).",
     )
     RUN_RECOVERY: Literal["resume", "fail"] = Field(
-        default="fail",
+        default="resume",
         description=(
             "What the lease sweeper does with a run whose worker died: `resume` puts it back to `pending` "
             "with `attempt` + 1 for another worker to continue from its last checkpoint; `fail` ends it "

@@ -123,6 +123,16 @@ def prepared_executed_since(before: dict[str, int], pattern: str) -> list[int]:
 
 
 @pytest.fixture
+def recovery_fail(monkeypatch):
+    """``RUN_RECOVERY=fail``: the lease sweeper ends an expired run
+    ``failed`` / ``lease_expired`` (R-RUN-7) instead of continuing it as
+    its next attempt (the default, R-RUN-15). For tests of that end."""
+    from core.config import get_config
+
+    monkeypatch.setattr(get_config(), "RUN_RECOVERY", "fail")
+
+
+@pytest.fixture
 def db_name():
     return connection.settings_dict["NAME"]
 

@@ -73,7 +73,8 @@ class EffectLedgerGuard(AgentMiddleware):
             idempotent=tool_is_idempotent(request.tool) if request.tool is not None else False,
             namespace=namespace,
             parent_operation_id=executor.recorder.parent_operation(namespace),
-            sequence=executor.recorder.last_seq or None,
+            # Where the stream is now: the replay sorts after what came before.
+            sequence=max(executor.recorder.last_seq, executor.recorder.sequence_base) or None,
         )
         if check.action == "replayed":
             return ToolMessage(

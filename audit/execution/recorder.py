@@ -145,6 +145,9 @@ class LifecycleRecorder:
         self._tool_runs: dict[str, str] = {}
         self.last_values: dict | None = None
         self.interrupts: tuple = ()
+        # Added to every stream seq: the highest sequence an earlier attempt
+        # of the run wrote (0 for a first attempt).
+        self.sequence_base = 0
         self.model_calls = 0
         self.tool_calls = 0
         self.last_seq = 0  # the highest root seq consumed so far
@@ -164,6 +167,10 @@ class LifecycleRecorder:
         return Stamp(event_time(event), self._clock())
 
     async def handle(self, event: dict) -> None:
+        if self.sequence_base and isinstance(event.get("seq"), int):
+            # A continued run's stream counts from 1 again: its rows follow
+            # the earlier attempts' in the timeline (R-RUN-15).
+            event = {**event, "seq": event["seq"] + self.sequence_base}
         method = event.get("method")
         params = event.get("params") or {}
         if isinstance(event.get("seq"), int):

@@ -26,10 +26,11 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, Max, OuterRef
 from langchain_core.messages import HumanMessage
 from langgraph.types import Command
 
+from conversations.models import Message
 from conversations.selectors import thread_memory_messages
 from core.config import get_config
 from core.db import release_connection, worker_connection_wait, worker_session_tag
@@ -245,6 +246,10 @@ class RunExecutor:
                 if not first_run or self.run.attempt > 1:
                     snapshot = await graph.aget_state(graph_config)
                     self.prior_message_ids = _message_ids(snapshot)
+                    if self.run.attempt > 1:
+                        self.recorder.sequence_base = await sync_to_async(call_then_release)(
+                            _last_sequence, {"run_id": self.run.id}
+                        )
                     if self.run.attempt > 1 and (snapshot.metadata or {}).get("run_id") == str(self.run.id):
                         # An earlier attempt of this run got this far: go on
                         # from its last checkpoint, its input already in the
@@ -545,6 +550,11 @@ class RunExecutor:
                     log.error("run %s fallback write failed; the sweeper will end it: %s", self.run.id, write_exc)
                     return None
                 await asyncio.sleep(0.5)
+
+
+def _last_sequence(*, run_id: uuid.UUID) -> int:
+    """The highest sequence of the run's audit rows (0 without any)."""
+    return Message.objects.filter(run_id=run_id).aggregate(last=Max("sequence"))["last"] or 0
 
 
 def _message_ids(snapshot: Any) -> set[str]:

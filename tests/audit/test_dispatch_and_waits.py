@@ -118,6 +118,7 @@ def test_a_fresh_pending_run_is_not_handed_over_twice_R_RUN_9(thread):
     assert runs_dispatch()["dispatched"] == 0
 
 
+@pytest.mark.usefixtures("recovery_fail")
 def test_the_sweeper_names_the_cause_the_worker_left_and_honours_a_cancel_R_RUN_8_R_RUN_10(thread, user):
     lost = make_run(thread)
     acquire(lost, ttl=1)

@@ -133,6 +133,9 @@ def test_a_run_whose_worker_died_after_a_tool_continues_from_its_checkpoint_as_a
     # The declaring call was the first attempt's; the answer is the second's.
     assert models[0].attempt == 1 and models[0].tool_calls
     assert models[-1].attempt == 2 and run.output_message_id == models[-1].pk
+    # The second attempt's rows follow the first's in the timeline.
+    rows = list(Message.objects.audit().filter(run=run, sequence__isnull=False))
+    assert max(r.sequence for r in rows if r.attempt == 1) < min(r.sequence for r in rows if r.attempt == 2)
     # Usage counts every call made, once, over both attempts.
     known = [row.usage for row in models if row.usage]
     assert run.usage["total_tokens"] == sum(u["total_tokens"] for u in known)

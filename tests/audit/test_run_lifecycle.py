@@ -90,6 +90,7 @@ def test_two_workers_racing_for_one_run_exactly_one_owns_it_and_the_loser_writes
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("recovery_fail")
 def test_sweeper_fails_expired_runs_and_closes_their_rows_in_one_transaction_R_RUN_7(thread):
     run = make_run(thread)
     lease = acquire(run, ttl=60)

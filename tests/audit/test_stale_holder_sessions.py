@@ -112,6 +112,7 @@ STATES = {
 }
 
 
+@pytest.mark.usefixtures("recovery_fail")
 @pytest.mark.parametrize("state", list(STATES))
 def test_the_sweeper_ends_a_stale_holders_sessions_in_any_state_and_then_the_run_R_RUN_14(state, thread, user):
     """A run whose lease expired while its holder's session holds the run

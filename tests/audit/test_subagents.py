@@ -225,6 +225,7 @@ def test_a_subagent_call_opened_at_request_start_is_nested_before_its_first_chun
     assert finished.usage == {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0, "unknown_calls": 1}
 
 
+@pytest.mark.usefixtures("recovery_fail")
 def test_a_swept_run_closes_its_subagent_rows_R_SUB_1_R_RUN_7(user):
     """Lease loss inside the subagent: the sweeper's terminal transaction
     closes the subagent's running rows like any other."""

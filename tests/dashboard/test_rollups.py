@@ -359,6 +359,7 @@ class World:
             )
 
 
+@pytest.mark.usefixtures("recovery_fail")
 @pytest.mark.parametrize("seed", [11])
 def test_incremental_rollups_equal_a_recomputation_after_random_histories_R_DASH_1(seed, user, other_user):
     rng = random.Random(seed)
@@ -485,6 +486,7 @@ def _day_rows_disagreeing_with_their_hours() -> list:
     return wrong
 
 
+@pytest.mark.usefixtures("recovery_fail")
 def test_day_rows_and_blocks_answer_as_the_hour_rows_and_the_rows_in_every_window_and_zone_R_DASH_1_R_COST_2(
     user, other_user
 ):

@@ -134,7 +134,9 @@ def test_cancel_after_the_first_chunk_stops_the_model_call_R_RUN_6_R_MA_7(stack,
     assert len(_replay_lines(stack, "scenario=slow_answer")) == requests_before + 1
 
 
-def test_a_worker_killed_mid_stream_is_failed_by_the_sweeper_and_the_thread_goes_on_R_RUN_7_R_RUN_2(stack, user):
+def test_a_worker_killed_mid_stream_leaves_its_run_to_another_worker_and_the_thread_goes_on_R_RUN_15_R_RUN_2(
+    stack, user
+):
     extra = stack.start_worker(name="doomed")
     with stack.client(bearer(user)) as client:
         thread_id = _thread(client, "replay:slow_answer")
@@ -146,11 +148,17 @@ def test_a_worker_killed_mid_stream_is_failed_by_the_sweeper_and_the_thread_goes
         assert stack.workers, "another worker (with the sweeper) stays up"
         assert extra is victim or extra in stack.workers
 
-        body = wait_for_status(client, run_id, TERMINAL, timeout=60)
-        assert (body["status"], body["error_type"]) == ("failed", "lease_expired"), body
+        # The sweeper puts the run back (RUN_RECOVERY=resume, the default);
+        # the other worker continues it as attempt 2 and it completes.
+        body = wait_for_status(client, run_id, TERMINAL, timeout=90)
+        assert (body["status"], body["error_type"], body["attempt"]) == ("completed", "", 2), body
+        assert body["output_message_id"] is not None
         assert not Message.objects.filter(run_id=run_id, execution_status="running").exists()
-        (row,) = Message.objects.model_calls().filter(run_id=run_id)
-        assert row.execution_status == "failed" and row.metadata["usage_unknown"] is True
+        cut, answer = Message.objects.model_calls().filter(run_id=run_id).order_by("attempt")
+        assert (cut.attempt, cut.execution_status, cut.metadata["closed_by"]) == (1, "interrupted", "recovery")
+        assert cut.usage is None and cut.metadata["usage_unknown"] is True
+        assert (answer.attempt, answer.execution_status) == (2, "completed") and answer.usage
+        assert body["usage"]["unknown_calls"] == 1 and body["usage"]["output_tokens"] == answer.usage["output_tokens"]
 
         # A second run of the same thread then completes.
         second = _submit(client, thread_id, "sigkill-2")

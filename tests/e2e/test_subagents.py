@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 import pytest
 
@@ -136,7 +137,7 @@ def test_cancel_while_the_subagent_streams_leaves_nothing_running_R_SUB_1_R_RUN_
     assert len([r for r in rows if r.role == "assistant" and not r.namespace]) == 1
 
 
-def test_a_worker_killed_inside_the_subagent_is_swept_and_leaves_nothing_running_R_SUB_1_R_RUN_7(stack, user):
+def test_a_worker_killed_inside_the_subagent_leaves_the_run_to_another_worker_R_SUB_1_R_RUN_15_R_EFF_1(stack, user):
     stack.start_worker(name="doomed-researcher")
     with stack.client(bearer(user)) as client:
         thread_id = create_thread(client, "replay:researcher_slow_subagent", agent_id="researcher")
@@ -146,10 +147,26 @@ def test_a_worker_killed_inside_the_subagent_is_swept_and_leaves_nothing_running
         victim.kill()  # SIGKILL the worker's whole process group inside the subagent
         stack.workers.remove(victim)
         assert stack.workers, "another worker (with the sweeper) stays up"
-        body = wait_for_status(client, run_id, TERMINAL, timeout=60)
+        # Continued by the other worker (RUN_RECOVERY=resume, the default).
+        body = wait_for_status(client, run_id, TERMINAL, timeout=120)
 
-    assert (body["status"], body["error_type"]) == ("failed", "lease_expired"), body
+    assert (body["status"], body["error_type"], body["attempt"]) == ("completed", "", 2), body
     assert not Message.objects.filter(run_id=run_id, execution_status="running").exists()
-    rows = _assert_nested(run_id, "call_task_slow_check")
-    assert {r.execution_status for r in rows if r.namespace and r.role == "assistant"} >= {"failed"}
-    assert next(r for r in rows if r.operation_id == "call_task_slow_check").execution_status == "failed"
+    rows = list(Message.objects.audit().filter(run_id=run_id).order_by("sequence", "id"))
+    cut_task, task = [r for r in rows if r.operation_id == "call_task_slow_check"]
+    # The task call the dead worker was running: its outcome unknown; the
+    # task is idempotent, so the next attempt ran it again, same effect key.
+    assert (cut_task.attempt, cut_task.execution_status) == (1, "interrupted")
+    assert cut_task.metadata["outcome_unknown"] is True
+    assert (task.attempt, task.execution_status, task.effect_key) == (2, "completed", cut_task.effect_key)
+    # The subagent's calls stay nested under the task call in both attempts,
+    # after it in the timeline, and none of its lookups ran twice: a lookup
+    # that completed in the first attempt is replayed, not executed again.
+    children = [r for r in rows if r.namespace]
+    assert children and {r.parent_operation_id for r in children} == {"call_task_slow_check"}
+    assert all(r.sequence > cut_task.sequence for r in children if r.attempt == 1)
+    assert all(r.sequence > task.sequence for r in children if r.attempt == 2)
+    lookups = [r for r in children if r.role == "tool"]
+    executed = Counter(r.operation_id for r in lookups if r.replayed_from_id is None and r.started_at is not None)
+    assert executed and set(executed.values()) == {1}, executed
+    assert {r.execution_status for r in children if r.attempt == 1 and r.role == "assistant"} >= {"interrupted"}

@@ -72,6 +72,10 @@ FAST_SETTINGS = {
     "WEB_LOCK_TIMEOUT_MS": "500",
     "DB_POOL_TIMEOUT_SECONDS": "3",
     "AUDIT_WRITE_ATTEMPTS": "3",
+    # These fault tests check how a run ends when its worker or database is
+    # lost (R-RUN-7..14); test_recovery_faults runs the sweeper with the
+    # default, resume, and checks that such runs are continued (R-RUN-15).
+    "RUN_RECOVERY": "fail",
 }
 
 

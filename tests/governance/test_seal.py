@@ -38,6 +38,7 @@ def test_terminal_transaction_seals_the_run_over_its_closed_rows_R_GOV_3(thread)
     assert status == 0 and "1 sealed, 0 unsealed" in out and "0 changed after sealing" in out
 
 
+@pytest.mark.usefixtures("recovery_fail")
 def test_every_terminal_path_seals_cancel_and_the_lease_sweeper_R_GOV_3(thread):
     pending = make_run(thread)
     ledger.run_request_cancel(user=thread.user, run_id=pending.id)

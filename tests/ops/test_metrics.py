@@ -135,6 +135,7 @@ def test_a_pending_run_cancelled_counts_once_without_a_duration_R_OPS_1(user):
     assert delta(before, after, "yuxi_run_duration_seconds_count", model="replay:plain_answer", status="cancelled") == 0
 
 
+@pytest.mark.usefixtures("recovery_fail")
 def test_lease_renewal_expiry_and_takeover_are_counted_after_commit_R_OPS_1(user):
     thread = new_thread(user, "plain_answer")
     run = make_run(thread)
@@ -170,6 +171,18 @@ def test_lease_renewal_expiry_and_takeover_are_counted_after_commit_R_OPS_1(user
     after_takeover = scrape()
     assert delta(after_refusal, after_takeover, "yuxi_lease_acquisitions_total") == 1
     assert delta(after_refusal, after_takeover, "yuxi_lease_takeovers_total") == 1
+
+
+def test_a_run_continued_after_its_worker_died_is_counted_not_expired_R_OPS_1_R_RUN_15(user):
+    run = make_run(new_thread(user, "plain_answer"))
+    acquire(run, ttl=60)
+    before = scrape()
+    assert ledger.run_sweep_expired_leases(now=timezone.now() + timedelta(seconds=120)) == [run.id]
+    after_sweep = scrape()
+    assert delta(before, after_sweep, "yuxi_runs_recovered_total") == 1
+    assert delta(before, after_sweep, "yuxi_lease_expiries_total") == 0
+    acquire(run, owner="worker-b")
+    assert delta(after_sweep, scrape(), "yuxi_lease_takeovers_total") == 1
 
 
 def test_a_rolled_back_write_counts_nothing_after_commit_R_OPS_1(user):
