@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_init
+from celery.signals import worker_init, worker_process_init, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yuxi_project.settings")
 
@@ -12,8 +12,12 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+# The worker of this (main) process, for its pool processes' pids at shutdown.
+_worker = None
+
+
 @worker_init.connect
-def refuse_mismatched_schema(**_kwargs) -> None:
+def refuse_mismatched_schema(sender=None, **_kwargs) -> None:
     """Configure the worker's database connections, then stop the worker before it consumes anything when the database schema
     does not match the code (R-SCH-1). Celery logs and swallows exceptions
     of signal handlers, so the refusal is a ``SystemExit``."""
@@ -21,6 +25,8 @@ def refuse_mismatched_schema(**_kwargs) -> None:
 
     import django
 
+    global _worker
+    _worker = sender
     django.setup()
     from django.db import connections
 
@@ -52,6 +58,28 @@ def name_forked_worker_sessions(**_kwargs) -> None:
     (R-RUN-14)."""
     from django.db import connections
 
+    from audit.execution.shutdown import install_handover_handler
     from core.db import name_worker_sessions
 
     name_worker_sessions(connections["default"].settings_dict)
+    # Told by the main process that the worker is stopping, its runs hand
+    # themselves over to another worker (R-RUN-15).
+    install_handover_handler()
+
+
+@worker_shutting_down.connect
+def hand_runs_over(how: str = "", **_kwargs) -> None:
+    """A warm shutdown (the first SIGTERM: a deploy) asks the runs of every
+    pool process to hand themselves over at once instead of keeping the
+    worker until they end (R-RUN-15); a solo or threads pool runs them in
+    this process. Runs in the main process's signal handler."""
+    if how != "Warm":
+        return
+    from audit.execution.shutdown import request_handover, signal_pool_processes
+
+    pool = getattr(getattr(_worker, "pool", None), "_pool", None)
+    processes = getattr(pool, "_pool", None)
+    if processes is None:
+        request_handover()
+        return
+    signal_pool_processes(process.pid for process in processes if process.pid)

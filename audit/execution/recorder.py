@@ -225,6 +225,11 @@ class LifecycleRecorder:
         if tool_call_id is not None:
             self._tool_ended.setdefault(tool_call_id, self.now())
 
+    def tools_in_flight(self) -> bool:
+        """Whether a tool has started (its start callback) and not yet
+        returned or raised: its outcome is not known yet (R-RUN-15)."""
+        return bool(self._tool_runs)
+
     def _on_lifecycle(self, data: dict) -> None:
         cause = data.get("cause") or {}
         namespace = tuple(data.get("namespace") or ())

@@ -62,6 +62,7 @@ from .effects import EffectLedgerGuard
 from .events import RunEventPublisher
 from .model_requests import ModelRequestAudit
 from .recorder import LifecycleRecorder
+from .shutdown import handover_requested
 from .tracing import start_run_trace
 from .worker_loop import LoopRedis, run_in_worker_loop, worker_redis
 from .writes import call_then_release, current_run, last_database_error, write_with_retry
@@ -94,7 +95,9 @@ def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
     Returns the final status, or ``"skipped"`` when the run could not be
     acquired (not pending, already owned, or waiting behind an earlier run
     of its thread — R-RUN-2, R-RUN-3), or ``"lease_lost"`` when another
-    owner took the run over mid-way.
+    owner took the run over mid-way, or ``"handed_over"`` when this
+    process was stopping and put the run back to ``pending`` for another
+    worker (R-RUN-15, :mod:`audit.execution.shutdown`).
 
     Raises:
         DatabaseUnavailable: PostgreSQL could not be reached at pickup; the
@@ -123,6 +126,11 @@ def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
     shared = worker_redis(config.REDIS_URL) if config.REDIS_URL else None
     executor = RunExecutor(lease=lease, run=run, conninfo=postgres_conninfo(), shared_redis=shared)
     return run_in_worker_loop(executor.execute())
+
+
+#: The outcome of a run its stopping worker hands over (R-RUN-15): not a
+#: status of the run, which goes back to ``pending``.
+HANDED_OVER = "handed_over"
 
 
 @dataclass
@@ -170,6 +178,9 @@ class RunExecutor:
         self._finish_began = math.inf
         # Monotonic time until which the lease is known to hold.
         self.lease_deadline = time.monotonic() + self.config.LEASE_TTL_SECONDS
+        # When this process was first seen stopping (monotonic), while the
+        # run waits for a running tool before handing itself over.
+        self._handover_since: float | None = None
         # Whether a failure cause waits in Redis for the sweeper.
         self._cause_left = False
         self._cause_lock = asyncio.Lock()
@@ -359,6 +370,8 @@ class RunExecutor:
                         await self.publisher.publish("run.status", {"status": Status.CANCEL_REQUESTED})
                     elif signalled:
                         log.info("run %s: cancel signal without cancel_requested in the database", self.run.id)
+                    if self._stop is None and self._hand_over_now():
+                        self._stop = _Outcome(HANDED_OVER, HANDED_OVER, "its worker is shutting down")
         finally:
             await listener.close()
         if self._stop is not None and self._drive_task is not None:
@@ -366,6 +379,40 @@ class RunExecutor:
             await asyncio.gather(self._interrupt_if_stuck(), self._hold_lease(renewed_at))
         else:
             await self._hold_lease(renewed_at)
+
+    def _hand_over_now(self) -> bool:
+        """Whether the run is to stop now and hand itself over: its worker
+        is stopping (:func:`~audit.execution.shutdown.handover_requested`),
+        ``RUN_RECOVERY`` is ``resume`` and the run has an attempt left, and
+        no tool is running — a running tool is waited for, up to one lease
+        TTL, so that its outcome is known and it never runs twice
+        (R-RUN-15, R-EFF-1)."""
+        if not handover_requested():
+            return False
+        config = self.config
+        if config.RUN_RECOVERY != "resume" or self.run.attempt > config.RUN_RECOVERY_ATTEMPTS:
+            return False  # as before: the run goes on until it ends
+        now = time.monotonic()
+        if self._handover_since is None:
+            self._handover_since = now
+            log.info("run %s: its worker is shutting down; handing it over", self.run.id)
+        return not self.recorder.tools_in_flight() or now - self._handover_since >= config.LEASE_TTL_SECONDS
+
+    async def _hand_over(self) -> str:
+        """Put the run back to ``pending`` as its next attempt for another
+        worker (:func:`~audit.ledger.terminal.run_hand_over`). Returns
+        ``"handed_over"``, or ``"lease_lost"`` when the lease is gone or the
+        write keeps failing (the lease then expires, and the sweeper hands
+        the run over)."""
+        try:
+            run = await write_with_retry(
+                ledger.run_hand_over, lease=self.lease, reason=f"its worker {self.lease.owner} is shutting down"
+            )
+        except (LeaseError, AuditWriteFailed, AuditWriteRejected) as exc:
+            log.warning("run %s could not be handed over: %s", self.run.id, exc)
+            return "lease_lost"
+        await self.publisher.publish("run.status", {"status": Status.PENDING, "attempt": run.attempt})
+        return HANDED_OVER
 
     async def _hold_lease(self, renewed_at: float) -> None:
         """Renew the lease every third of its TTL while the run ends — its
@@ -467,6 +514,8 @@ class RunExecutor:
         if outcome.status is None:
             self._leave_cause_if_database_was_lost(outcome.error_type)
             return "lease_lost"
+        if outcome.status == HANDED_OVER:
+            return await self._hand_over()
         terminal = {
             "lease": self.lease,
             "status": outcome.status,

@@ -295,6 +295,22 @@ def run_finish_fallback(*, lease: Lease, error_type: str, error_message: str) ->
         return run
 
 
+@metrics.audit_write("run_hand_over")
+def run_hand_over(*, lease: Lease, reason: str) -> AgentRun:
+    """Hand the run over to another worker: its worker is stopping (a
+    deploy, R-RUN-15). In one lease-fenced transaction the run becomes
+    ``pending`` as its next attempt, as the lease sweeper makes a run whose
+    worker died (:func:`run_requeue_attempt`: what the attempt left running
+    is closed, the lease released, the run enqueued after commit), without
+    waiting for the lease to expire. ``reason`` goes to the log.
+
+    Raises what :func:`lock_run` raises."""
+    with transaction.atomic():
+        run = lock_run(lease, only=_RUN_FIELDS)
+        run_requeue_attempt(run, now=timezone.now(), reason=reason)
+        return run
+
+
 def _keep_partial_content(partial_content: dict[str, str], rows: RunRows) -> None:
     """Store what cut-off model calls streamed before they stopped on their
     still-running rows (the terminal close follows in the same

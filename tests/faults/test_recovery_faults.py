@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 import uuid
 
@@ -29,17 +30,29 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
 
 @contextlib.contextmanager
-def recovering_sweeper(stack: FaultStack):
-    """The maintenance worker (the lease sweeper) with ``RUN_RECOVERY=resume``
-    for the test; the stack's own comes back afterwards."""
+def recovering(stack: FaultStack):
+    """The stack with ``RUN_RECOVERY=resume`` (the product's default, which
+    the other fault tests set aside) in the maintenance worker (the lease
+    sweeper) and in fresh run workers; the stack's own processes come back
+    afterwards."""
     saved = stack.env
     stack.maintenance.stop()
+    for worker in stack.workers:
+        worker.stop()
+    stack.workers = []
     stack.env = {**saved, "RUN_RECOVERY": "resume", "RUN_RECOVERY_ATTEMPTS": "3"}
     try:
-        stack.start_maintenance()
+        stack.maintenance = stack.launch_maintenance()
+        launched = [stack.launch_worker() for _ in range(2)]
+        stack.maintenance.wait_for_line(" ready.", timeout=180)
+        for worker in launched:
+            worker.wait_for_line(" ready.", timeout=180)
+            stack.workers.append(worker)
         yield
     finally:
-        stack.maintenance.stop()
+        for process in [*stack.workers, stack.maintenance]:
+            process.stop()
+        stack.workers = []
         stack.env = saved
         stack.ensure_running()
 
@@ -76,7 +89,7 @@ def test_workers_killed_at_each_step_boundary_leave_every_run_completed_and_ever
     batch = Batch(stack)
     replay_log_start = len(stack.replay.output())
     matrix: dict[str, dict] = {}
-    with recovering_sweeper(stack):
+    with recovering(stack):
         for point, model, reached in POINTS:
             thread_id = batch.new_thread(sorted(stack.tokens)[len(matrix) % len(stack.tokens)], model)
             turn = batch.submit(thread_id, text=f"kill at: {point}")
@@ -155,3 +168,34 @@ def test_workers_killed_at_each_step_boundary_leave_every_run_completed_and_ever
     # (a row opens when its request is sent); a row more only where a kill
     # may have come between a row and its request.
     assert served <= model_rows <= served + len(matrix), (served, model_rows)
+
+
+def test_a_worker_stopped_by_sigterm_hands_its_run_over_at_once_and_exits_R_RUN_15(stack):
+    """A deploy's SIGTERM to a worker's main process (as a platform sends
+    it): its pool process hands the run over at its next step boundary
+    instead of keeping it until the lease expires, the worker's warm
+    shutdown ends by itself, and another worker completes the run."""
+    batch = Batch(stack)
+    with recovering(stack):
+        thread_id = batch.new_thread(sorted(stack.tokens)[0], "replay:slow_answer")
+        turn = batch.submit(thread_id, text="stop the worker")
+        wait_until(lambda: _row(stack, MODEL_ROWS, [turn.run_id])[0] >= 1, timeout=60)
+        group = worker_pgid_of_run(stack, turn.run_id)
+        victim = next(w for w in stack.workers if os.getpgid(w.popen.pid) == group)
+        os.kill(victim.popen.pid, signal.SIGTERM)  # the main process only
+        victim.popen.wait(timeout=120)  # the warm shutdown ends: the task returned
+        stack.workers.remove(victim)
+        stack.start_worker()
+        settle(stack, batch, timeout=120)
+        status, attempt = _row(stack, "SELECT status, attempt FROM audit_agentrun WHERE id = %s", [turn.run_id])
+        handed_over = [line for line in victim.output().splitlines() if turn.run_id in line and "continues as" in line]
+        swept = [line for line in stack.maintenance.output().splitlines() if turn.run_id in line]
+    print(f"\nSIGTERM hand-over: run {status}, attempt {attempt}; worker said {handed_over}")
+    assert (status, attempt) == ("completed", 2)
+    assert handed_over and "shutting down" in handed_over[0], victim.output()[-3000:]
+    assert not swept, "the sweeper had to hand the run over: the worker kept it"
+    with stack.db() as conn:
+        violations = invariants.check(
+            conn, threads=list(batch.threads), accepted_request_ids=[t.request_id for t in batch.turns]
+        )
+    assert not violations, violations
