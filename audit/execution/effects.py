@@ -77,11 +77,8 @@ class EffectLedgerGuard(AgentMiddleware):
             sequence=max(executor.recorder.last_seq, executor.recorder.sequence_base) or None,
         )
         if check.action == "replayed":
-            return ToolMessage(
-                content=check.original.content if check.original is not None else check.replay.content,
-                tool_call_id=tool_call_id,
-                name=call.get("name"),
-            )
+            # The replay row carries the original's result.
+            return ToolMessage(content=check.replay.content, tool_call_id=tool_call_id, name=call.get("name"))
         if check.action == "outcome_unknown":
             raise ToolOutcomeUnknown(
                 f"tool call {tool_call_id} ({call.get('name')}) was cut off by a worker that died "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -580,13 +580,7 @@ def _terminate(
     after commit."""
     rows = rows if rows is not None else RunRows.read(run)
     close_as = _CLOSE_RUNNING[status]
-    for row in rows.running():
-        row.execution_status = close_as
-        row.finished_at = row.finished_at or now
-        # Cut off before the provider reported usage: unknown, not zero.
-        row.metadata = {**row.metadata, "closed_by": "run_terminal", "usage_unknown": row.usage is None}
-        row.metadata.pop("awaiting_run_terminal", None)
-        rows.changed(row, "execution_status", "finished_at", "metadata")
+    _close_running(rows, lambda _row: close_as, now=now, closed_by="run_terminal")
     # Rows closed from the final State carry usage but no price (R-COST-1).
     for row in rows.of(Message.Role.ASSISTANT):
         if row.price_source == "" and row.usage is not None:
@@ -646,8 +640,8 @@ def run_requeue_attempt(run: AgentRun, *, now: datetime, reason: str) -> None:
 
     In the same transaction: every row the attempt left ``running`` is
     closed ``interrupted`` with ``metadata.closed_by = "recovery"`` and the
-    attempt's number (``usage_unknown`` for a model call cut before the
-    provider reported usage); a tool row is marked ``outcome_unknown``, as
+    attempt's number (``usage_unknown`` as the terminal close sets it, see
+    :func:`_close_running`); a tool row is marked ``outcome_unknown``, as
     nobody knows whether its effect happened, except one whose tool raised
     (its error is recorded, ``awaiting_run_terminal``), which closes
     ``failed``. The run becomes ``pending`` with ``attempt`` + 1, no owner
@@ -659,18 +653,15 @@ def run_requeue_attempt(run: AgentRun, *, now: datetime, reason: str) -> None:
     if that message is lost, R-RUN-9).
     """
     rows = RunRows.read(run)
-    for row in rows.running():
+
+    def close_as(row: Message) -> str:
+        # A tool that raised has a known outcome; any other was cut off.
         raised = row.role == Message.Role.TOOL and bool(row.metadata.get("awaiting_run_terminal"))
-        row.execution_status = ExecStatus.FAILED if raised else ExecStatus.INTERRUPTED
-        row.finished_at = row.finished_at or now
-        marks: dict[str, Any] = {"closed_by": "recovery", "recovered_attempt": run.attempt}
-        if row.role == Message.Role.ASSISTANT:
-            marks["usage_unknown"] = row.usage is None
-        elif not raised:
-            marks["outcome_unknown"] = True
-        row.metadata = {**row.metadata, **marks}
-        row.metadata.pop("awaiting_run_terminal", None)
-        rows.changed(row, "execution_status", "finished_at", "metadata")
+        return ExecStatus.FAILED if raised else ExecStatus.INTERRUPTED
+
+    for row in _close_running(rows, close_as, now=now, closed_by="recovery", recovered_attempt=run.attempt):
+        if row.role == Message.Role.TOOL and row.execution_status == ExecStatus.INTERRUPTED:
+            row.metadata["outcome_unknown"] = True
     rows.save()
     run.status = Status.PENDING
     run.attempt += 1
@@ -681,6 +672,25 @@ def run_requeue_attempt(run: AgentRun, *, now: datetime, reason: str) -> None:
     metrics.run_recovered()
     run_id = run.id
     transaction.on_commit(lambda: enqueue_run(run_id))
+
+
+def _close_running(
+    rows: RunRows, close_as: Callable[[Message], str], *, now: datetime, closed_by: str, **marks: Any
+) -> list[Message]:
+    """Close every row of ``rows`` still running with the status
+    ``close_as(row)``, ``finished_at`` kept or ``now``, and in
+    ``metadata``: ``closed_by``, ``usage_unknown`` (cut off before the
+    provider reported usage: unknown, not zero) and ``marks``; the
+    ``awaiting_run_terminal`` mark goes. Returns the rows it closed (their
+    metadata may still be added to before ``rows.save()``)."""
+    closed = rows.running()
+    for row in closed:
+        row.execution_status = close_as(row)
+        row.finished_at = row.finished_at or now
+        row.metadata = {**row.metadata, "closed_by": closed_by, "usage_unknown": row.usage is None, **marks}
+        row.metadata.pop("awaiting_run_terminal", None)
+        rows.changed(row, "execution_status", "finished_at", "metadata")
+    return closed
 
 
 # What the terminal transaction reads of the run (the lease checks', the

@@ -201,20 +201,31 @@ def _approved_email_run(user) -> AgentRun:
     ]
 
 
+def _die_after_then_continue(monkeypatch, resume: AgentRun, tool_event: str) -> tuple[int, str, int]:
+    """Worker A runs ``resume`` and dies right after ``tool_event`` (its
+    checkpointer losing every write from send_email on); the sweeper puts
+    the run back and worker B, whose checkpointer works, continues it.
+    Returns (sends when A died, B's result, sends in all)."""
+    with monkeypatch.context() as patch:
+        seen = _count_sends(patch)
+        _die_once_after(patch, tool_event)
+        with pytest.raises(WorkerDied):
+            run_execute(run_id=resume.id, owner="worker-a")
+        sends_before = seen["sends"]
+        _expire_and_sweep(resume)
+        seen["lost"] = False
+        status = run_execute(run_id=resume.id, owner="worker-b")
+        return sends_before, status, seen["sends"]
+
+
 def test_an_email_sent_before_the_worker_died_is_not_sent_again_by_the_continued_run_R_EFF_1_R_RUN_15(
     user, replay_models, monkeypatch
 ):
     resume = _approved_email_run(user)
-    with monkeypatch.context() as patch:
-        seen = _count_sends(patch)
-        _die_once_after(patch, "tool-finished")
-        with pytest.raises(WorkerDied):
-            run_execute(run_id=resume.id, owner="worker-a")
-        assert seen["sends"] == 1
-        _expire_and_sweep(resume)
-        seen["lost"] = False  # the next worker's checkpointer works
-        assert run_execute(run_id=resume.id, owner="worker-b") == "completed"
-        assert seen["sends"] == 1, "the email was sent again"
+    sends_before, status, sends_after = _die_after_then_continue(monkeypatch, resume, "tool-finished")
+    assert sends_before == 1
+    assert status == "completed"
+    assert sends_after == 1, "the email was sent again"
 
     resume.refresh_from_db()
     assert resume.attempt == 2 and resume.output_message.content == "The email was sent."
@@ -230,16 +241,9 @@ def test_an_email_cut_off_by_the_dying_worker_is_not_sent_again_blindly_R_EFF_1_
     user, replay_models, monkeypatch
 ):
     resume = _approved_email_run(user)
-    with monkeypatch.context() as patch:
-        seen = _count_sends(patch)
-        _die_once_after(patch, "tool-started")
-        with pytest.raises(WorkerDied):
-            run_execute(run_id=resume.id, owner="worker-a")
-        _expire_and_sweep(resume)
-        sends = seen["sends"]
-        seen["lost"] = False
-        assert run_execute(run_id=resume.id, owner="worker-b") == "failed"
-        assert seen["sends"] == sends, "a send whose outcome is unknown was made again"
+    sends_before, status, sends_after = _die_after_then_continue(monkeypatch, resume, "tool-started")
+    assert status == "failed"
+    assert sends_after == sends_before, "a send whose outcome is unknown was made again"
 
     resume.refresh_from_db()
     assert (resume.attempt, resume.error_type) == (2, "tool_outcome_unknown")
