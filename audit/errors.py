@@ -135,12 +135,3 @@ class RequestIdReused(Conflict):
     the reverse (R-IDEM-1). Nothing was changed."""
 
     code = "request_id_reused"
-
-
-class ToolOutcomeUnknown(Conflict):
-    """A run continued after its worker died reached a tool call whose
-    earlier execution was cut off (its outcome is unknown) and whose tool
-    is not idempotent: it is not executed again blindly, and the run ends
-    ``failed`` with this error type, naming the call (R-EFF-1, R-RUN-15)."""
-
-    code = "tool_outcome_unknown"

@@ -18,9 +18,11 @@ class RunIn(Schema):
 
 
 class DecisionIn(Schema):
-    """One reviewer decision for one pending action request (R-TA-5)."""
+    """One reviewer decision for one pending action request (R-TA-5): its
+    type is one of the request's ``allowed_decisions`` (``retry`` and
+    ``skip`` answer an "outcome unknown" request, R-RUN-15)."""
 
-    type: Literal["approve", "edit", "reject"]
+    type: Literal["approve", "edit", "reject", "retry", "skip"]
     args: dict[str, Any] | None = Field(None, description="edit: the arguments the tool runs with instead.")
     message: str | None = Field(None, max_length=10_000, description="reject: the reason given to the model.")
 
@@ -47,6 +49,14 @@ class RunCostOut(Schema):
 
 
 class ActionRequestOut(Schema):
+    kind: Literal["approval", "outcome_unknown"] = Field(
+        "approval",
+        description=(
+            "`approval`: a tool call that needs approval (approve, edit, reject). `outcome_unknown`: a tool "
+            "call cut off when its worker stopped, whose effect may or may not have happened (retry, skip; "
+            "R-RUN-15)."
+        ),
+    )
     name: str | None
     args: Any = None
     description: str | None = None

@@ -12,10 +12,14 @@ the call's effect key, and
 
 * gives the graph the recorded result of a completed execution instead of
   running the tool (the new row says ``replayed_from``);
-* stops the run ``failed`` / ``tool_outcome_unknown`` when an execution
-  under the key was cut off and the tool is not idempotent
-  (:class:`~audit.errors.ToolOutcomeUnknown`): nobody knows whether the
-  effect happened;
+* asks a human when an execution under the key was cut off and the tool
+  is not idempotent (nobody knows whether the effect happened): the run
+  stops ``interrupted`` with an "outcome unknown" action request whose
+  allowed decisions are ``retry`` (execute it again, accepting that the
+  effect may then happen twice) and ``skip`` (go on without it: the graph
+  is told it was not executed again, and a ``rejected`` row records the
+  decision). The resume run that answers it carries the decision, matched
+  to the cut-off row, and the guard applies it when the call comes again;
 * else lets the tool run (an idempotent tool whose execution was cut off
   runs again).
 
@@ -30,10 +34,10 @@ from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
+from langgraph.types import interrupt
 
 from .. import ledger
 from ..agents.tools import tool_is_idempotent
-from ..errors import ToolOutcomeUnknown
 from .recorder import namespace_of_checkpoint
 from .writes import write_with_retry
 
@@ -79,11 +83,82 @@ class EffectLedgerGuard(AgentMiddleware):
         if check.action == "replayed":
             # The replay row carries the original's result.
             return ToolMessage(content=check.replay.content, tool_call_id=tool_call_id, name=call.get("name"))
+        if check.action == "skipped":
+            return _skipped_message(check.replay, call)
         if check.action == "outcome_unknown":
-            raise ToolOutcomeUnknown(
-                f"tool call {tool_call_id} ({call.get('name')}) was cut off by a worker that died "
-                f"(attempt {check.original.attempt}); {call.get('name')} is not idempotent, so it is not "
-                "executed again: nobody knows whether its effect happened",
-                extra={"tool_call_id": tool_call_id, "tool_name": call.get("name"), "row_id": check.original.pk},
-            )
+            decision = _decision_for(executor.run.input, check.original)
+            while decision is None:
+                # Raises GraphInterrupt: the run stops ``interrupted``. On
+                # resume the node runs again and the call returns the
+                # resume value; one that answers another cut-off row (of
+                # an earlier question) asks again (R-RUN-15).
+                decision = _decision_for(interrupt(outcome_unknown_request(call, check.original)), check.original)
+            if decision["type"] == "skip":
+                skipped = await write_with_retry(
+                    ledger.tool_effect_skip,
+                    lease=executor.lease,
+                    tool_call_id=tool_call_id,
+                    tool_name=call.get("name") or "",
+                    tool_input=call.get("args"),
+                    original=check.original,
+                    decision=decision,
+                    content=(
+                        f"{call.get('name')} was not executed again: its execution in attempt "
+                        f"{check.original.attempt} was cut off when its worker stopped, so whether it took "
+                        "effect is unknown, and the reviewer chose to skip it."
+                    ),
+                    namespace=namespace,
+                    parent_operation_id=executor.recorder.parent_operation(namespace),
+                    sequence=max(executor.recorder.last_seq, executor.recorder.sequence_base) or None,
+                )
+                return _skipped_message(skipped, call)
         return await handler(request)
+
+
+OUTCOME_UNKNOWN_DECISIONS = ("retry", "skip")
+
+
+def outcome_unknown_request(call: dict[str, Any], cut: Any) -> dict[str, Any]:
+    """The interrupt value that asks a reviewer about a tool call whose
+    execution ``cut`` (its row) was cut off by a worker that stopped, in
+    the approval middleware's shape (``action_requests``,
+    ``review_configs``) so that the run's pending approval shows it
+    (R-TA-5, R-RUN-15). The action request names the ``tool_call_id`` and
+    ``outcome_unknown: {row_id, attempt}``; its decisions are ``retry`` and
+    ``skip``."""
+    name = call.get("name") or ""
+    return {
+        "action_requests": [
+            {
+                "name": name,
+                "args": call.get("args") or {},
+                "description": (
+                    f"Outcome unknown: {name} was running when its worker stopped (attempt {cut.attempt}), "
+                    "so whether it took effect is not known. Retry runs it again (its effect may then "
+                    "happen twice); skip goes on without it."
+                ),
+                "tool_call_id": call.get("id"),
+                "outcome_unknown": {"row_id": cut.pk, "attempt": cut.attempt},
+            }
+        ],
+        "review_configs": [{"action_name": name, "allowed_decisions": list(OUTCOME_UNKNOWN_DECISIONS)}],
+    }
+
+
+def _decision_for(answer: Any, cut: Any) -> dict[str, Any] | None:
+    """The ``retry``/``skip`` decision in ``answer`` (a resume run's input
+    or a resume value: ``{"decisions": [...]}``) that answers the question
+    about the cut-off row ``cut``, or None."""
+    decisions = answer.get("decisions") if isinstance(answer, dict) else None
+    for decision in decisions if isinstance(decisions, list) else []:
+        if (
+            isinstance(decision, dict)
+            and decision.get("type") in OUTCOME_UNKNOWN_DECISIONS
+            and decision.get("row_id") == cut.pk
+        ):
+            return decision
+    return None
+
+
+def _skipped_message(row: Any, call: dict[str, Any]) -> ToolMessage:
+    return ToolMessage(content=row.content, tool_call_id=call.get("id"), name=call.get("name"), status="error")

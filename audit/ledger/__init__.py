@@ -29,7 +29,14 @@ and the benchmarks import it.
 from .model_audit import model_call_finish, model_call_open, model_call_retry, model_call_start
 from .runs import lease_renew, run_acquire, run_request_cancel, run_resume, run_submit, run_sweep_expired_leases
 from .terminal import StateMessage, run_finish, run_finish_fallback, run_hand_over
-from .tool_audit import EffectCheck, tool_call_error, tool_call_finish, tool_call_start, tool_effect_check
+from .tool_audit import (
+    EffectCheck,
+    tool_call_error,
+    tool_call_finish,
+    tool_call_start,
+    tool_effect_check,
+    tool_effect_skip,
+)
 
 __all__ = [
     "EffectCheck",
@@ -51,4 +58,5 @@ __all__ = [
     "tool_call_finish",
     "tool_call_start",
     "tool_effect_check",
+    "tool_effect_skip",
 ]

@@ -643,7 +643,9 @@ def _end_stale_holders(*, now: datetime, limit: int) -> None:
 # Resume after an approval interrupt (R-TA-5)
 # --------------------------------------------------------------------------
 
-DECISION_TYPES = ("approve", "edit", "reject")
+DECISION_TYPES = ("approve", "edit", "reject", "retry", "skip")
+# What an approval middleware's request allows when it does not say.
+REVIEW_DECISIONS = ("approve", "edit", "reject")
 
 
 def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict[str, Any]]) -> tuple[AgentRun, bool]:
@@ -657,7 +659,10 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
         decisions: one per pending action request, in the order of
             ``pending_approval``: ``{"type": "approve"}``,
             ``{"type": "edit", "args": {...}}`` (run the tool with these
-            arguments) or ``{"type": "reject", "message"?: str}``.
+            arguments) or ``{"type": "reject", "message"?: str}``; an
+            "outcome unknown" request (a tool call cut off by a worker
+            that stopped, R-RUN-15) takes ``{"type": "retry"}`` (execute
+            it again) or ``{"type": "skip"}`` (go on without it).
 
     Creates a ``pending`` run in the same turn with ``resumed_from`` set and
     ``input = {"decisions": [...]}`` in the approval middleware's shape, and
@@ -672,13 +677,14 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
             (``reason: not_interrupted``) or was already resumed by another
             request (``reason: already_resumed``); 409.
         InvalidInput: the decisions do not answer the pending action
-            requests one to one, or use a type the review does not allow.
+            requests one to one, or use a type the request does not allow
+            (``allowed_decisions``).
         RequestIdReused: the user used ``request_id`` for a different
             request (another run or decisions, or a turn); 409.
         BudgetExceeded: the user's budget has no room for another run
             (402, R-COST-3).
 
-    Implements R-TA-5 and R-IDEM-1.
+    Implements R-TA-5, R-RUN-15 and R-IDEM-1.
     """
     fingerprint = resume_fingerprint(run_id=run_id, decisions=decisions)
     existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
@@ -753,12 +759,17 @@ def _graph_decisions(interrupted: AgentRun, decisions: list[dict[str, Any]]) -> 
     result = []
     for index, (action, decision) in enumerate(zip(actions, decisions, strict=True)):
         kind = decision.get("type")
-        if kind not in DECISION_TYPES or kind not in allowed.get(index, DECISION_TYPES):
+        if kind not in DECISION_TYPES or kind not in allowed.get(index, REVIEW_DECISIONS):
             raise InvalidInput(
                 f"decision {index} ({kind!r}) is not allowed for {action.get('name')}",
-                extra={"field": f"decisions.{index}.type", "allowed": list(allowed.get(index, DECISION_TYPES))},
+                extra={"field": f"decisions.{index}.type", "allowed": list(allowed.get(index, REVIEW_DECISIONS))},
             )
-        if kind == "approve":
+        if kind in ("retry", "skip"):
+            # The replay guard matches it to the cut-off execution it
+            # answers (audit.execution.effects).
+            cut = action.get("outcome_unknown") or {}
+            result.append({"type": kind, "tool_call_id": action.get("tool_call_id"), "row_id": cut.get("row_id")})
+        elif kind == "approve":
             result.append({"type": "approve"})
         elif kind == "edit":
             if not isinstance(decision.get("args"), dict):
@@ -780,6 +791,6 @@ def _allowed_decisions(interrupts: list[dict[str, Any]] | None) -> dict[int, tup
     for item in interrupts or []:
         value = item.get("value") if isinstance(item, dict) else None
         for config in (value or {}).get("review_configs") or []:
-            allowed[index] = tuple(config.get("allowed_decisions") or DECISION_TYPES)
+            allowed[index] = tuple(config.get("allowed_decisions") or REVIEW_DECISIONS)
             index += 1
     return allowed

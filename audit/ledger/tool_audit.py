@@ -314,7 +314,10 @@ class EffectCheck:
     ``"replayed"`` (an execution under the key completed: ``original`` is
     its row, ``replay`` the new row that gives its result back) or
     ``"outcome_unknown"`` (an execution under the key was cut off by a
-    dead worker and the tool is not idempotent: ``original`` is that row).
+    dead worker and the tool is not idempotent: ``original`` is the newest
+    such row) or ``"skipped"`` (this attempt already recorded a reviewer's
+    skip of that call: ``replay`` is the skip row, see
+    :func:`tool_effect_skip`).
     """
 
     action: str
@@ -348,6 +351,8 @@ def tool_effect_check(
       ran: ``metadata.outcome_unknown``) of a tool that is not
       ``idempotent`` must not be made again blindly: ``"outcome_unknown"``.
     * Else ``"execute"``: the recorder opens the row when the tool starts.
+    * A skip this attempt recorded (:func:`tool_effect_skip`) is
+      ``"skipped"``, whatever else is recorded.
 
     ``sequence`` and ``at`` (aware; default now) place the replay row in
     the timeline. Raises what :func:`lock_run` raises. Implements R-EFF-1
@@ -362,6 +367,8 @@ def tool_effect_check(
         recorded = list(Message.objects.filter(effect_key=key, role=Message.Role.TOOL).order_by("id"))
         current = next((row for row in recorded if row.run_id == run.pk and row.attempt == run.attempt), None)
         if current is not None:
+            if current.execution_status == ExecStatus.REJECTED:
+                return EffectCheck("skipped", replay=current)
             if current.replayed_from_id is None:
                 return EffectCheck("execute")
             original = next((row for row in recorded if row.pk == current.replayed_from_id), None)
@@ -371,36 +378,128 @@ def tool_effect_check(
             None,
         )
         if original is not None:
-            declared_by = declaring_model_row(run, tool_call_id)
-            replay = write_operation_row(
+            replay = _insert_effect_row(
                 lease,
-                role=Message.Role.TOOL,
-                operation_id=tool_call_id,
-                now=at,
-                insert={
-                    "message_type": Message.Type.TOOL_AUDIT,
+                run,
+                tool_call_id=tool_call_id,
+                key=key,
+                nesting=nesting,
+                at=at,
+                sequence=sequence,
+                fields={
                     "tool_name": tool_name or original.tool_name,
                     "tool_input": original.tool_input,
                     "content": original.content,
-                    "sequence": sequence,
                     "started_at": at,
-                    "finished_at": at,
                     "duration_ms": 0,
                     "execution_status": ExecStatus.COMPLETED,
-                    "metadata": {"namespace": nesting["namespace"], "replayed": True},
-                    **nesting,
-                    "effect_key": key,
                     "replayed_from": original.pk,
-                    "declared_by": None if declared_by is None else declared_by.pk,
                 },
+                metadata={"replayed": True},
             )
-            if replay is None:  # the lock is held and there was no row
-                raise AuditConflict(f"replay of tool call {tool_call_id} could not be recorded")
             return EffectCheck("replayed", original=original, replay=replay)
         if not idempotent and any(row.metadata.get("outcome_unknown") for row in recorded):
             unknown = [row for row in recorded if row.metadata.get("outcome_unknown")]
             return EffectCheck("outcome_unknown", original=unknown[-1])
         return EffectCheck("execute")
+
+
+def tool_effect_skip(
+    *,
+    lease: Lease,
+    tool_call_id: str,
+    tool_name: str,
+    tool_input: Any,
+    original: Message,
+    decision: dict[str, Any],
+    content: str,
+    namespace: list[str] | None = None,
+    parent_operation_id: str | None = None,
+    sequence: int | None = None,
+    at: datetime | None = None,
+) -> Message:
+    """Record that a reviewer chose to skip a tool call whose earlier
+    execution (``original``, cut off by a worker that died: its outcome
+    unknown) is not made again (R-RUN-15): one ``rejected`` row of this
+    attempt under the call's effect key, with no ``started_at`` (the tool
+    never started: it counts as no execution, R-READ-4), ``content`` (what
+    the graph is told instead of the tool's result) and
+    ``metadata.source = "outcome_unknown_decision"`` with ``decision`` and
+    the ``outcome_unknown_row``. Made again in the same attempt, it returns
+    the row already there. ``sequence`` and ``at`` (aware; default now)
+    place it in the timeline. Raises what :func:`lock_run` raises, and
+    :class:`AuditConflict` when this attempt already ran the call.
+    """
+    at = at or timezone.now()
+    nesting = subagent_fields(namespace, parent_operation_id, None)
+    key = effect_key(lease_turn_id(lease), tool_call_id, nesting["parent_operation_id"])
+    with transaction.atomic():
+        run = lock_run(lease)
+        current = operation_row(run, Message.Role.TOOL, tool_call_id)
+        if current is not None:
+            if current.execution_status != ExecStatus.REJECTED:
+                raise AuditConflict(
+                    f"tool call {tool_call_id} already ran in attempt {run.attempt}",
+                    extra={"reason": "already_executed"},
+                )
+            return current
+        return _insert_effect_row(
+            lease,
+            run,
+            tool_call_id=tool_call_id,
+            key=key,
+            nesting=nesting,
+            at=at,
+            sequence=sequence,
+            fields={
+                "tool_name": tool_name or original.tool_name,
+                "tool_input": tool_input,
+                "content": content,
+                "execution_status": ExecStatus.REJECTED,
+            },
+            metadata={
+                "source": "outcome_unknown_decision",
+                "decision": decision,
+                "outcome_unknown_row": original.pk,
+            },
+        )
+
+
+def _insert_effect_row(
+    lease: Lease,
+    run: AgentRun,
+    *,
+    tool_call_id: str,
+    key: str,
+    nesting: dict[str, Any],
+    at: datetime,
+    sequence: int | None,
+    fields: dict[str, Any],
+    metadata: dict[str, Any],
+) -> Message:
+    """Insert the row of this attempt that stands for a tool call the
+    replay guard did not execute (a replay, a skip), under the run lock the
+    caller holds."""
+    declared_by = declaring_model_row(run, tool_call_id)
+    row = write_operation_row(
+        lease,
+        role=Message.Role.TOOL,
+        operation_id=tool_call_id,
+        now=at,
+        insert={
+            "message_type": Message.Type.TOOL_AUDIT,
+            "sequence": sequence,
+            "finished_at": at,
+            **fields,
+            "metadata": {"namespace": nesting["namespace"], **metadata},
+            **nesting,
+            "effect_key": key,
+            "declared_by": None if declared_by is None else declared_by.pk,
+        },
+    )
+    if row is None:  # the lock is held and there was no row
+        raise AuditConflict(f"the row of tool call {tool_call_id} could not be recorded")
+    return row
 
 
 def declaring_model_row(run: AgentRun, tool_call_id: str) -> Message | None:

@@ -345,8 +345,10 @@ def approval_of(run: AgentRun) -> dict[str, Any] | None:
     ``None`` when the run asked for none. Else ``{"status", "action_requests",
     "resume_run_id", "resume_run_status", "decisions"}``: ``status`` is
     ``pending`` until a resume run answers it, then ``answered``;
-    ``action_requests`` are ``[{name, args, description, allowed_decisions}]``
-    in order; ``decisions`` are the resume run's decisions as submitted
+    ``action_requests`` are ``[{kind, name, args, description,
+    allowed_decisions}]`` in order (``kind``: ``approval``, or
+    ``outcome_unknown`` for a tool call cut off by a worker that stopped,
+    answered by ``retry`` or ``skip``: R-RUN-15); ``decisions`` are the resume run's decisions as submitted
     (``[{type, args?, message?}]``, one per action request). One query for
     the resume run. Implements R-TA-5.
     """
@@ -359,6 +361,7 @@ def approval_of(run: AgentRun) -> dict[str, Any] | None:
             allowed.append(list(config.get("allowed_decisions") or []) if isinstance(config, dict) else [])
     requests = [
         {
+            "kind": "outcome_unknown" if action.get("outcome_unknown") else "approval",
             "name": action.get("name"),
             "args": action.get("args"),
             "description": action.get("description"),

@@ -85,6 +85,7 @@ def test_get_run_says_the_approval_was_answered_by_which_run_and_decision_R_TA_5
         "status": "pending",
         "action_requests": [
             {
+                "kind": "approval",
                 "name": "send_email",
                 "args": EMAIL_ARGS,
                 "description": "Send an email",

@@ -2,8 +2,9 @@
 execution completed is never executed again when its run is continued by
 another worker; its recorded result goes back to the graph and a new row
 of the new attempt says ``replayed_from``. A non-idempotent tool whose
-execution was cut off is not executed again blindly: the run ends
-``failed`` / ``tool_outcome_unknown``; an idempotent one runs again.
+execution was cut off is not executed again blindly: the run stops
+``interrupted`` with an "outcome unknown" request that a resume answers
+with ``retry`` or ``skip`` (R-RUN-15); an idempotent one runs again.
 
 The ledger's check is tested on hand-made rows; the whole path runs the
 real runner, the assistant and the replay model server in process, the
@@ -17,6 +18,7 @@ import datetime as dt
 import uuid
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from audit import ledger
@@ -28,7 +30,8 @@ from audit.ledger.tool_audit import effect_key
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
 from core.config import get_config
-from tests.conftest import acquire, make_run
+from tests.conftest import acquire, bearer, make_run
+from tests.read.test_memory_runtime import checkpoint_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -139,16 +142,16 @@ def ledger_errors():
     return errors
 
 
-def _count_sends(monkeypatch) -> dict:
-    """Count send_email's executions; from its first one on, the
-    checkpointer loses every write (the worker dies before any reaches
-    PostgreSQL)."""
+def _count_sends(monkeypatch, *, lose_checkpoints: bool = True) -> dict:
+    """Count send_email's executions; with ``lose_checkpoints``, from its
+    first one on the checkpointer loses every write (the worker dies before
+    any reaches PostgreSQL)."""
     seen = {"sends": 0, "lost": False}
     real_func = send_email.func
 
     def counting(*args, **kwargs):
         seen["sends"] += 1
-        seen["lost"] = True
+        seen["lost"] = lose_checkpoints
         return real_func(*args, **kwargs)
 
     monkeypatch.setattr(send_email, "func", counting)
@@ -237,16 +240,108 @@ def test_an_email_sent_before_the_worker_died_is_not_sent_again_by_the_continued
     assert not Message.objects.audit().filter(run=resume, execution_status=ExecStatus.RUNNING).exists()
 
 
-def test_an_email_cut_off_by_the_dying_worker_is_not_sent_again_blindly_R_EFF_1_R_RUN_15(
-    user, replay_models, monkeypatch
-):
+def _cut_off_email_run(user, monkeypatch) -> tuple[AgentRun, int]:
+    """The approved email's resume run whose worker died while send_email
+    ran, continued by another worker: returns it (interrupted) and the
+    sends so far."""
     resume = _approved_email_run(user)
     sends_before, status, sends_after = _die_after_then_continue(monkeypatch, resume, "tool-started")
-    assert status == "failed"
+    assert status == "interrupted"
     assert sends_after == sends_before, "a send whose outcome is unknown was made again"
-
     resume.refresh_from_db()
-    assert (resume.attempt, resume.error_type) == (2, "tool_outcome_unknown")
-    assert "call_email_1" in resume.error_message and "send_email" in resume.error_message
+    return resume, sends_after
+
+
+def _answer(run: AgentRun, decision: dict) -> AgentRun:
+    return ledger.run_resume(user=run.user, run_id=run.id, request_id=uuid.uuid4().hex, decisions=[decision])[0]
+
+
+def _sends_in(monkeypatch, run: AgentRun) -> tuple[str, int]:
+    """Run ``run`` on a live worker; returns (result, send_email executions)."""
+    with monkeypatch.context() as patch:
+        seen = _count_sends(patch, lose_checkpoints=False)
+        return run_execute(run_id=run.id, owner="worker-c"), seen["sends"]
+
+
+def test_an_email_cut_off_by_the_dying_worker_stops_the_run_with_an_outcome_unknown_request_R_EFF_1_R_RUN_15(
+    client, user, replay_models, monkeypatch
+):
+    resume, _ = _cut_off_email_run(user, monkeypatch)
+    assert (resume.status, resume.attempt, resume.error_type) == (Status.INTERRUPTED, 2, "")
     (cut,) = Message.objects.filter(run=resume, role=Message.Role.TOOL, operation_id="call_email_1")
     assert cut.execution_status == ExecStatus.INTERRUPTED and cut.metadata["outcome_unknown"] is True
+    assert not Message.objects.audit().filter(run=resume, execution_status=ExecStatus.RUNNING).exists()
+
+    body = client.get(f"/api/runs/{resume.id}", headers=bearer(user)).json()
+    assert body["status"] == "interrupted"
+    (request,) = body["approval"]["action_requests"]
+    assert request["kind"] == "outcome_unknown" and request["name"] == "send_email"
+    assert request["args"] == cut.tool_input and request["allowed_decisions"] == ["retry", "skip"]
+    assert "attempt 1" in request["description"] and "unknown" in request["description"]
+    (pending,) = body["pending_approval"]
+    assert pending["value"]["action_requests"][0]["outcome_unknown"] == {"row_id": cut.pk, "attempt": 1}
+
+    # Only its own decisions answer it; nothing is created on a refusal.
+    for wrong in ({"type": "approve"}, {"type": "edit", "args": {"to": "x@example.com"}}, {"type": "reject"}):
+        refused = client.post(
+            f"/api/runs/{resume.id}/resume",
+            {"request_id": uuid.uuid4().hex, "decisions": [wrong]},
+            content_type="application/json",
+            headers=bearer(user),
+        )
+        assert refused.status_code == 422, refused.content
+        assert refused.json()["error"]["allowed"] == ["retry", "skip"]
+    assert not AgentRun.objects.filter(resumed_from=resume).exists()
+
+    staff = type(user).objects.create_user(username=f"staff-{uuid.uuid4().hex[:6]}", is_staff=True, is_superuser=True)
+    client.force_login(staff)
+    html = client.get(reverse("admin:audit_agentrun_change", args=[resume.pk])).content.decode()
+    panel = html[html.index('class="yx-approval') : html.index("</section>", html.index('class="yx-approval'))]
+    assert "Waiting for approval" in panel and "outcome unknown</span>" in panel and "retry, skip" in panel
+
+
+def test_skip_goes_on_without_executing_the_call_again_and_records_the_decision_R_RUN_15(
+    user, replay_models, monkeypatch
+):
+    resume, sends = _cut_off_email_run(user, monkeypatch)
+    (cut,) = Message.objects.filter(run=resume, role=Message.Role.TOOL, operation_id="call_email_1")
+    skip = _answer(resume, {"type": "skip"})
+    assert skip.input["decisions"] == [{"type": "skip", "tool_call_id": "call_email_1", "row_id": cut.pk}]
+    status, sends_now = _sends_in(monkeypatch, skip)
+    assert status == "completed" and sends_now == 0
+
+    (skipped,) = Message.objects.filter(run=skip, role=Message.Role.TOOL, operation_id="call_email_1")
+    assert skipped.execution_status == ExecStatus.REJECTED and skipped.started_at is None
+    assert skipped.metadata["source"] == "outcome_unknown_decision"
+    assert skipped.metadata["outcome_unknown_row"] == cut.pk
+    assert skipped.effect_key == cut.effect_key and skipped.tool_input == cut.tool_input
+    assert "not executed again" in skipped.content
+    # The graph was told: the State's tool message is the skip, not a send.
+    (told,) = [m for m in checkpoint_messages(skip.thread) if getattr(m, "tool_call_id", None) == "call_email_1"]
+    assert "not executed again" in told.content and told.status == "error"
+
+
+def test_retry_executes_the_call_again_once_R_RUN_15(user, replay_models, monkeypatch):
+    resume, _ = _cut_off_email_run(user, monkeypatch)
+    retry = _answer(resume, {"type": "retry"})
+    status, sends_now = _sends_in(monkeypatch, retry)
+    assert status == "completed" and sends_now == 1
+    retry.refresh_from_db()
+    assert retry.output_message.content == "The email was sent."
+    (sent,) = Message.objects.filter(run=retry, role=Message.Role.TOOL, operation_id="call_email_1")
+    assert sent.execution_status == ExecStatus.COMPLETED and sent.replayed_from_id is None
+
+
+def test_a_retry_cut_off_again_asks_again_about_the_new_execution_R_RUN_15(user, replay_models, monkeypatch):
+    resume, _ = _cut_off_email_run(user, monkeypatch)
+    retry = _answer(resume, {"type": "retry"})
+    sends_before, status, sends_after = _die_after_then_continue(monkeypatch, retry, "tool-started")
+    assert (sends_before, status, sends_after) == (1, "interrupted", 1)
+    retry.refresh_from_db()
+    (cut_again,) = Message.objects.filter(run=retry, role=Message.Role.TOOL, operation_id="call_email_1")
+    [request] = retry.interrupts[0]["value"]["action_requests"]
+    assert request["outcome_unknown"] == {"row_id": cut_again.pk, "attempt": 1}
+
+    skip = _answer(retry, {"type": "skip"})
+    status, sends_now = _sends_in(monkeypatch, skip)
+    assert status == "completed" and sends_now == 0

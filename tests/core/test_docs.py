@@ -66,7 +66,6 @@ NOT_ANSWERED_BY_THE_API = {
     "tool_result_conflict": "worker: audit writes",
     "audit_write_failed": "worker: audit writes",
     "audit_write_rejected": "worker: audit writes",
-    "tool_outcome_unknown": "worker: a run's error type (R-EFF-1)",
     "database_unavailable": "worker: the task is retried",
     "unknown_user": "governance commands",
     "run_still_active": "governance commands",
