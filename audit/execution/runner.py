@@ -406,7 +406,11 @@ class RunExecutor:
         the run over)."""
         try:
             run = await write_with_retry(
-                ledger.run_hand_over, lease=self.lease, reason=f"its worker {self.lease.owner} is shutting down"
+                ledger.run_hand_over,
+                lease=self.lease,
+                reason=f"its worker {self.lease.owner} is shutting down",
+                partial_content=self.recorder.partial_contents(),
+                cut_calls=self.recorder.cut_calls(),
             )
         except (LeaseError, AuditWriteFailed, AuditWriteRejected) as exc:
             log.warning("run %s could not be handed over: %s", self.run.id, exc)

@@ -296,18 +296,35 @@ def run_finish_fallback(*, lease: Lease, error_type: str, error_message: str) ->
 
 
 @metrics.audit_write("run_hand_over")
-def run_hand_over(*, lease: Lease, reason: str) -> AgentRun:
+def run_hand_over(
+    *,
+    lease: Lease,
+    reason: str,
+    partial_content: dict[str, str] | None = None,
+    cut_calls: dict[str, dict[str, Any]] | None = None,
+) -> AgentRun:
     """Hand the run over to another worker: its worker is stopping (a
     deploy, R-RUN-15). In one lease-fenced transaction the run becomes
     ``pending`` as its next attempt, as the lease sweeper makes a run whose
     worker died (:func:`run_requeue_attempt`: what the attempt left running
     is closed, the lease released, the run enqueued after commit), without
-    waiting for the lease to expire. ``reason`` goes to the log.
+    waiting for the lease to expire. Unlike the sweeper, the stopping
+    worker knows what its cut model calls streamed: ``partial_content``
+    (``{operation_id: text}``) is kept on their rows
+    (``metadata.content_partial``) and ``cut_calls``
+    (``{operation_id: {duration_ms?}}``) gives their durations, as a
+    terminal write keeps them (R-MA-10). ``reason`` goes to the log.
 
     Raises what :func:`lock_run` raises."""
     with transaction.atomic():
         run = lock_run(lease, only=_RUN_FIELDS)
-        run_requeue_attempt(run, now=timezone.now(), reason=reason)
+        now = timezone.now()
+        rows = RunRows.read(run)
+        if partial_content:
+            _keep_partial_content(partial_content, rows)
+        if cut_calls:
+            _close_cut_calls(cut_calls, rows, now=now)
+        run_requeue_attempt(run, now=now, reason=reason, rows=rows)
         return run
 
 
@@ -632,7 +649,7 @@ def _terminate(
         on_commit(lambda: _enqueue_pending(pending))
 
 
-def run_requeue_attempt(run: AgentRun, *, now: datetime, reason: str) -> None:
+def run_requeue_attempt(run: AgentRun, *, now: datetime, reason: str, rows: RunRows | None = None) -> None:
     """Put a locked run whose worker is gone back to ``pending`` as its next
     attempt, to be continued by another worker from its last checkpoint
     (R-RUN-15). Must be called inside ``transaction.atomic()`` with the run
@@ -650,9 +667,10 @@ def run_requeue_attempt(run: AgentRun, *, now: datetime, reason: str) -> None:
     ``started_at``, usage (summed again at its end over every attempt's
     rows) and turn stay. ``reason`` (the expired lease) is kept in the
     log. The run is enqueued after commit (the dispatcher offers it again
-    if that message is lost, R-RUN-9).
+    if that message is lost, R-RUN-9). ``rows``: the run's rows when the
+    caller has read them (and changed some: saved here), else read here.
     """
-    rows = RunRows.read(run)
+    rows = rows if rows is not None else RunRows.read(run)
 
     def close_as(row: Message) -> str:
         # A tool that raised has a known outcome; any other was cut off.

@@ -13,12 +13,14 @@ import signal
 import time
 
 import pytest
+import redis
 
 from audit.execution import shutdown
 from audit.execution.runner import run_execute
 from audit.models import AgentRun
 from conversations.models import Message
 from core.config import get_config
+from core.redis_client import stream_key
 from tests.conftest import run_in_a_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,16 +45,25 @@ def _wait(worker, result: dict, timeout: float = 60) -> str:
     return result["status"]
 
 
+def _streamed(run) -> bool:
+    """Whether the run's live events have a chunk of its answer."""
+    client = redis.Redis.from_url(get_config().REDIS_URL)
+    try:
+        return any(fields[b"type"] == b"model.delta" for _, fields in client.xrange(stream_key(run.id)))
+    finally:
+        client.close()
+
+
 def test_a_stopping_worker_hands_a_streaming_run_over_and_another_worker_completes_it_R_RUN_15(user, replay_models):
-    run, worker, result = run_in_a_thread(
-        user, "worker-a", model="replay:slow_answer", until=lambda r: _rows(r, role="assistant").exists()
-    )
+    run, worker, result = run_in_a_thread(user, "worker-a", model="replay:slow_answer", until=_streamed)
     shutdown.request_handover()
     assert _wait(worker, result) == "handed_over"
     run.refresh_from_db()
     assert (run.status, run.attempt, run.lease_owner, run.lease_expires_at) == (Status.PENDING, 2, None, None)
     (cut,) = _rows(run, role="assistant")
     assert cut.execution_status == "interrupted" and cut.metadata["closed_by"] == "recovery"
+    # What the cut call streamed before the hand-over is kept (R-MA-10).
+    assert cut.content and cut.metadata["content_partial"] is True and cut.duration_ms is not None
 
     shutdown.clear_handover()  # another worker, not stopping
     assert run_execute(run_id=run.id, owner="worker-b") == "completed"
