@@ -329,7 +329,7 @@ class SpanFactory:
                 attributes["gen_ai.output.messages"] = _json([self._output_message(output)])
         status = Status(StatusCode.OK)
         if run.status in _RUN_ERRORS:
-            error_type = run.error_type or run.status
+            error_type = run.error_type or OTHER_ERROR
             attributes["error.type"] = error_type
             status = Status(StatusCode.ERROR, run.error_message or error_type)
         start = run.started_at or run.created_at
@@ -360,6 +360,8 @@ class SpanFactory:
             attributes["gen_ai.response.model"] = str(metadata["model_name"])
         if metadata.get("finish_reason"):
             attributes["gen_ai.response.finish_reasons"] = [str(metadata["finish_reason"])]
+        if metadata.get("response_id"):
+            attributes["gen_ai.response.id"] = str(metadata["response_id"])
         if row.usage:
             _set_usage(attributes, row.usage)
         elif row.execution_status != Message.ExecutionStatus.COMPLETED:
@@ -444,8 +446,7 @@ class SpanFactory:
 
     def _row_status(self, row: Message, attributes: dict[str, Any]) -> Status:
         if row.execution_status in _ROW_ERRORS:
-            error_type = str((row.metadata or {}).get("error_type") or row.execution_status)
-            attributes["error.type"] = error_type
+            attributes["error.type"] = row_error_type(row)
             detail = (row.metadata or {}).get("tool_error") or row.execution_status
             return Status(StatusCode.ERROR, str(detail))
         if row.execution_status == Message.ExecutionStatus.COMPLETED:
@@ -492,6 +493,34 @@ class SpanFactory:
         return finished
 
 
+# The conventions' ``error.type`` when nothing more precise is known.
+OTHER_ERROR = "_OTHER"
+
+
+def row_error_type(row: Message) -> str:
+    """``error.type`` of a row that did not complete (R-OTEL-2): the error's
+    type, never the row's status. ``metadata.error_type`` (the exception's
+    class a tool raised, or a model call's provider classification or
+    exception class); for a model row written before it was kept, the
+    type that leads its ``metadata.error`` (``"<type>: …"``); a tool that
+    answered with an error message without raising: ``tool_error``; a
+    call a reviewer rejected: ``rejected``; a row its run left behind:
+    ``abandoned``; else ``_OTHER``."""
+    metadata = row.metadata or {}
+    if metadata.get("error_type"):
+        return str(metadata["error_type"])
+    if row.execution_status == Message.ExecutionStatus.REJECTED:
+        return "rejected"
+    if row.execution_status == Message.ExecutionStatus.ABANDONED:
+        return "abandoned"
+    leading = str(metadata.get("error") or "").partition(": ")[0]
+    if leading.isidentifier():
+        return leading
+    if row.role == Message.Role.TOOL:
+        return "tool_error"
+    return OTHER_ERROR
+
+
 def _row_ids(run: AgentRun, row: Message) -> dict[str, Any]:
     ids: dict[str, Any] = {
         "yuxi.run_id": str(run.id),
@@ -528,7 +557,7 @@ def _set_usage(attributes: dict[str, Any], usage: dict[str, Any]) -> None:
                 attributes[attribute] = int(details[key])
     reasoning = (usage.get("output_token_details") or {}).get("reasoning")
     if isinstance(reasoning, int | float):
-        attributes["yuxi.usage.reasoning_tokens"] = int(reasoning)
+        attributes["gen_ai.usage.reasoning.output_tokens"] = int(reasoning)
 
 
 def _set_cost(attributes: dict[str, Any], row: object) -> None:

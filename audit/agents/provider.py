@@ -174,6 +174,11 @@ def failed_request_error_type(failures: list[AttemptFailure]) -> str:
     return "model_request_failed"
 
 
+RESPONSE_ID = "response_id"
+"""The key of the provider's answer id in a model call's response metadata
+and on its audit row's metadata (``gen_ai.response.id``, R-OTEL-2)."""
+
+
 class AuditedChatOpenAI(ChatOpenAI):
     """``ChatOpenAI`` that folds usage by mode and retries requests that
     fail before their first chunk (see the module docstring).
@@ -254,7 +259,24 @@ class AuditedChatOpenAI(ChatOpenAI):
         # A call that does not stream: its headers are of no use, keep them
         # out of the message's response_metadata.
         info = {k: v for k, v in (generation_info or {}).items() if k != "headers"}
-        return super()._create_chat_result(response, info or None)
+        result = super()._create_chat_result(response, info or None)
+        response_id = (response if isinstance(response, dict) else getattr(response, "__dict__", {})).get("id")
+        if response_id and result.generations:
+            result.generations[0].message.response_metadata[RESPONSE_ID] = str(response_id)
+        return result
+
+    def _convert_chunk_to_generation_chunk(
+        self, chunk: dict, default_chunk_class: type, base_generation_info: dict | None
+    ) -> ChatGenerationChunk | None:
+        generation = super()._convert_chunk_to_generation_chunk(chunk, default_chunk_class, base_generation_info)
+        # The provider's id of the answer (OpenAI's ``chatcmpl-…``), which
+        # langchain-openai drops when streaming: put once, on the chunk that
+        # ends the answer, into the response metadata that message-finish
+        # carries (a string on several chunks would be concatenated).
+        choices = chunk.get("choices") or []
+        if generation is not None and chunk.get("id") and choices and choices[0].get("finish_reason"):
+            generation.message.response_metadata[RESPONSE_ID] = str(chunk["id"])
+        return generation
 
     async def _open_stream(
         self,

@@ -103,7 +103,7 @@ class ModelRequestAudit(AsyncCallbackHandler):
         self._recorder.tool_end(tool_run_id=str(run_id))
 
     def on_tool_error(self, error: BaseException, *, run_id: uuid.UUID, **kwargs: Any) -> None:
-        self._recorder.tool_end(tool_run_id=str(run_id))
+        self._recorder.tool_end(tool_run_id=str(run_id), error=error)
 
     async def on_retry(self, retry_state: Any, *, run_id: uuid.UUID, **kwargs: Any) -> None:
         failure = kwargs.get("attempt_failure")

@@ -79,6 +79,9 @@ class _ModelCall:
     # its sequence is provisional until then (R-MA-10).
     streamed: bool = True
     error: str | None = None
+    # The error's type: the provider classification, else the exception's
+    # class (R-OTEL-2).
+    error_type: str | None = None
     # When the call ended (LangChain's on_llm_end or on_llm_error).
     ended: Stamp | None = None
 
@@ -140,6 +143,8 @@ class LifecycleRecorder:
         # tool_call_id -> when its tool started / ended (R-SUB-2).
         self._tool_started: dict[str, Stamp] = {}
         self._tool_ended: dict[str, Stamp] = {}
+        # tool_call_id -> the class of the exception its tool raised.
+        self._tool_error_types: dict[str, str] = {}
         # LangChain tool run id -> tool_call_id (its end callback has no
         # tool_call_id).
         self._tool_runs: dict[str, str] = {}
@@ -215,15 +220,18 @@ class LifecycleRecorder:
         if namespace:
             self._spawned_by.setdefault(namespace, tool_call_id)
 
-    def tool_end(self, *, tool_run_id: str) -> None:
+    def tool_end(self, *, tool_run_id: str, error: BaseException | None = None) -> None:
         """The tool call LangChain runs as ``tool_run_id`` returned or raised
-        (its end or error callback): its row's ``finished_at`` and the end
-        of its ``duration_ms``, written when the stream's tool-finished (or
-        tool-error) comes (R-SUB-2). A run id :meth:`tool_request` was not
-        given does nothing."""
+        ``error`` (its end or error callback): its row's ``finished_at`` and
+        the end of its ``duration_ms``, written when the stream's
+        tool-finished (or tool-error) comes (R-SUB-2), and the error's type
+        (``metadata.error_type``, which the stream's tool-error does not
+        carry). A run id :meth:`tool_request` was not given does nothing."""
         tool_call_id = self._tool_runs.pop(tool_run_id, None)
         if tool_call_id is not None:
             self._tool_ended.setdefault(tool_call_id, self.now())
+            if error is not None:
+                self._tool_error_types[tool_call_id] = type(error).__name__
 
     def tools_in_flight(self) -> bool:
         """Whether a tool has started (its start callback) and not yet
@@ -324,6 +332,7 @@ class LifecycleRecorder:
         call.ended = self.now()
         kind = getattr(error, "audit_error_type", None)
         call.error = f"{kind + ': ' if kind else ''}{type(error).__name__}: {error}"[:2000]
+        call.error_type = kind or type(error).__name__
 
     # -- model calls -------------------------------------------------------
 
@@ -548,6 +557,7 @@ class LifecycleRecorder:
                 returning=False,
                 tool_call_id=tool_call_id,
                 error=str(data.get("message") or ""),
+                error_type=self._tool_error_types.pop(tool_call_id, None),
                 finished_at=ended.at,
                 duration_ms=round((ended.mono - started.mono) * 1000),
             )
@@ -571,7 +581,7 @@ class LifecycleRecorder:
         }
 
     def cut_calls(self) -> dict[str, dict]:
-        """``{operation_id: {"duration_ms", "error", "finished_at"}}`` of the
+        """``{operation_id: {"duration_ms", "error", "error_type", "finished_at"}}`` of the
         model calls that started (at request start or message-start) but
         never finished: their monotonic duration until they ended (the
         model's end or error callback), or until now (a cancel, or the run
@@ -583,6 +593,7 @@ class LifecycleRecorder:
             call.operation_id: {
                 "duration_ms": round(((call.ended.mono if call.ended else now) - call.started.mono) * 1000),
                 "error": call.error,
+                "error_type": call.error_type,
                 "finished_at": call.ended.at if call.ended else None,
             }
             for call in self._calls.values()
@@ -607,7 +618,7 @@ def _tool_message_of(output: Any, tool_call_id: str) -> Any:
     return output
 
 
-_FINISH_METADATA = {"finish_reason", "model_name", "model_provider", "system_fingerprint"}
+_FINISH_METADATA = {"finish_reason", "model_name", "model_provider", "system_fingerprint", "response_id"}
 
 
 def request_operation_id(model_run_id: str) -> str:

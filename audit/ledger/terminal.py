@@ -221,7 +221,7 @@ def run_finish(
         partial_content: ``{operation_id: text}`` streamed so far by model
             calls that never finished; kept on their rows, marked
             ``content_partial`` (one write here, never one per token).
-        cut_calls: ``{operation_id: {"duration_ms": int, "error": str |
+        cut_calls: ``{operation_id: {"duration_ms": int, "error_type": str | None, "error": str |
             None, "finished_at": datetime | None}}`` for model calls that
             started (at request start, R-MA-10) but never finished: their
             monotonic duration until they were cut off, the error that ended
@@ -356,6 +356,7 @@ def _close_cut_calls(cut_calls: dict[str, dict[str, Any]], rows: RunRows, *, now
             row.metadata = {
                 **row.metadata,
                 "error": str(facts["error"])[:2000],
+                **({"error_type": str(facts["error_type"])[:100]} if facts.get("error_type") else {}),
                 "closed_by": "run_terminal",
                 "usage_unknown": row.usage is None,
             }

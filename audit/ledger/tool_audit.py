@@ -245,6 +245,7 @@ def tool_call_error(
     lease: Lease,
     tool_call_id: str,
     error: str,
+    error_type: str | None = None,
     finished_at: datetime | None = None,
     duration_ms: int | None = None,
     returning: bool = True,
@@ -255,6 +256,8 @@ def tool_call_error(
 
     Args:
         error: the error's text (``metadata["tool_error"]``).
+        error_type: the class of the exception the tool raised, when known
+            (``metadata["error_type"]``, at most 100 characters; R-OTEL-2).
         finished_at: when the tool raised (wall clock, aware) and
             ``duration_ms`` (monotonic, ms) how long it ran: the row keeps
             them when the terminal closes it, as a model call that answers
@@ -266,7 +269,10 @@ def tool_call_error(
         AuditConflict: unknown tool call.
         LeaseError: see :func:`lock_run`.
     """
-    update = Assign().sql("metadata", "m.metadata || %s", {"awaiting_run_terminal": True, "tool_error": error})
+    marks: dict[str, Any] = {"awaiting_run_terminal": True, "tool_error": error}
+    if error_type:
+        marks["error_type"] = str(error_type)[:100]
+    update = Assign().sql("metadata", "m.metadata || %s", marks)
     if finished_at is not None:
         update.value("finished_at", finished_at)
     if duration_ms is not None:
@@ -289,7 +295,7 @@ def tool_call_error(
         if row is None:
             raise AuditConflict(f"error for unknown tool call {tool_call_id}", extra={"reason": "unknown_operation"})
         if row.execution_status == ExecStatus.RUNNING:
-            row.metadata = {**row.metadata, "awaiting_run_terminal": True, "tool_error": error}
+            row.metadata = {**row.metadata, **marks}
             fields = ["metadata", "updated_at"]
             if finished_at is not None:
                 row.finished_at = finished_at

@@ -466,3 +466,47 @@ def test_a_subagents_calls_are_children_of_the_task_call_that_spawned_it_R_OTEL_
         else:
             assert span.parent_span_id == f"{run_span_id(run.id):016x}"
             assert "yuxi.namespace" not in span.attributes
+
+
+def _spans_of(receiver: OtlpReceiver, run: AgentRun) -> dict[str, object]:
+    """``{operation_id or "run": span}`` of one exported run."""
+    spans = receiver.unique()
+    found = {"run": spans[f"{run_span_id(run.id):016x}"]}
+    for row in Message.objects.audit().filter(run=run):
+        found[row.operation_id] = spans[f"{row_span_id(row.pk):016x}"]
+    return found
+
+
+def test_spans_follow_the_current_genai_conventions_R_OTEL_2(user, replay_models, export_config, receiver):
+    usage_run = execute(user, "usage_final_details")
+    handled = execute(user, "tool_error_handled", "Weather in Atlantis?")
+    unhandled = execute(user, "tool_error_unhandled", "1/0?")
+    http_error = execute(user, "model_http_error")
+    broken = execute(user, "model_error_midstream")
+    assert export_closed_runs(receiver=exporter(receiver)).error == ""
+
+    # Reasoning tokens under the conventions' name, and the provider's id of
+    # each answer (the replay server's chatcmpl-… ids, as OpenAI sends them).
+    (call,) = Message.objects.model_calls().filter(run=usage_run)
+    chat = _spans_of(receiver, usage_run)[call.operation_id].attributes
+    assert chat["gen_ai.usage.reasoning.output_tokens"] == 2 and chat["gen_ai.usage.output_tokens"] == 7
+    assert not [name for name in chat if name.startswith("yuxi.usage.reasoning")]
+    assert call.metadata["response_id"].startswith("chatcmpl-replay-")
+    assert chat["gen_ai.response.id"] == call.metadata["response_id"]
+
+    # error.type is the error's type, never a row status.
+    def tool_error_type(run: AgentRun) -> str:
+        (row,) = Message.objects.audit().filter(run=run, role=Message.Role.TOOL)
+        assert row.execution_status == "failed"
+        return _spans_of(receiver, run)[row.operation_id].attributes["error.type"]
+
+    # The tool raised: its exception's class. The tool answered with an
+    # error of its own (a ToolException it handled): the class of that.
+    assert tool_error_type(unhandled) == "ZeroDivisionError"
+    assert tool_error_type(handled) == "tool_error"
+    for run, expected in ((http_error, "model_http_error"), (broken, "model_stream_broken")):
+        (row,) = Message.objects.model_calls().filter(run=run)
+        assert row.execution_status == "failed"
+        span = _spans_of(receiver, run)
+        assert span[row.operation_id].attributes["error.type"] == expected
+        assert span["run"].attributes["error.type"] == run.error_type != "failed"
