@@ -21,6 +21,7 @@ from . import export, ledger
 from .execution.events import client_holds_terminal_event, run_event_stream
 from .models import AgentRun
 from .reads import search, selectors
+from .replay.export import RunNotFound, export_scenario
 from .schemas import (
     ExportQuery,
     RunIn,
@@ -30,6 +31,7 @@ from .schemas import (
     RunOut,
     RunResumeIn,
     RunSummaryOut,
+    ScenarioOut,
     TimelineOut,
     TimelineQuery,
 )
@@ -203,6 +205,26 @@ def export_thread(request, thread_id: uuid.UUID, query: Query[ExportQuery]):
     return export.streaming_response(
         request, pieces, fmt=query.format, filename=export.export_filename("thread", thread_id)
     )
+
+
+@router.get("/audit/runs/{run_id}/scenario", response={200: ScenarioOut, **STAFF_ERRORS}, tags=["audit"])
+def run_scenario(request, run_id: uuid.UUID):
+    """Staff only (R-REPLAY-1): the run's turn (its first run and every
+    resume up to this run) as a replay scenario that the replay model
+    server plays: the root model calls as ``turns``, each subagent's as
+    ``subagents``, tool results, decisions and the end in ``recorded``.
+    Save it as ``<name>.json`` in a scenario directory to replay it. 404
+    for an unknown run; 422 when the turn made no model call."""
+    _require_staff(request)
+    try:
+        scenario = export_scenario(run_id)
+    except RunNotFound:
+        raise NotFound("run not found") from None
+    except ValueError as exc:
+        raise InvalidInput(str(exc), extra={"reason": "nothing_to_export"}) from None
+    # Built and validated by the exporter's own format (audit.replay.scenarios):
+    # encoded as it is, so a lone surrogate travels \u-escaped, exactly.
+    return json_response(scenario)
 
 
 def _owned_run_id(user, run_id: uuid.UUID) -> uuid.UUID:

@@ -310,3 +310,80 @@ class RunListOut(Schema):
     items: list[RunSummaryOut] = Field(..., description="Newest first.")
     has_more: bool = Field(..., description="Older matching runs exist; page with `before=next_before`.")
     next_before: str | None
+
+
+# --------------------------------------------------------------------------
+# A run's turn as a replay scenario (R-REPLAY-1, staff)
+# --------------------------------------------------------------------------
+
+
+class ScenarioToolCallOut(Schema):
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict, description="The decoded arguments object.")
+
+
+class ScenarioUsageOut(Schema):
+    prompt_tokens: int
+    completion_tokens: int
+    prompt_tokens_details: dict[str, int] | None = Field(
+        None, description="`cached_tokens` (cache read) and `cache_write_tokens`, parts of `prompt_tokens`."
+    )
+    completion_tokens_details: dict[str, int] | None = Field(
+        None, description="`reasoning_tokens`, part of `completion_tokens`."
+    )
+
+
+class ScenarioFailBeforeFirstChunkOut(Schema):
+    status: int
+    times: int
+    retry_after: float | None = Field(None, description="Seconds the provider asked to wait.")
+    error_message: str | None = None
+
+
+class ScenarioTurnOut(Schema):
+    """One model call as the replay server plays it (``audit.replay.scenarios.Turn``);
+    absent keys take the server's defaults."""
+
+    text: str | None = None
+    tool_calls: list[ScenarioToolCallOut] | None = None
+    usage: ScenarioUsageOut | None = Field(None, description="Tokens as the provider reported them; absent: unknown.")
+    http_status: int | None = Field(None, description="The call failed with this HTTP status (`model_http_error`).")
+    error_message: str | None = None
+    fail_after_chunks: int | None = Field(None, description="The stream broke after this many chunks.")
+    connect_error_times: int | None = Field(None, description="Attempts that failed to connect first (R-RUN-12).")
+    fail_before_first_chunk: ScenarioFailBeforeFirstChunkOut | None = None
+
+
+class ScenarioToolResultOut(Schema):
+    content: str
+    status: ExecutionStatus
+
+
+class ScenarioResumeOut(Schema):
+    run_id: uuid.UUID
+    decisions: list[dict[str, Any]] = Field(..., description="The resume's decisions as submitted (R-TA-5).")
+
+
+class ScenarioRecordedOut(Schema):
+    """Facts the replay server does not play, for a replay to compare with."""
+
+    agent_id: str
+    run_ids: list[uuid.UUID] = Field(..., description="The turn's runs: the first, then each resume, in order.")
+    status: RunStatus = Field(..., description="How the last run ended.")
+    error_type: str
+    resumes: list[ScenarioResumeOut]
+    tool_results: dict[str, ScenarioToolResultOut] = Field(..., description="Tool call id → what the tool returned.")
+
+
+class ScenarioOut(Schema):
+    """A run's turn as a replay scenario file without its name (the file
+    stem names it): ``Scenario.model_validate({"name": ..., **body})``
+    accepts it (R-REPLAY-1)."""
+
+    description: str
+    turns: list[ScenarioTurnOut] = Field(..., description="The root agent's model calls, in order.")
+    subagents: dict[str, list[ScenarioTurnOut]] | None = Field(
+        None, description="Each subagent's model calls, by subagent name (R-SUB-1)."
+    )
+    recorded: ScenarioRecordedOut

@@ -31,6 +31,10 @@ Turn keys: ``text``, ``tool_calls``, ``usage`` (with optional
 (see :class:`Turn`). Validation is strict: unknown keys and wrongly typed
 values are rejected, and every problem is reported as :class:`ScenarioError`
 naming the file.
+
+A scenario exported from an audited run (:mod:`audit.replay.export`,
+R-REPLAY-1) also carries ``recorded`` (:class:`Recorded`): the facts the
+server does not play (tool results, resume decisions, how the run ended).
 """
 
 from __future__ import annotations
@@ -219,16 +223,59 @@ SUBAGENT_SEPARATOR = "/"
 subagent's requests carry (``researcher_fact_check/fact_checker``)."""
 
 
+RunStatus = Literal["pending", "running", "cancel_requested", "completed", "failed", "cancelled", "interrupted"]
+"""``AgentRun.status`` as a scenario records it (:class:`Recorded`)."""
+
+ExecutionStatus = Literal["running", "completed", "failed", "interrupted", "abandoned", "rejected"]
+"""``Message.execution_status`` of a recorded tool row (:class:`RecordedToolResult`)."""
+
+
+class RecordedToolResult(_Strict):
+    """What one tool call returned in the audited turn: the tool row's
+    ``content`` (the ToolMessage text the model read next) and its
+    ``status``."""
+
+    content: str
+    status: ExecutionStatus
+
+
+class RecordedResume(_Strict):
+    """One resume run of the audited turn (R-TA-5): its ``run_id`` and the
+    ``decisions`` it carried, as submitted (``[{type, args?, message?}]``)."""
+
+    run_id: str = Field(min_length=1)
+    decisions: tuple[dict[str, Any], ...] = Field(strict=False)
+
+
+class Recorded(_Strict):
+    """Facts of an audited turn that the model server does not play, kept
+    by a scenario exported from the audit (R-REPLAY-1) for a replay to
+    compare with: the agent, the turn's runs (first run, then each resume,
+    in order), the resumes' decisions, every tool call's result by tool
+    call id, and how the last run ended (``status``, ``error_type``). The
+    replay server ignores it."""
+
+    agent_id: str = Field(min_length=1)
+    run_ids: tuple[str, ...] = Field(min_length=1, strict=False)
+    status: RunStatus
+    error_type: str = ""
+    resumes: tuple[RecordedResume, ...] = Field(default=(), strict=False)
+    tool_results: dict[str, RecordedToolResult] = Field(default_factory=dict)
+
+
 class Scenario(_Strict):
     """A named, ordered list of assistant turns (at least one), and, for an
     agent with subagents, each subagent's own turns (``subagents``: name →
     turns, at least one each). Tool call ids are unique across the whole
-    scenario, subagents included, so the audit can tell the calls apart."""
+    scenario, subagents included, so the audit can tell the calls apart.
+    ``recorded`` is set on a scenario exported from an audited run
+    (:class:`Recorded`, R-REPLAY-1); the server does not read it."""
 
     name: str = Field(min_length=1)
     description: str = ""
     turns: tuple[Turn, ...] = Field(min_length=1, strict=False)
     subagents: dict[str, Annotated[tuple[Turn, ...], Field(strict=False)]] = Field(default_factory=dict)
+    recorded: Recorded | None = None
 
     @model_validator(mode="after")
     def _check_tool_call_ids(self) -> Scenario:

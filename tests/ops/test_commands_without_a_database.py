@@ -29,6 +29,7 @@ NEEDS_DATABASE = {
     "erase_user": ["nobody"],
     "export_audit": ["--run", "00000000-0000-0000-0000-000000000000"],
     "export_otel": ["--once"],
+    "export_scenario": ["00000000-0000-0000-0000-000000000000"],
     "performance_report": [],
     "purge_payloads": ["--older-than-days", "30", "--dry-run"],
     "rebuild_rollups": [],

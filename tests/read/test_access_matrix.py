@@ -40,6 +40,7 @@ def _same(status):
 
 
 OWNED = {"owner": None, "other": 404, "staff": 404, "anonymous": 401}  # owner: per endpoint
+SCENARIO = "/api/audit/runs/{run_id}/scenario"
 STAFF_ONLY = {"owner": 403, "other": 403, "staff": 200, "anonymous": 401}
 
 # (method, OpenAPI path) -> (concrete path template, JSON body, expected status per role)
@@ -73,6 +74,7 @@ MATRIX = {
     ("get", "/api/runs/{run_id}/events"): ("/api/runs/{run_id}/events", None, {**OWNED, "owner": 200}),
     ("get", "/api/audit/runs/{run_id}/timeline"): ("/api/audit/runs/{run_id}/timeline", None, STAFF_ONLY),
     ("get", "/api/audit/threads/{thread_id}/timeline"): ("/api/audit/threads/{thread_id}/timeline", None, STAFF_ONLY),
+    ("get", "/api/audit/runs/{run_id}/scenario"): ("/api/audit/runs/{run_id}/scenario", None, STAFF_ONLY),
     ("get", "/api/threads/{thread_id}"): ("/api/threads/{thread_id}", None, {**OWNED, "owner": 200}),
     ("get", "/api/audit/runs"): ("/api/audit/runs", None, STAFF_ONLY),
     ("get", "/api/audit/runs/export"): ("/api/audit/runs/export", None, STAFF_ONLY),
@@ -117,8 +119,10 @@ def test_access_matrix_R_READ_5_R_READ_6(endpoint, thread, other_user, staff_use
         if role != "staff":
             assert b"raw-envelope" not in content and b"raw_output" not in content, (role, path)
         else:
-            if endpoint[1].startswith("/api/audit/") and endpoint[1] != "/api/audit/runs":
-                assert b"raw-envelope" in content  # staff do see the raw tool output (timelines, exports)
+            # Staff do see the raw tool output (timelines, exports); a replay
+            # scenario holds what the tools gave the model, not their raw output.
+            if endpoint[1].startswith("/api/audit/") and endpoint[1] not in ("/api/audit/runs", SCENARIO):
+                assert b"raw-envelope" in content
     # No refused request changed anything: the other user and the anonymous
     # caller left no rows in the owner's thread.
     assert not Message.objects.filter(thread=thread).exclude(run__user=thread.user).exists()
