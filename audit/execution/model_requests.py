@@ -12,7 +12,10 @@ feeds those callbacks to the run's :class:`~audit.execution.recorder.LifecycleRe
 - ``on_chat_model_start`` → the row opens (``running``,
   ``awaiting_first_chunk``), awaited before the request is sent, only
   while the user's budget has room (checked in the same statement): a run
-  over its budget opens no row and sends no request (R-COST-3);
+  over its budget opens no row and sends no request (R-COST-3). The row
+  keeps the request's fingerprint (``metadata.request``,
+  :func:`~audit.execution.fingerprint.request_fingerprint`), so a replay
+  tells at which step the request changed (R-REPLAY-2);
 - ``on_retry`` with ``attempt_failure`` (sent by
   :class:`~audit.agents.provider.AuditedChatOpenAI`) → the attempt is counted
   on the row;
@@ -42,13 +45,17 @@ so a tool's stamp is taken before its stream event exists.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackHandler
 from langchain_core.messages import BaseMessage
 
+from .fingerprint import request_fingerprint
 from .recorder import LifecycleRecorder
+
+logger = logging.getLogger(__name__)
 
 
 class ModelRequestAudit(AsyncCallbackHandler):
@@ -77,7 +84,14 @@ class ModelRequestAudit(AsyncCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        await self._recorder.model_request(model_run_id=str(run_id), metadata=metadata or {})
+        try:
+            fingerprint = request_fingerprint(messages[0] if messages else [], kwargs.get("invocation_params"))
+        except Exception:
+            # A fingerprint is a help for replays, not an audit fact the
+            # call may wait for: the row opens without one.
+            logger.debug("no request fingerprint for model run %s", run_id, exc_info=True)
+            fingerprint = None
+        await self._recorder.model_request(model_run_id=str(run_id), metadata=metadata or {}, request=fingerprint)
 
     # The tool callbacks are plain functions, called in line (see the
     # module docstring).

@@ -258,15 +258,24 @@ class LifecycleRecorder:
 
     # -- model requests (LangChain callbacks: R-MA-10, R-RUN-12) -------------
 
-    async def model_request(self, *, model_run_id: str, metadata: dict, started_at: dt.datetime | None = None) -> None:
+    async def model_request(
+        self,
+        *,
+        model_run_id: str,
+        metadata: dict,
+        started_at: dt.datetime | None = None,
+        request: dict | None = None,
+    ) -> None:
         """A model request is about to be sent (LangChain's chat-model start
         for ``model_run_id``): open its row under ``lc_run--<model run id>``,
         the id its message-start will carry, at the provisional sequence
         ``last_seq + 1`` (R-MA-10), started now (R-SUB-2). ``metadata`` is
         the callback metadata (``langgraph_checkpoint_ns`` gives the
         namespace); ``started_at`` (aware) when the request was sent, by
-        default now — the callback runs when it is sent. A second call for
-        the same model run does nothing."""
+        default now — the callback runs when it is sent. ``request``: the
+        request's fingerprint (:func:`~audit.execution.fingerprint.request_fingerprint`),
+        kept on the row as ``metadata.request`` (R-REPLAY-2); None: none
+        is kept. A second call for the same model run does nothing."""
         if not model_run_id or model_run_id in self._calls:
             return
         operation_id = request_operation_id(model_run_id)
@@ -282,6 +291,8 @@ class LifecycleRecorder:
             row_metadata["node"] = metadata["langgraph_node"]
         if metadata.get("lc_agent_name"):
             row_metadata["agent_name"] = metadata["lc_agent_name"]
+        if request is not None:
+            row_metadata["request"] = request
         await write_with_retry(
             ledger.model_call_open,
             lease=self._lease,

@@ -70,7 +70,8 @@ def model_call_open(
             its message-start can carry). message-start replaces it; a call
             that never streams keeps it, so the run's rows stay in order.
         started_at: when the request was sent (wall clock).
-        metadata: namespace, model run id, node.
+        metadata: namespace, model run id, node, the request's fingerprint
+            (``request``, R-REPLAY-2).
         namespace: the call's stream namespace (``[]`` at the root; default
             ``metadata["namespace"]``) and ``parent_operation_id`` the tool
             call id of the ``task`` call whose subagent makes it (R-SUB-1).
