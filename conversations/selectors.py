@@ -566,34 +566,41 @@ def _tool_result(*, thread_id, run_id, tool_call_id: str, head: str | None, size
 def thread_memory_messages(*, thread_id: uuid.UUID, include_tools: bool = False, before_run=None) -> list:
     """:func:`thread_memory` as LangChain message objects, for the agent
     runtime when the checkpointer no longer has the history (R-READ-2)."""
+    return [
+        memory_message(item)
+        for item in thread_memory(thread_id=thread_id, include_tools=include_tools, before_run=before_run)
+    ]
+
+
+def memory_message(item: dict[str, Any]) -> Any:
+    """One :func:`thread_memory` dict as the LangChain message the agent
+    runtime holds (``HumanMessage``, ``AIMessage`` with its tool calls,
+    ``ToolMessage``), id kept: the id tells the recorder that the message
+    came before the run (R-MA-9). Raises ``ValueError`` for an unknown
+    ``type``."""
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-    result = []
-    for item in thread_memory(thread_id=thread_id, include_tools=include_tools, before_run=before_run):
-        if item["type"] == "human":
-            result.append(HumanMessage(content=item["content"], id=item["id"]))
-        elif item["type"] == "ai":
-            result.append(
-                AIMessage(
-                    content=item["content"],
-                    id=item["id"],
-                    tool_calls=[
-                        {"id": c["id"], "name": c["name"], "args": c.get("args") or {}, "type": "tool_call"}
-                        for c in item["tool_calls"]
-                    ],
-                )
-            )
-        else:
-            result.append(
-                ToolMessage(
-                    content=item["content"],
-                    id=item["id"],
-                    tool_call_id=item["tool_call_id"],
-                    name=item["name"],
-                    status=item["status"],
-                )
-            )
-    return result
+    kind = item.get("type")
+    if kind == "human":
+        return HumanMessage(content=item["content"], id=item["id"])
+    if kind == "ai":
+        return AIMessage(
+            content=item["content"],
+            id=item["id"],
+            tool_calls=[
+                {"id": c["id"], "name": c["name"], "args": c.get("args") or {}, "type": "tool_call"}
+                for c in item.get("tool_calls") or []
+            ],
+        )
+    if kind == "tool":
+        return ToolMessage(
+            content=item["content"],
+            id=item["id"],
+            tool_call_id=item["tool_call_id"],
+            name=item["name"],
+            status=item["status"],
+        )
+    raise ValueError(f"unknown memory message type {kind!r}")
 
 
 def message_feedback_of(user, message_id: int) -> Message:

@@ -11,8 +11,10 @@ PURGED = "payload_purged_at"
 ERASED = "payload_erased_at"
 
 # Metadata that carries words (tool output, errors that may quote it, an
-# approval decision's message and edited arguments): a purge removes them.
-PAYLOAD_METADATA_KEYS = frozenset({"raw_output", "tool_error", "error", "attempt_errors"})
+# approval decision's message and edited arguments) or confirms a guess of
+# them (the fingerprint of a model request: hashes of short, guessable
+# text, R-REPLAY-2): a purge removes them.
+PAYLOAD_METADATA_KEYS = frozenset({"raw_output", "tool_error", "error", "attempt_errors", "request"})
 
 # Metadata an erasure keeps: anonymous facts for statistics and reading
 # (everything else goes, whatever it is).

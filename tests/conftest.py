@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 
 import pytest
@@ -137,28 +136,13 @@ def db_name():
     return connection.settings_dict["NAME"]
 
 
-@contextlib.contextmanager
 def replay_server_in_thread(scenarios, name: str = "replay-model-server"):
     """Serve ``scenarios`` (``load_scenarios(...)``) with a replay model
-    server in a thread of the test process; yields its base URL and stops
-    it at the end."""
-    import threading
-    import time
+    server in a thread of the test process; a context manager that yields
+    its base URL and stops it at the end."""
+    from audit.replay.server import serving_in_thread
 
-    from audit.replay.server import make_server
-
-    server = make_server(scenarios, "127.0.0.1", 0)
-    thread = threading.Thread(target=server.run, name=name, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while server.base_url is None:
-        assert thread.is_alive() and time.monotonic() < deadline, "replay server did not start"
-        time.sleep(0.01)
-    try:
-        yield server.base_url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=5)
+    return serving_in_thread(scenarios, name=name)
 
 
 @pytest.fixture(scope="session")

@@ -28,13 +28,21 @@ SYSTEM_PROMPT = (
 
 
 def build_agent(
-    agent_id: str, *, model: str, checkpointer: Any, http_async_client: Any = None, tool_guard: Any = None
+    agent_id: str,
+    *,
+    model: str,
+    checkpointer: Any,
+    http_async_client: Any = None,
+    tool_guard: Any = None,
+    replay_url: str | None = None,
 ) -> Any:
     """Compile the agent ``agent_id`` with the chat model ``model``.
 
     ``tool_guard``: a tool-call middleware that every agent of the graph
     (a subagent's too) runs innermost, right around each tool — the
-    worker's replay guard (R-EFF-1); None: none.
+    worker's replay guard (R-EFF-1); None: none. ``replay_url``: the replay
+    model server that ``replay:`` models of this graph ask instead of
+    ``REPLAY_MODEL_URL`` (a replayed run's own server, R-REPLAY-2).
 
     Raises :class:`~audit.catalogue.UnknownAgent` / :class:`~audit.catalogue.UnknownModel`.
     """
@@ -44,10 +52,14 @@ def build_agent(
         from .researcher import build_researcher
 
         return build_researcher(
-            model=model, checkpointer=checkpointer, http_async_client=http_async_client, tool_guard=tool_guard
+            model=model,
+            checkpointer=checkpointer,
+            http_async_client=http_async_client,
+            tool_guard=tool_guard,
+            replay_url=replay_url,
         )
     return create_agent(
-        chat_model(model, http_async_client=http_async_client),
+        chat_model(model, http_async_client=http_async_client, replay_url=replay_url),
         tools=ASSISTANT_TOOLS,
         system_prompt=SYSTEM_PROMPT,
         middleware=[

@@ -37,12 +37,16 @@ def model_http_client() -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=120, verify=_tls_context())
 
 
-def chat_model(name: str, *, http_async_client: httpx.AsyncClient | None = None) -> AuditedChatOpenAI:
+def chat_model(
+    name: str, *, http_async_client: httpx.AsyncClient | None = None, replay_url: str | None = None
+) -> AuditedChatOpenAI:
     """Build the chat model for ``provider:name``.
 
     ``http_async_client`` should be a client owned by the caller's event
     loop: langchain-openai otherwise caches one process-wide, bound to the
-    first loop, and a worker runs each run on a fresh loop.
+    first loop, and a worker runs each run on a fresh loop. ``replay_url``:
+    the replay model server a ``replay:`` model asks, instead of
+    ``REPLAY_MODEL_URL`` (R-REPLAY-2).
 
     Raises :class:`UnknownModel` for an unknown provider.
     """
@@ -52,7 +56,7 @@ def chat_model(name: str, *, http_async_client: httpx.AsyncClient | None = None)
         return AuditedChatOpenAI(
             configured_name=name,
             model=model,
-            base_url=config.REPLAY_MODEL_URL,
+            base_url=replay_url or config.REPLAY_MODEL_URL,
             api_key="replay",
             stream_usage=True,
             streaming=True,

@@ -23,7 +23,7 @@ from langchain.agents import create_agent
 
 from ..replay.scenarios import subagent_model_name
 from .models import chat_model
-from .tools import AgentContext, declare_idempotent, lookup_docs
+from .tools import AgentContext, declare_idempotent, declare_runs_agent, lookup_docs
 
 FACT_CHECKER = "fact_checker"
 
@@ -54,7 +54,14 @@ def subagent_model(model: str, subagent: str) -> str:
     return model
 
 
-def build_researcher(*, model: str, checkpointer: Any, http_async_client: Any = None, tool_guard: Any = None) -> Any:
+def build_researcher(
+    *,
+    model: str,
+    checkpointer: Any,
+    http_async_client: Any = None,
+    tool_guard: Any = None,
+    replay_url: str | None = None,
+) -> Any:
     """Compile the ``researcher`` agent with the chat model ``model``;
     ``tool_guard`` as for :func:`~audit.agents.assistant.build_agent`, in
     the researcher and its subagent.
@@ -65,7 +72,9 @@ def build_researcher(*, model: str, checkpointer: Any, http_async_client: Any = 
         "name": FACT_CHECKER,
         "description": "Checks facts against the product documentation (lookup_docs) and reports them.",
         "system_prompt": FACT_CHECKER_PROMPT,
-        "model": chat_model(subagent_model(model, FACT_CHECKER), http_async_client=http_async_client),
+        "model": chat_model(
+            subagent_model(model, FACT_CHECKER), http_async_client=http_async_client, replay_url=replay_url
+        ),
         "tools": FACT_CHECKER_TOOLS,
         "middleware": [tool_guard] if tool_guard is not None else [],
     }
@@ -76,8 +85,10 @@ def build_researcher(*, model: str, checkpointer: Any, http_async_client: Any = 
         # same effect keys (the task call is their parent): each of them
         # follows its own declaration (R-EFF-1).
         declare_idempotent(task, True)
+        # A replay runs the subagent and replays its calls (R-REPLAY-2).
+        declare_runs_agent(task)
     return create_agent(
-        chat_model(model, http_async_client=http_async_client),
+        chat_model(model, http_async_client=http_async_client, replay_url=replay_url),
         tools=[],
         system_prompt=SYSTEM_PROMPT,
         middleware=[

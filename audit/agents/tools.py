@@ -24,6 +24,11 @@ from core.workspace import outbox_path
 #: The tool metadata key that declares a tool idempotent (R-EFF-1).
 IDEMPOTENT = "idempotent"
 
+#: The tool metadata key that declares a tool a runner of an agent (a
+#: subagent's ``task``): a replay runs it, its calls inside replayed one
+#: by one (R-REPLAY-2).
+RUNS_AGENT = "runs_agent"
+
 
 def declare_idempotent(tool: Any, idempotent: bool) -> Any:
     """Declare whether ``tool`` (a LangChain ``BaseTool``) is idempotent —
@@ -32,6 +37,23 @@ def declare_idempotent(tool: Any, idempotent: bool) -> Any:
     returns ``tool``. Implements R-EFF-1."""
     tool.metadata = {**(tool.metadata or {}), IDEMPOTENT: bool(idempotent)}
     return tool
+
+
+def declare_runs_agent(tool: Any) -> Any:
+    """Declare that ``tool`` runs an agent (deepagents' ``task`` starts a
+    subagent) in its ``metadata["runs_agent"]``, keeping its other
+    metadata; returns ``tool``. A replay with recorded tool results runs
+    such a tool, so that the subagent's own model and tool calls are
+    replayed (R-REPLAY-2)."""
+    tool.metadata = {**(tool.metadata or {}), RUNS_AGENT: True}
+    return tool
+
+
+def tool_runs_agent(tool: Any) -> bool:
+    """Whether ``tool`` declared that it runs an agent
+    (:func:`declare_runs_agent`). Never raises."""
+    metadata = getattr(tool, "metadata", None)
+    return isinstance(metadata, dict) and metadata.get(RUNS_AGENT) is True
 
 
 def tool_is_idempotent(tool: Any) -> bool:

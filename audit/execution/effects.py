@@ -37,7 +37,7 @@ from langchain_core.messages import ToolMessage
 from langgraph.types import interrupt
 
 from .. import ledger
-from ..agents.tools import tool_is_idempotent
+from ..agents.tools import tool_is_idempotent, tool_runs_agent
 from .recorder import namespace_of_checkpoint
 from .writes import write_with_retry
 
@@ -61,14 +61,16 @@ class EffectLedgerGuard(AgentMiddleware):
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         executor = self._executor
         run = executor.run
+        replay = getattr(executor, "replay", None)
+        if replay is not None and replay.tool_results is not None and not tool_runs_agent(request.tool):
+            return await self._answer_as_recorded(request, replay.tool_results)
         if run.attempt == 1 and not run.resumed_from_id:
             return await handler(request)
         call = request.tool_call or {}
         tool_call_id = call.get("id")
         if not tool_call_id:
             return await handler(request)
-        config = getattr(request.runtime, "config", None) or {}
-        namespace = namespace_of_checkpoint((config.get("metadata") or {}).get("langgraph_checkpoint_ns") or "")
+        namespace = _namespace_of(request)
         check = await write_with_retry(
             ledger.tool_effect_check,
             lease=executor.lease,
@@ -113,6 +115,64 @@ class EffectLedgerGuard(AgentMiddleware):
                 )
                 return _skipped_message(skipped, call)
         return await handler(request)
+
+    async def _answer_as_recorded(self, request: Any, recorded: Any) -> Any:
+        """A replayed run with recorded tools (R-REPLAY-2): the call gets
+        the result its recorded turn holds under its tool call id, in a row
+        of its own (``metadata.source = "replay_recorded"``), and no tool
+        runs. A recorded tool that raised raises :class:`RecordedToolError`
+        as the run's error type was; a call the turn never made is refused
+        with an error ToolMessage (a ``rejected`` row, source
+        ``replay_unrecorded``): the replay never executes a tool."""
+        executor = self._executor
+        call = request.tool_call or {}
+        tool_call_id = call.get("id") or ""
+        name = call.get("name") or ""
+        namespace = _namespace_of(request)
+        result = recorded.get(tool_call_id)
+        if result is None:
+            content = f"{name} was not executed: the replayed turn recorded no result for tool call {tool_call_id}."
+            status, source, error_type = "rejected", "replay_unrecorded", ""
+        else:
+            content = str(result.get("content") or "")
+            status, source = str(result.get("status") or "completed"), "replay_recorded"
+            error_type = str(result.get("error_type") or "")
+        await write_with_retry(
+            ledger.tool_effect_recorded,
+            lease=executor.lease,
+            tool_call_id=tool_call_id,
+            tool_name=name,
+            tool_input=call.get("args"),
+            content=content,
+            status=status,
+            source=source,
+            error_type=error_type,
+            namespace=namespace,
+            parent_operation_id=executor.recorder.parent_operation(namespace),
+            sequence=max(executor.recorder.last_seq, executor.recorder.sequence_base) or None,
+        )
+        if error_type:
+            raise RecordedToolError(content, error_type)
+        failed = status != "completed"
+        return ToolMessage(
+            content=content, tool_call_id=tool_call_id, name=name, status="error" if failed else "success"
+        )
+
+
+class RecordedToolError(Exception):
+    """A replayed tool call whose recorded execution raised (R-REPLAY-2):
+    ``str(error)`` is the recorded message and ``audit_error_type`` the
+    error type the audited run ended with (``agent_error:<class>``)."""
+
+    def __init__(self, message: str, error_type: str):
+        super().__init__(message)
+        self.audit_error_type = f"agent_error:{error_type}"
+
+
+def _namespace_of(request: Any) -> list[str]:
+    """The namespace (subagent path) a tool call request runs in."""
+    config = getattr(request.runtime, "config", None) or {}
+    return namespace_of_checkpoint((config.get("metadata") or {}).get("langgraph_checkpoint_ns") or "")
 
 
 OUTCOME_UNKNOWN_DECISIONS = ("retry", "skip")

@@ -9,17 +9,22 @@ arguments) and a tool message's call id and status. Message ids,
 ``response_metadata``, ``usage_metadata`` and ``additional_kwargs`` are
 left out, as are the model's parameters (model name, temperature, stream):
 the same conversation asked again, on another thread, fingerprints the
-same; a changed prompt, tool schema or tool result does not.
+same; a changed prompt, tool schema or tool result does not. For the same
+reason the run id in the workspace path of an offloaded result (R-TA-4)
+is hashed as ``<run>``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, SystemMessage, ToolMessage
+
+from core.workspace import LARGE_RESULTS_DIR, OUTBOX_DIR
 
 
 def _canonical_json(value: Any) -> str:
@@ -36,10 +41,51 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+#: A workspace path of one run's files (``outputs/large_tool_results/<run
+#: id>/…``, ``outbox/<run id>/…``, R-TA-7): the run id in it names the
+#: run that wrote the file, not what the model was told.
+_RUN_FILE = re.compile(
+    "((?:" + "|".join(re.escape(d.as_posix()) for d in (LARGE_RESULTS_DIR, OUTBOX_DIR)) + r")/)[0-9a-fA-F-]{36}/"
+)
+
+
+def _masked(content: Any) -> Any:
+    """``content`` with the run ids of workspace paths replaced by
+    ``<run>``: a result offloaded by another run (a replay, R-REPLAY-2)
+    is the same result."""
+    if isinstance(content, str) and "/" in content:
+        return _RUN_FILE.sub(r"\1<run>/", content)
+    return content
+
+
+def _provider_content(content: Any) -> Any:
+    """``content`` as the provider reads it: content blocks without what
+    langchain-core adds for itself (a streamed block's ``index``, a block
+    ``id``) and without ``tool_call`` blocks (sent as the message's tool
+    calls); text blocks alone become their joined text, so an answer held
+    as blocks (a checkpoint's, ``output_version`` v1) and as a string (the
+    history rebuilt from the audit, R-READ-2) are the same content."""
+    if not isinstance(content, list):
+        return _masked(content)
+    blocks = []
+    for block in content:
+        if isinstance(block, str):
+            blocks.append({"type": "text", "text": block})
+        elif isinstance(block, Mapping):
+            if block.get("type") in ("tool_call", "tool_call_chunk", "invalid_tool_call"):
+                continue
+            blocks.append({k: v for k, v in block.items() if k not in ("index", "id")})
+        else:
+            blocks.append(block)
+    if all(isinstance(b, Mapping) and b.get("type") == "text" and set(b) <= {"type", "text"} for b in blocks):
+        return _masked("".join(str(b.get("text") or "") for b in blocks))
+    return blocks
+
+
 def _message_facts(message: BaseMessage) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "type": message.role if isinstance(message, ChatMessage) else message.type,
-        "content": message.content,
+        "content": _provider_content(message.content),
     }
     if message.name:
         facts["name"] = message.name

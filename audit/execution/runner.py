@@ -62,6 +62,7 @@ from .effects import EffectLedgerGuard
 from .events import RunEventPublisher
 from .model_requests import ModelRequestAudit
 from .recorder import LifecycleRecorder
+from .replay_plans import replay_plan_of
 from .shutdown import handover_requested
 from .tracing import start_run_trace
 from .worker_loop import LoopRedis, run_in_worker_loop, worker_redis
@@ -120,6 +121,16 @@ def run_execute(*, run_id: str | uuid.UUID, owner: str | None = None) -> str:
         raise DatabaseUnavailable(f"run {run_id} not picked up: {type(exc).__name__}: {exc}") from exc
     finally:
         release_connection()
+    return run_execute_acquired(lease=lease, run=run, owner=owner)
+
+
+def run_execute_acquired(*, lease: Lease, run: AgentRun, owner: str) -> str:
+    """Execute ``run``, whose lease ``lease`` this process took as
+    ``owner`` (``run_acquire_with_row``), to its end in this process; the
+    outcomes of :func:`run_execute`. A replay takes the lease of the run it
+    creates in the same transaction (R-REPLAY-2), so no worker can start
+    it first."""
+    config = get_config()
     logcontext.bind(run_id=lease.run_id, thread_id=lease.thread_id, worker=owner)
     # On this thread's worker loop, with its Redis connections: no loop,
     # client or subscription made per run (issue 11).
@@ -164,6 +175,9 @@ class RunExecutor:
         self.recorder = LifecycleRecorder(lease, budget_user_id=run.user_id, publish=self.publisher.publish)
         self.prior_message_ids: set[str] = set()
         self.seed_messages: list = []
+        # What a replayed run does differently (R-REPLAY-2); None for the
+        # runs a worker executes.
+        self.replay = replay_plan_of(run.id)
         # Whether this attempt goes on from a checkpoint an earlier attempt
         # of the run wrote (R-RUN-15).
         self.continuing = False
@@ -232,6 +246,7 @@ class RunExecutor:
                     http_async_client=http_client,
                     # No tool call of the turn executed twice (R-EFF-1).
                     tool_guard=EffectLedgerGuard(self),
+                    replay_url=self.replay.model_url if self.replay is not None else None,
                 )
                 # The model request callback checks the budget and opens each
                 # model row before its request is sent (R-COST-3, R-MA-10),
@@ -267,7 +282,12 @@ class RunExecutor:
                         # State (R-RUN-15). What came before it is prior.
                         self.continuing = True
                         self.prior_message_ids = await _message_ids_before(graph, graph_config, self.run.id)
-                if (
+                if self.replay is not None and first_run and not self.run.resumed_from_id:
+                    # A replay starts from the recorded turn's history
+                    # (R-REPLAY-2); those messages are prior (R-MA-9).
+                    self.seed_messages = self.replay.history_messages()
+                    self.prior_message_ids = {m.id for m in self.seed_messages if m.id}
+                elif (
                     not self.prior_message_ids
                     and not self.run.resumed_from_id
                     and not first_run

@@ -35,6 +35,7 @@ from .tool_audit import (
     tool_call_finish,
     tool_call_start,
     tool_effect_check,
+    tool_effect_recorded,
     tool_effect_skip,
 )
 
@@ -58,5 +59,6 @@ __all__ = [
     "tool_call_finish",
     "tool_call_start",
     "tool_effect_check",
+    "tool_effect_recorded",
     "tool_effect_skip",
 ]

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -436,14 +437,101 @@ def tool_effect_skip(
     place it in the timeline. Raises what :func:`lock_run` raises, and
     :class:`AuditConflict` when this attempt already ran the call.
     """
+    return _record_unexecuted(
+        lease,
+        tool_call_id=tool_call_id,
+        namespace=namespace,
+        parent_operation_id=parent_operation_id,
+        sequence=sequence,
+        at=at or timezone.now(),
+        same=lambda row: row.execution_status == ExecStatus.REJECTED,
+        fields={
+            "tool_name": tool_name or original.tool_name,
+            "tool_input": tool_input,
+            "content": content,
+            "execution_status": ExecStatus.REJECTED,
+        },
+        metadata={
+            "source": "outcome_unknown_decision",
+            "decision": decision,
+            "outcome_unknown_row": original.pk,
+        },
+    )
+
+
+def tool_effect_recorded(
+    *,
+    lease: Lease,
+    tool_call_id: str,
+    tool_name: str,
+    tool_input: Any,
+    content: str,
+    status: str,
+    source: str,
+    error_type: str = "",
+    namespace: list[str] | None = None,
+    parent_operation_id: str | None = None,
+    sequence: int | None = None,
+    at: datetime | None = None,
+) -> Message:
+    """Record that a replayed run (R-REPLAY-2) answered a tool call with
+    the result its recorded turn holds instead of executing the tool: one
+    row of this attempt under the call's effect key, ``content`` and
+    ``status`` (an execution status) as recorded, started and finished at
+    ``at`` (aware; default now) with no duration, ``metadata.source``
+    ``source`` (``replay_recorded``, or ``replay_unrecorded`` with status
+    ``rejected`` for a call the recorded turn never made) and the recorded
+    ``error_type`` of a tool that raised. Made again in the same attempt,
+    it returns the row already there. Raises what :func:`lock_run` raises,
+    and :class:`AuditConflict` when this attempt already ran the call.
+    """
     at = at or timezone.now()
+    metadata: dict[str, Any] = {"source": source}
+    if error_type:
+        metadata["error_type"] = str(error_type)[:100]
+    return _record_unexecuted(
+        lease,
+        tool_call_id=tool_call_id,
+        namespace=namespace,
+        parent_operation_id=parent_operation_id,
+        sequence=sequence,
+        at=at,
+        same=lambda row: (row.metadata or {}).get("source") == source,
+        fields={
+            "tool_name": tool_name,
+            "tool_input": tool_input,
+            "content": content,
+            "execution_status": status,
+            **({} if status == ExecStatus.REJECTED else {"started_at": at, "duration_ms": 0}),
+        },
+        metadata=metadata,
+    )
+
+
+def _record_unexecuted(
+    lease: Lease,
+    *,
+    tool_call_id: str,
+    namespace: list[str] | None,
+    parent_operation_id: str | None,
+    sequence: int | None,
+    at: datetime,
+    same: Callable[[Message], bool],
+    fields: dict[str, Any],
+    metadata: dict[str, Any],
+) -> Message:
+    """Under the run lock, the row of this attempt that stands for tool call
+    ``tool_call_id`` not executed (a skip, a recorded answer): the row
+    already there when ``same(row)`` says it is this kind (the same write
+    made again), else a new one. Raises :class:`AuditConflict` when this
+    attempt already ran the call."""
     nesting = subagent_fields(namespace, parent_operation_id, None)
     key = effect_key(lease_turn_id(lease), tool_call_id, nesting["parent_operation_id"])
     with transaction.atomic():
         run = lock_run(lease)
         current = operation_row(run, Message.Role.TOOL, tool_call_id)
         if current is not None:
-            if current.execution_status != ExecStatus.REJECTED:
+            if not same(current):
                 raise AuditConflict(
                     f"tool call {tool_call_id} already ran in attempt {run.attempt}",
                     extra={"reason": "already_executed"},
@@ -457,17 +545,8 @@ def tool_effect_skip(
             nesting=nesting,
             at=at,
             sequence=sequence,
-            fields={
-                "tool_name": tool_name or original.tool_name,
-                "tool_input": tool_input,
-                "content": content,
-                "execution_status": ExecStatus.REJECTED,
-            },
-            metadata={
-                "source": "outcome_unknown_decision",
-                "decision": decision,
-                "outcome_unknown_row": original.pk,
-            },
+            fields=fields,
+            metadata=metadata,
         )
 
 

@@ -56,6 +56,7 @@ import uuid
 from typing import Any
 
 from conversations.models import Message
+from conversations.selectors import thread_memory
 
 from ..models import AgentRun
 from .scenarios import SUBAGENT_SEPARATOR, Scenario
@@ -107,7 +108,9 @@ def export_scenario(run_id: uuid.UUID | str) -> dict[str, Any]:
         rows_by_run[row.run_id].append(row)
 
     turns: list[dict[str, Any]] = []
+    requests: list[dict[str, Any] | None] = []
     subagents: dict[str, list[dict[str, Any]]] = {}
+    subagent_requests: dict[str, list[dict[str, Any] | None]] = {}
     tool_results: dict[str, dict[str, str]] = {}
     for each in runs:
         run_rows = rows_by_run[each.id]
@@ -115,17 +118,20 @@ def export_scenario(run_id: uuid.UUID | str) -> dict[str, Any]:
         last_model_row = next((r for r in reversed(run_rows) if r.role == Message.Role.ASSISTANT), None)
         for row in run_rows:
             if row.role == Message.Role.TOOL:
-                tool_results[row.operation_id] = {"content": row.content, "status": row.execution_status or "running"}
+                tool_results[row.operation_id] = _tool_result(row, each)
                 continue
             if row.namespace:
                 if row.attempt != latest_task_attempt.get(row.parent_operation_id):
                     continue
                 turn = _turn(row, each if row is last_model_row else None)
-                subagents.setdefault(_subagent_name(row), []).append(turn)
+                name = _subagent_name(row)
+                subagents.setdefault(name, []).append(turn)
+                subagent_requests.setdefault(name, []).append(_request(row))
                 continue
             if row.attempt < each.attempt and not (row.metadata or {}).get("state_reconciled"):
                 continue
             turns.append(_turn(row, each if row is last_model_row else None))
+            requests.append(_request(row))
     if not turns:
         raise ValueError(f"run {run.id}: its turn made no model call to export")
 
@@ -142,6 +148,10 @@ def export_scenario(run_id: uuid.UUID | str) -> dict[str, Any]:
         "error_type": run.error_type,
         "resumes": [{"run_id": str(r.id), "decisions": list((r.input or {}).get("decisions") or [])} for r in runs[1:]],
         "tool_results": tool_results,
+        "input": str((runs[0].input or {}).get("text") or ""),
+        "history": thread_memory(thread_id=run.thread_id, include_tools=True, before_run=runs[0]),
+        "requests": requests,
+        "subagent_requests": subagent_requests,
     }
     return scenario
 
@@ -164,6 +174,33 @@ def validate(scenario: dict[str, Any], name: str) -> Scenario:
     replay server would load it under ``name``. Raises pydantic's
     ``ValidationError`` when it does not follow the format."""
     return Scenario.model_validate({"name": name, **scenario})
+
+
+def _tool_result(row: Message, run: AgentRun) -> dict[str, str]:
+    """A tool row as a recorded result: its content and status, and, for a
+    tool whose exception ended its run (the run failed with
+    ``agent_error:<the class the tool raised>``), that class as
+    ``error_type``. A tool error the tool node answered with an error
+    ToolMessage (invalid arguments) did not end the run: no
+    ``error_type``, the status ``failed`` says it."""
+    result = {"content": row.content, "status": row.execution_status or "running"}
+    error_type = (row.metadata or {}).get("error_type")
+    if (
+        row.execution_status == Message.ExecutionStatus.FAILED
+        and isinstance(error_type, str)
+        and error_type
+        and run.status == AgentRun.Status.FAILED
+        and run.error_type == f"agent_error:{error_type}"
+    ):
+        result["error_type"] = error_type
+    return result
+
+
+def _request(row: Message) -> dict[str, Any] | None:
+    """The fingerprint of the request a model row was sent
+    (``metadata.request``, R-REPLAY-2), or None for a row without one."""
+    request = (row.metadata or {}).get("request")
+    return request if isinstance(request, dict) else None
 
 
 def _latest_task_attempts(rows: list[Message]) -> dict[str | None, int]:

@@ -232,11 +232,13 @@ ExecutionStatus = Literal["running", "completed", "failed", "interrupted", "aban
 
 class RecordedToolResult(_Strict):
     """What one tool call returned in the audited turn: the tool row's
-    ``content`` (the ToolMessage text the model read next) and its
-    ``status``."""
+    ``content`` (the ToolMessage text the model read next), its ``status``
+    and, for a tool whose exception ended the run, the exception's class
+    (``error_type``; empty otherwise)."""
 
     content: str
     status: ExecutionStatus
+    error_type: str = ""
 
 
 class RecordedResume(_Strict):
@@ -250,10 +252,15 @@ class RecordedResume(_Strict):
 class Recorded(_Strict):
     """Facts of an audited turn that the model server does not play, kept
     by a scenario exported from the audit (R-REPLAY-1) for a replay to
-    compare with: the agent, the turn's runs (first run, then each resume,
-    in order), the resumes' decisions, every tool call's result by tool
-    call id, and how the last run ended (``status``, ``error_type``). The
-    replay server ignores it."""
+    compare with (R-REPLAY-2): the agent, the turn's runs (first run, then
+    each resume, in order), the resumes' decisions, every tool call's
+    result by tool call id, how the last run ended (``status``,
+    ``error_type``); what the turn started from: the user's ``input`` and
+    the thread's ``history`` before it (the memory messages the agent
+    runtime would rebuild: ``{type, id, content, tool_calls, tool_call_id,
+    name, status}``, oldest first); and the fingerprint of each model
+    request (``requests``, one per turn in order, ``subagent_requests`` per
+    subagent; None where the row has none). The replay server ignores it."""
 
     agent_id: str = Field(min_length=1)
     run_ids: tuple[str, ...] = Field(min_length=1, strict=False)
@@ -261,6 +268,12 @@ class Recorded(_Strict):
     error_type: str = ""
     resumes: tuple[RecordedResume, ...] = Field(default=(), strict=False)
     tool_results: dict[str, RecordedToolResult] = Field(default_factory=dict)
+    input: str = ""
+    history: tuple[dict[str, Any], ...] = Field(default=(), strict=False)
+    requests: tuple[dict[str, Any] | None, ...] = Field(default=(), strict=False)
+    subagent_requests: dict[str, Annotated[tuple[dict[str, Any] | None, ...], Field(strict=False)]] = Field(
+        default_factory=dict
+    )
 
 
 class Scenario(_Strict):

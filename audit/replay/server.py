@@ -23,13 +23,16 @@ times it has seen each distinct request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -482,6 +485,28 @@ def make_server(
         timeout_graceful_shutdown=1,
     )
     return ReplayServer(config, on_listening=on_listening)
+
+
+@contextlib.contextmanager
+def serving_in_thread(scenarios: dict[str, Scenario], *, name: str = "replay-model-server") -> Iterator[str]:
+    """Serve ``scenarios`` on a free port of 127.0.0.1 from a daemon thread
+    of this process while the block runs; yields the base URL
+    (``http://127.0.0.1:PORT/v1``) and stops the server at the end. Raises
+    ``RuntimeError`` when the server does not start within 10 s."""
+    server = make_server(scenarios, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while server.base_url is None:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError("the replay model server did not start")
+        time.sleep(0.01)
+    try:
+        yield server.base_url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
 
 
 def _announce(base_url: str) -> None:

@@ -33,6 +33,7 @@ NEEDS_DATABASE = {
     "performance_report": [],
     "purge_payloads": ["--older-than-days", "30", "--dry-run"],
     "rebuild_rollups": [],
+    "replay_run": ["00000000-0000-0000-0000-000000000000"],
     "set_budget": ["--default", "--usd", "1", "--period", "day"],
     "verify_audit": [],
 }

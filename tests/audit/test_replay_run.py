@@ -1,0 +1,165 @@
+"""An audited turn replayed as a regression test (R-REPLAY-2): every
+bundled scenario's run, exported and replayed on unchanged code, is
+identical; a planted change to the agent is reported at the step where
+its request changed; the command's exit status and JUnit report."""
+
+from __future__ import annotations
+
+import uuid
+from xml.etree import ElementTree
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from langchain_core.tools import tool
+
+from audit import ledger
+from audit.agents import assistant
+from audit.agents import tools as tools_module
+from audit.catalogue import BUNDLED_SCENARIO_DIR as BUNDLED_DIR
+from audit.execution.rerun import REPLAY_USERNAME, load_source, replay
+from audit.execution.runner import run_execute
+from audit.models import AgentRun
+from conversations.models import Message
+from core.config import get_config
+from tests.audit.test_scenario_export import BUNDLED, NEEDS_APPROVAL, execute
+from tests.audit.test_scenario_export import fast_retries as fast_retries  # noqa: F401 (a fixture)
+from tests.audit.test_scenario_export import undelayed_server as undelayed_server  # noqa: F401 (a fixture)
+from tests.conftest import make_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def approved(run: AgentRun) -> AgentRun:
+    """Resume an interrupted run with approvals until it ends."""
+    while run.status == AgentRun.Status.INTERRUPTED:
+        pending = len(run.pending_approval["action_requests"]) if getattr(run, "pending_approval", None) else 1
+        resume, _ = ledger.run_resume(
+            user=run.user,
+            run_id=run.id,
+            request_id=uuid.uuid4().hex,
+            decisions=[{"type": "approve"}] * pending,
+        )
+        run_execute(run_id=resume.id, owner="in-process")
+        resume.refresh_from_db()
+        run = resume
+    return run
+
+
+@pytest.mark.parametrize("name", sorted(BUNDLED))
+def test_every_bundled_scenario_replays_identical_R_REPLAY_2(name, user, undelayed_server, fast_retries, monkeypatch):
+    monkeypatch.setattr(get_config(), "REPLAY_MODEL_URL", undelayed_server)
+    run = execute(user, name, "Mail the report" if name in NEEDS_APPROVAL else "hello")
+    run = approved(run)
+
+    report = replay(load_source(str(run.id)), source=str(run.id))
+    assert report.identical, report.text()
+    replayed = AgentRun.objects.get(pk=report.run_ids[-1])
+    assert replayed.user.username == REPLAY_USERNAME and replayed.thread_id != run.thread_id
+    assert (replayed.status, replayed.error_type) == (run.status, run.error_type)
+    # No tool executed: every tool row of the replay is a recorded answer,
+    # but a subagent's task, which runs the subagent whose calls replay.
+    tools = Message.objects.audit().filter(run_id__in=report.run_ids, role=Message.Role.TOOL)
+    assert all((row.metadata or {}).get("source") == "replay_recorded" for row in tools if row.tool_name != "task")
+
+
+def test_a_later_turn_replays_from_its_history_R_REPLAY_2(user, replay_models):
+    first = execute(user, "plain_answer", "hello")
+    second = make_run(first.thread, text="and again?")
+    run_execute(run_id=second.id, owner="in-process")
+
+    scenario = load_source(str(second.id))
+    assert [m["type"] for m in scenario.recorded.history] == ["human", "ai"]
+    report = replay(scenario)
+    assert report.identical, report.text()
+    # The request of the replay held the history: it fingerprints as the
+    # recorded one, two messages longer than a first turn's.
+    replayed = Message.objects.audit().get(run_id=report.run_ids[0], role=Message.Role.ASSISTANT)
+    assert replayed.metadata["request"]["message_count"] == 3
+
+
+def test_a_changed_system_prompt_is_reported_at_the_first_step_R_REPLAY_2(user, replay_models, monkeypatch):
+    run = execute(user, "two_tools_then_answer")
+    monkeypatch.setattr(assistant, "SYSTEM_PROMPT", assistant.SYSTEM_PROMPT + " Answer in French.")
+
+    report = replay(load_source(str(run.id)))
+    assert not report.identical
+    first = report.divergences[0]
+    assert (first.where, first.what) == ("step 1", "request: the system prompt differs"), report.text()
+    # The model answered as recorded: nothing else differs.
+    assert {d.what for d in report.divergences} == {"request: the system prompt differs"}
+    assert "DIVERGED at step 1" in report.text()
+
+
+def test_a_changed_tool_argument_is_reported_at_the_first_step_R_REPLAY_2(user, replay_models, monkeypatch):
+    run = execute(user, "tool_then_answer")
+
+    @tool("get_weather")
+    def get_weather_in_units(city: str, units: str = "metric") -> str:
+        """Current weather for a city, in metric or imperial units."""
+        return "{}"
+
+    tools = [get_weather_in_units if t.name == "get_weather" else t for t in assistant.ASSISTANT_TOOLS]
+    monkeypatch.setattr(assistant, "ASSISTANT_TOOLS", tools)
+    report = replay(load_source(str(run.id)))
+    first = report.divergences[0]
+    assert (first.where, first.what) == ("step 1", "request: a tool's definition differs"), report.text()
+
+
+def test_live_tools_report_a_changed_result_then_the_request_it_changed_R_REPLAY_2(user, replay_models, monkeypatch):
+    run = execute(user, "tool_then_answer")
+    assert load_source(str(run.id)).recorded.tool_results["call_weather_paris"].content.startswith("{")
+
+    same = replay(load_source(str(run.id)), tools="live")
+    assert same.identical, same.text()
+    assert (
+        Message.objects.audit()
+        .filter(run_id=same.run_ids[0], role=Message.Role.TOOL, metadata__source="replay_recorded")
+        .count()
+        == 0
+    ), "live tools ran for real"
+
+    monkeypatch.setitem(tools_module._WEATHER, "paris", {"temp_c": 31, "sky": "clear"})
+    report = replay(load_source(str(run.id)), tools="live")
+    wheres = [(d.where, d.what) for d in report.divergences]
+    assert wheres[:2] == [
+        ("step 1, tool call call_weather_paris (get_weather)", "result"),
+        ("step 2", "request: the conversation sent differs"),
+    ], report.text()
+    # The replay never executes a tool with recorded results.
+    recorded = replay(load_source(str(run.id)))
+    assert recorded.identical, recorded.text()
+
+
+def test_the_command_exits_0_identical_1_diverged_2_unreplayable_and_writes_junit_R_REPLAY_2(
+    user, replay_models, monkeypatch, tmp_path, capsys
+):
+    run = execute(user, "tool_then_answer")
+    junit = tmp_path / "replay.xml"
+    call_command("replay_run", str(run.id), "--junit", str(junit))
+    assert "IDENTICAL" in capsys.readouterr().out
+    suite = ElementTree.parse(junit).getroot()
+    assert (suite.get("tests"), suite.get("failures")) == ("1", "0")
+
+    # From a file written by export_scenario, identical too.
+    path = tmp_path / "incident.json"
+    call_command("export_scenario", str(run.id), "-o", str(path))
+    call_command("replay_run", str(path))
+    assert "IDENTICAL" in capsys.readouterr().out
+
+    monkeypatch.setattr(assistant, "SYSTEM_PROMPT", "You are terse.")
+    with pytest.raises(CommandError) as diverged:
+        call_command("replay_run", str(path), "--junit", str(junit))
+    assert diverged.value.returncode == 1
+    assert "diverged at step 1" in str(diverged.value)
+    assert "DIVERGED at step 1" in capsys.readouterr().out
+    failure = ElementTree.parse(junit).getroot().find("testcase/failure")
+    assert failure is not None and "system prompt" in failure.get("message")
+
+    for bad in (str(uuid.uuid4()), str(tmp_path / "missing.json"), str(BUNDLED_DIR / "plain_answer.json")):
+        with pytest.raises(CommandError) as refused:
+            call_command("replay_run", bad)
+        assert refused.value.returncode == 2, bad
+    with pytest.raises(CommandError) as unknown:
+        call_command("replay_run", str(run.id), "--agent", "nobody")
+    assert unknown.value.returncode == 2
