@@ -29,9 +29,11 @@ the guard then asks nothing, and the run path costs what it did.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from django.utils import timezone
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 from langgraph.types import interrupt
@@ -130,6 +132,8 @@ class EffectLedgerGuard(AgentMiddleware):
         name = call.get("name") or ""
         namespace = _namespace_of(request)
         result = recorded.get(tool_call_id)
+        if result is not None and result.get("status") in CUT_STATUSES:
+            return await self._cut_as_recorded(request, namespace)
         if result is None:
             content = f"{name} was not executed: the replayed turn recorded no result for tool call {tool_call_id}."
             status, source, error_type = "rejected", "replay_unrecorded", ""
@@ -157,6 +161,34 @@ class EffectLedgerGuard(AgentMiddleware):
         return ToolMessage(
             content=content, tool_call_id=tool_call_id, name=name, status="error" if failed else "success"
         )
+
+    async def _cut_as_recorded(self, request: Any, namespace: list[str]) -> Any:
+        """The recorded turn was cancelled while this tool call ran: the
+        replay opens its row as a started tool does, asks for the run's
+        cancel and waits for it, so the run ends cancelled here with the
+        row cut off, as recorded (R-REPLAY-2)."""
+        executor = self._executor
+        call = request.tool_call or {}
+        await write_with_retry(
+            ledger.tool_call_start,
+            lease=executor.lease,
+            tool_call_id=call.get("id") or "",
+            tool_name=call.get("name") or "",
+            tool_input=call.get("args"),
+            sequence=max(executor.recorder.last_seq, executor.recorder.sequence_base) or None,
+            started_at=timezone.now(),
+            declared_by_operation_id=None,
+            metadata={"source": "replay_recorded"},
+            namespace=namespace,
+            parent_operation_id=executor.recorder.parent_operation(namespace),
+            returning=False,
+        )
+        await executor.request_own_cancel()
+        await asyncio.Event().wait()  # until the cancel stops the run
+
+
+#: Statuses of a tool row cut off before its tool ended (a cancel, a stop).
+CUT_STATUSES = frozenset({"running", "interrupted", "abandoned"})
 
 
 class RecordedToolError(Exception):

@@ -161,6 +161,10 @@ class LifecycleRecorder:
         self._whole_message_runs: dict[str, str] = {}
         # namespace of a subgraph -> the tool call that spawned it (R-SUB-1).
         self._spawned_by: dict[tuple[str, ...], str] = {}
+        # Told of each root model call when it is requested (0 characters)
+        # and as its text streams (characters so far): a replay cancels
+        # where its recorded turn was cancelled (R-REPLAY-2).
+        self.text_watch: Callable[[str, int], Awaitable[None]] | None = None
 
     def now(self) -> Stamp:
         """The lifecycle event happening now: both clocks, read once."""
@@ -305,6 +309,8 @@ class LifecycleRecorder:
             namespace=namespace,
             parent_operation_id=self.parent_operation(namespace),
         )
+        if self.text_watch is not None and not namespace:
+            await self.text_watch(operation_id, 0)
 
     async def model_retry(self, *, model_run_id: str, failure: dict) -> None:
         """Attempt ``failure["attempt"]`` of the request failed before its
@@ -367,6 +373,9 @@ class LifecycleRecorder:
             delta = payload.get("delta") or {}
             if delta.get("type") == "text-delta":
                 call.text_deltas.setdefault(payload.get("index", 0), []).append(delta.get("text") or "")
+                if self.text_watch is not None and not namespace:
+                    streamed = sum(len(text) for texts in call.text_deltas.values() for text in texts)
+                    await self.text_watch(call.operation_id, streamed)
                 if self._publish and not namespace:
                     await self._publish(
                         "model.delta", {"operation_id": call.operation_id, "text": delta.get("text") or ""}

@@ -14,7 +14,11 @@ executes them:
 - with recorded tools (the default) no tool executes: each call is answered
   with the result the audited turn recorded under its tool call id, and a
   call the turn never made is refused (``tool_results``; None: the tools
-  run for real, ``--tools live``).
+  run for real, ``--tools live``);
+- a turn that was cancelled is cancelled at the same point: once the model
+  call that was cut off has streamed the text it had streamed
+  (``cancel_watch``; the replay server stalls there), or when a tool call
+  that was cut off starts.
 
 The registry is process-local: a worker that picks up such a run (after the
 replay's process died, its lease expired) finds no plan, and the run fails
@@ -35,6 +39,30 @@ from langchain_core.messages import AIMessage, BaseMessage
 from conversations.selectors import memory_message
 
 
+@dataclass
+class CancelWatch:
+    """Where to cancel a replay whose recorded turn was cancelled while a
+    model call streamed: the root model call ``step`` (0-based, in the
+    order the turn's runs asked the model) once it has streamed ``chars``
+    characters of text. Shared by the runs of one replay, which count the
+    steps together."""
+
+    step: int
+    chars: int
+    _steps: list[str] = field(default_factory=list)
+    fired: bool = False
+
+    def due(self, operation_id: str, chars: int) -> bool:
+        """Whether root model call ``operation_id``, having streamed
+        ``chars`` characters, is where to cancel now (True once)."""
+        if operation_id not in self._steps:
+            self._steps.append(operation_id)
+        if self.fired or self._steps.index(operation_id) != self.step or chars < self.chars:
+            return False
+        self.fired = True
+        return True
+
+
 @dataclass(frozen=True)
 class ReplayPlan:
     """How the runs of one replay differ from a worker's runs.
@@ -46,12 +74,14 @@ class ReplayPlan:
       answers carry its name, as a provider was sent them).
     - ``tool_results``: tool call id → ``{content, status, error_type?}``
       (a scenario's recorded results); None to execute the tools.
+    - ``cancel_watch``: where the recorded turn was cancelled mid-call.
     """
 
     model_url: str
     history: tuple[Mapping[str, Any], ...] = ()
     history_agent: str = ""
     tool_results: Mapping[str, Mapping[str, Any]] | None = field(default=None)
+    cancel_watch: CancelWatch | None = None
 
     def history_messages(self) -> list[BaseMessage]:
         """``history`` as LangChain messages, ids kept (they tell the

@@ -48,7 +48,7 @@ from ..models import AgentRun
 from ..replay.export import RunNotFound, export_scenario, validate
 from ..replay.scenarios import Scenario, Turn, load_scenario
 from ..replay.server import serving_in_thread
-from .replay_plans import ReplayPlan, replay_plan
+from .replay_plans import CancelWatch, ReplayPlan, replay_plan
 from .runner import run_execute_acquired
 
 REPLAY_USERNAME = "yuxi-replay"
@@ -208,6 +208,7 @@ def replay(
             history=tuple(recorded.history),
             history_agent=recorded.agent_id,
             tool_results=tool_results,
+            cancel_watch=_cancel_watch(scenario),
         )
         thread = Conversation.objects.create(
             user=replay_user(), agent_id=agent, model=f"replay:{name}", title=f"Replay of {report.source}"[:200]
@@ -241,6 +242,54 @@ def _nothing_asked(expected: Scenario, run: AgentRun) -> list[Divergence]:
             )
         )
     return found
+
+
+class ReplayDiverged(AssertionError):
+    """Raised by :func:`assert_replays_identical`: the replay diverged.
+    ``report`` is the :class:`ReplayReport`; ``str(error)`` its text."""
+
+    def __init__(self, report: ReplayReport):
+        super().__init__(report.text())
+        self.report = report
+
+
+def assert_replays_identical(
+    source: str | Path, *, agent_id: str | None = None, tools: ToolsMode = "recorded"
+) -> ReplayReport:
+    """The pytest helper: replay ``source`` (a run id, or the path of a
+    scenario file written by ``export_scenario``) and return the report
+    when it is identical. Needs the database (a ``django_db(transaction=True)``
+    test: the replay commits its runs as a worker would).
+
+    Raises :class:`ReplayDiverged` (an ``AssertionError``, so pytest shows
+    the report) when it diverged, :class:`ReplaySourceError` when the
+    source cannot be replayed. Implements R-REPLAY-2."""
+    text = str(source)
+    report = replay(load_source(text), source=text, agent_id=agent_id, tools=tools)
+    if not report.identical:
+        raise ReplayDiverged(report)
+    return report
+
+
+def scenario_files(directory: str | Path) -> list[Path]:
+    """The ``*.json`` scenario files of ``directory``, sorted: the values
+    for ``@pytest.mark.parametrize`` over a folder of recorded turns
+    (R-REPLAY-2). Raises ``NotADirectoryError`` for a missing folder (a
+    misspelt path must not make an empty, passing test run)."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"no scenario folder {folder}")
+    return sorted(folder.glob("*.json"))
+
+
+def _cancel_watch(scenario: Scenario) -> CancelWatch | None:
+    """Where to cancel the replay of a turn cancelled while a model call
+    streamed: the root step the export marked ``stall_after_chunks``,
+    once its text has streamed."""
+    for step, turn in enumerate(scenario.turns):
+        if turn.stall_after_chunks is not None:
+            return CancelWatch(step=step, chars=len(turn.text or ""))
+    return None
 
 
 def replay_user() -> Any:
@@ -288,6 +337,9 @@ def _play_turn(thread: Conversation, recorded: Any, plan: ReplayPlan, report: Re
             )
         except ApplicationError as exc:
             return [Divergence(f"run {number}", "resume refused", "the recorded decisions accepted", str(exc))]
+    if recorded.status == AgentRun.Status.CANCELLED and run.status == AgentRun.Status.INTERRUPTED:
+        # The recorded turn was cancelled while it waited for a human.
+        ledger.run_request_cancel(user=user, run_id=run.id)
     return []
 
 

@@ -178,6 +178,8 @@ class RunExecutor:
         # What a replayed run does differently (R-REPLAY-2); None for the
         # runs a worker executes.
         self.replay = replay_plan_of(run.id)
+        if self.replay is not None and self.replay.cancel_watch is not None:
+            self.recorder.text_watch = self._cancel_where_recorded
         # Whether this attempt goes on from a checkpoint an earlier attempt
         # of the run wrote (R-RUN-15).
         self.continuing = False
@@ -337,6 +339,22 @@ class RunExecutor:
         if self.recorder.interrupts:
             return _Outcome(Status.INTERRUPTED)
         return _Outcome(Status.COMPLETED)
+
+    async def _cancel_where_recorded(self, operation_id: str, chars: int) -> None:
+        """A replay's root model call ``operation_id`` has streamed
+        ``chars`` characters: where its recorded turn was cancelled, ask
+        for this run's cancel, as a user would (R-REPLAY-2, R-RUN-6)."""
+        watch = self.replay.cancel_watch if self.replay is not None else None
+        if watch is not None and watch.due(operation_id, chars):
+            await self.request_own_cancel()
+
+    async def request_own_cancel(self) -> None:
+        """Ask for this run's cancel through the cancel service (the request
+        recorded, the worker signalled): a replay reproducing a recorded
+        cancel (R-REPLAY-2)."""
+        await sync_to_async(call_then_release)(
+            ledger.run_request_cancel, {"user": self.run.user_id, "run_id": self.run.id}
+        )
 
     def _graph_input(self) -> Any:
         if self.run.resumed_from_id:

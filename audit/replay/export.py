@@ -33,7 +33,9 @@ turn finally took, in that order:
 Failures are written as the server plays them: the leading attempts that
 never connected (``metadata.attempt_errors``) as ``connect_error_times``,
 the following ones answered with an HTTP status as
-``fail_before_first_chunk``; a call that failed ``model_http_error`` as
+``fail_before_first_chunk``; the model call a cancel cut off (the last of
+a cancelled run) as the text that streamed + ``stall_after_chunks`` (the
+server hangs there, and a replay cancels the run, R-REPLAY-2); a call that failed ``model_http_error`` as
 ``http_status`` + ``error_message``; ``model_stream_broken`` as the text
 that streamed + ``fail_after_chunks``; ``model_unreachable`` as an empty
 turn none of whose attempts connects. A call cut off otherwise (cancel,
@@ -260,6 +262,16 @@ def _turn(row: Message, run: AgentRun | None) -> dict[str, Any]:
     usage = _usage(row.usage)
     if usage is not None:
         turn["usage"] = usage
+    if (
+        run is not None
+        and run.status == AgentRun.Status.CANCELLED
+        and row.execution_status == Message.ExecutionStatus.INTERRUPTED
+        and not row.namespace
+    ):
+        # Cut off by the cancel that ended the run: the server streams
+        # what had streamed, then hangs; a replay cancels there.
+        turn["stall_after_chunks"] = 1 + -(-len(row.content) // 4)
+        turn.pop("usage", None)
     if row.execution_status == Message.ExecutionStatus.FAILED and error_type == "model_stream_broken":
         broken = _STREAM_BROKEN.search(error)
         # The role chunk, then the text in chunks of the server's default size.

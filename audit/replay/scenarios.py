@@ -27,8 +27,8 @@ own conversation (a subagent starts from the task description alone).
 Turn keys: ``text``, ``tool_calls``, ``usage`` (with optional
 ``prompt_tokens_details`` / ``completion_tokens_details``), ``usage_mode``,
 ``chunk_delay_ms``, ``chunk_chars``, ``http_status`` + ``error_message``,
-``fail_after_chunks``, ``connect_error_times``, ``fail_before_first_chunk``
-(see :class:`Turn`). Validation is strict: unknown keys and wrongly typed
+``fail_after_chunks``, ``stall_after_chunks``, ``connect_error_times``,
+``fail_before_first_chunk`` (see :class:`Turn`). Validation is strict: unknown keys and wrongly typed
 values are rejected, and every problem is reported as :class:`ScenarioError`
 naming the file.
 
@@ -172,6 +172,11 @@ class Turn(_Strict):
       this mode unless ``MODEL_USAGE_MODES`` names the model (R-MA-11).
     - ``connect_error_times``: close the connection of the first N requests
       of this turn without any response (R-RUN-12).
+    - ``stall_after_chunks``: when streaming, send this many chunks (the
+      role chunk included) then send nothing more, holding the connection
+      open until the client goes away: a model that hangs mid-answer. A
+      replay plays a call that was cut off by a cancel this way, and
+      cancels the run once it has the text (R-REPLAY-2).
     - ``fail_before_first_chunk``: see :class:`FailBeforeFirstChunk`.
 
     The requests of a turn are counted per distinct request: the scenario,
@@ -195,13 +200,24 @@ class Turn(_Strict):
     usage_mode: UsageMode = "final"
     connect_error_times: int = Field(default=0, ge=0)
     fail_before_first_chunk: FailBeforeFirstChunk | None = None
+    stall_after_chunks: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _check_shape(self) -> Turn:
+        if self.stall_after_chunks is not None and self.fail_after_chunks is not None:
+            raise ValueError("a turn cannot give both stall_after_chunks and fail_after_chunks")
         if self.http_status is not None:
             extra = [
                 key
-                for key in ("text", "tool_calls", "usage", "fail_after_chunks", "usage_mode", "fail_before_first_chunk")
+                for key in (
+                    "text",
+                    "tool_calls",
+                    "usage",
+                    "fail_after_chunks",
+                    "stall_after_chunks",
+                    "usage_mode",
+                    "fail_before_first_chunk",
+                )
                 if key in self.model_fields_set
             ]
             if extra:

@@ -127,6 +127,11 @@ def error_response(status: int, message: str, *, code: str | None, error_type: s
     return JSONResponse(body, status_code=status)
 
 
+STALL_SECONDS = 600.0
+"""How long a ``stall_after_chunks`` turn holds its connection before it
+breaks it (a bound, so a forgotten client does not hold a task forever)."""
+
+
 def turn_index(messages: list[dict[str, Any]]) -> int:
     """Number of ``assistant`` messages after the last ``user`` message in
     ``messages`` (OpenAI chat messages, dicts with a ``role``); with no user
@@ -294,6 +299,16 @@ async def _stream(turn: Turn, base: dict[str, Any], include_usage: bool) -> Asyn
             yield _sse(chunk)
         yield _ABORT
         return
+    if turn.stall_after_chunks is not None:
+        for chunk in chunks[: turn.stall_after_chunks]:
+            if delay:
+                await asyncio.sleep(delay)
+            yield _sse(chunk)
+        # Hang: nothing more until the client goes away (the response is
+        # cancelled then), or the stall's bound passes.
+        await asyncio.sleep(STALL_SECONDS)
+        yield _ABORT
+        return
     chunks.append(
         {
             **base,
@@ -403,6 +418,9 @@ def build_app(scenarios: dict[str, Scenario]) -> Starlette:
         # Take as long as the stream would have, so slow scenarios are slow
         # for non-streaming clients too.
         chunk_count = len(_deltas(turn)) + 1
+        if turn.stall_after_chunks is not None:
+            await asyncio.sleep(STALL_SECONDS)
+            return error_response(504, "replay: the model stalled", code="replay_stalled")
         if turn.fail_after_chunks is not None:
             await asyncio.sleep(turn.chunk_delay_ms * min(turn.fail_after_chunks, chunk_count) / 1000)
             return error_response(

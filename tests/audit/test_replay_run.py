@@ -6,6 +6,7 @@ its request changed; the command's exit status and JUnit report."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
@@ -17,15 +18,23 @@ from audit import ledger
 from audit.agents import assistant
 from audit.agents import tools as tools_module
 from audit.catalogue import BUNDLED_SCENARIO_DIR as BUNDLED_DIR
-from audit.execution.rerun import REPLAY_USERNAME, load_source, replay
+from audit.execution.rerun import (
+    REPLAY_USERNAME,
+    ReplayDiverged,
+    assert_replays_identical,
+    load_source,
+    replay,
+    scenario_files,
+)
 from audit.execution.runner import run_execute
 from audit.models import AgentRun
 from conversations.models import Message
 from core.config import get_config
+from tests.audit.test_handover import _streamed
 from tests.audit.test_scenario_export import BUNDLED, NEEDS_APPROVAL, execute
 from tests.audit.test_scenario_export import fast_retries as fast_retries  # noqa: F401 (a fixture)
 from tests.audit.test_scenario_export import undelayed_server as undelayed_server  # noqa: F401 (a fixture)
-from tests.conftest import make_run
+from tests.conftest import make_run, run_in_a_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -163,3 +172,74 @@ def test_the_command_exits_0_identical_1_diverged_2_unreplayable_and_writes_juni
     with pytest.raises(CommandError) as unknown:
         call_command("replay_run", str(run.id), "--agent", "nobody")
     assert unknown.value.returncode == 2
+
+
+def _cancelled(user, model: str, until) -> AgentRun:
+    run, worker, result = run_in_a_thread(user, "worker-a", model=model, until=until)
+    ledger.run_request_cancel(user=user, run_id=run.id)
+    worker.join(60)
+    assert not worker.is_alive(), "the run did not stop"
+    run.refresh_from_db()
+    assert run.status == AgentRun.Status.CANCELLED
+    return run
+
+
+def _rows(run_id, **filters):
+    return Message.objects.audit().filter(run_id=run_id, **filters)
+
+
+def test_a_run_cancelled_while_the_model_streamed_replays_to_the_same_cut_R_REPLAY_2(user, replay_models):
+    run = _cancelled(user, "replay:slow_answer", until=_streamed)
+    cut = _rows(run.id, role=Message.Role.ASSISTANT).get()
+    assert cut.execution_status == "interrupted" and cut.content
+
+    scenario = load_source(str(run.id))
+    assert scenario.turns[0].stall_after_chunks is not None and scenario.turns[0].text == cut.content
+    report = replay(scenario)
+    assert report.identical, report.text()
+    replayed = _rows(report.run_ids[0], role=Message.Role.ASSISTANT).get()
+    assert (replayed.execution_status, replayed.content) == ("interrupted", cut.content)
+    assert AgentRun.objects.get(pk=report.run_ids[0]).status == AgentRun.Status.CANCELLED
+
+
+def test_a_run_cancelled_while_a_tool_ran_replays_to_the_same_cut_R_REPLAY_2(user, replay_models):
+    run = _cancelled(user, "replay:slow_lookup", until=lambda r: _rows(r.id, role="tool").exists())
+    scenario = load_source(str(run.id))
+    assert scenario.recorded.tool_results["call_lookup_slow"].status == "interrupted"
+
+    report = replay(scenario)
+    assert report.identical, report.text()
+    (tool_row,) = _rows(report.run_ids[0], role=Message.Role.TOOL)
+    assert tool_row.execution_status == "interrupted"
+    assert AgentRun.objects.get(pk=report.run_ids[0]).status == AgentRun.Status.CANCELLED
+
+
+def test_a_run_cancelled_while_it_waited_for_an_approval_replays_to_the_same_end_R_REPLAY_2(user, replay_models):
+    run = execute(user, "approval_send_email", "Mail the report")
+    assert run.status == AgentRun.Status.INTERRUPTED
+    ledger.run_request_cancel(user=user, run_id=run.id)
+
+    report = replay(load_source(str(run.id)))
+    assert report.identical, report.text()
+    assert AgentRun.objects.get(pk=report.run_ids[0]).status == AgentRun.Status.CANCELLED
+
+
+RECORDED_TURNS = Path(__file__).resolve().parents[1] / "fixtures" / "replays"
+
+
+@pytest.mark.parametrize("scenario", scenario_files(RECORDED_TURNS), ids=lambda path: path.stem)
+def test_the_recorded_turns_of_the_bundled_agent_still_replay_identical_R_REPLAY_2(scenario):
+    # The pytest helper as the README shows it: a changed prompt, tool or
+    # agent that changes what these turns send or do fails here.
+    report = assert_replays_identical(scenario)
+    assert report.steps >= 2
+
+
+def test_the_pytest_helper_fails_with_the_report_and_refuses_an_empty_folder_R_REPLAY_2(monkeypatch, tmp_path):
+    monkeypatch.setattr(assistant, "SYSTEM_PROMPT", "You are terse.")
+    with pytest.raises(AssertionError) as diverged:
+        assert_replays_identical(RECORDED_TURNS / "weather_in_paris.json")
+    assert isinstance(diverged.value, ReplayDiverged)
+    assert "DIVERGED at step 1" in str(diverged.value) and not diverged.value.report.identical
+    with pytest.raises(NotADirectoryError):
+        scenario_files(tmp_path / "missing")

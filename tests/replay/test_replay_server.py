@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 
 from audit.catalogue import bundled_scenario_names
 from audit.replay.scenarios import Scenario, ScenarioError, load_scenario, load_scenarios
-from audit.replay.server import build_app, turn_index
+from audit.replay.server import build_app, serving_in_thread, turn_index
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 USER = {"role": "user", "content": "What is the weather in Paris?"}
@@ -354,6 +354,39 @@ def test_fail_after_chunks_breaks_the_stream_with_no_finish_and_no_usage(client)
     with pytest.raises(openai.InternalServerError) as excinfo:
         client.chat.completions.create(model="model_error_midstream", messages=[USER])
     assert excinfo.value.code == "replay_stream_failed"
+
+
+def test_stall_after_chunks_sends_the_chunks_then_nothing_until_the_client_goes_R_REPLAY_2():
+    scenario = Scenario.model_validate({"name": "stalled", "turns": [{"text": "abcdefgh", "stall_after_chunks": 3}]})
+    with serving_in_thread({"stalled": scenario}) as url:
+        received = []
+        with httpx.Client(timeout=httpx.Timeout(10, read=1.0)) as http:
+            with http.stream(
+                "POST", f"{url}/chat/completions", json={"model": "stalled", "messages": [USER], "stream": True}
+            ) as response:
+                with pytest.raises(httpx.ReadTimeout):
+                    for line in response.iter_lines():
+                        if line.startswith("data: "):
+                            received.append(json.loads(line.removeprefix("data: ")))
+    # The role chunk and two text chunks of the default four characters;
+    # no finish, no [DONE]: the model hangs mid-answer.
+    assert [c["choices"][0]["delta"].get("content") for c in received] == ["", "abcd", "efgh"][: len(received)]
+    assert len(received) == 3
+    assert all(c["choices"][0]["finish_reason"] is None for c in received)
+
+
+@pytest.mark.parametrize(
+    "turn, problem",
+    [
+        ({"text": "hi", "stall_after_chunks": 0}, "stall_after_chunks"),
+        ({"text": "hi", "stall_after_chunks": 2, "fail_after_chunks": 2}, "both stall_after_chunks"),
+        ({"http_status": 500, "stall_after_chunks": 2}, "cannot also give stall_after_chunks"),
+    ],
+)
+def test_a_stalling_turn_is_validated_R_REPLAY_2(turn, problem):
+    with pytest.raises(ValueError) as excinfo:
+        Scenario.model_validate({"name": "x", "turns": [turn]})
+    assert problem in str(excinfo.value)
 
 
 # --- error answers ---------------------------------------------------------------
