@@ -205,6 +205,23 @@ class RejectedFilter(RunFilter):
         return [("true", "has a rejected approval"), ("false", "has none")]
 
 
+class ReplayFilter(admin.SimpleListFilter):
+    """Replayed runs (``replay_of`` set, R-REPLAY-2) or the others."""
+
+    title = "replays"
+    parameter_name = "replay"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "yes"), ("no", "no")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.exclude(replay_of="")
+        if self.value() == "no":
+            return queryset.counted()
+        return queryset
+
+
 def status_badge(status: str | None) -> str:
     return format_html('<span class="yx-badge yx-status-{}">{}</span>', status or "none", status or "—")
 
@@ -245,6 +262,7 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
         ToolFilter,
         ToolStatusFilter,
         RejectedFilter,
+        ReplayFilter,
         MinDurationFilter,
         CreatedFromFilter,
         CreatedToFilter,
@@ -275,6 +293,7 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
                     ("status_display", "agent_id", "model"),
                     ("thread_link", "user"),
                     "turn_links",
+                    "replay_of_display",
                     ("usage_text", "cost_text", "duration"),
                     ("created_full", "started_display", "finished_display"),
                     "error_type",
@@ -399,6 +418,12 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
     @admin.display(description="status", ordering="status")
     def status_display(self, run):
         badge = format_html('<span data-yx-live="status">{}</span>', status_badge(run.status))
+        if run.replay_of:
+            # Replays are kept out of every figure (issue 34): say so where
+            # a run is listed.
+            badge = format_html(
+                '{} <span class="yx-badge yx-replay" title="replay of {}">replay</span>', badge, run.replay_of
+            )
         if run.error_type:
             return format_html('{} <span class="yx-error-type">{}</span>', badge, run.error_type)
         return badge
@@ -514,6 +539,21 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
                 url = reverse("admin:audit_agentrun_change", args=[other.pk])
                 links.append(format_html('<a href="{}">{} {} ({})</a>', url, label, str(other.id)[:8], other.status))
         return format_html('<span class="yx-turn">{}</span>', format_html(" → ".join(["{}"] * len(links)), *links))
+
+    @admin.display(description="replay")
+    def replay_of_display(self, run):
+        """What a replayed run replays (R-REPLAY-2): a link to the recorded
+        run when that is a run id here, else the scenario file's path."""
+        if not run.replay_of:
+            return "not a replay"
+        try:
+            recorded = uuid.UUID(run.replay_of)
+        except ValueError:
+            return format_html("Replay of <code>{}</code>", run.replay_of)
+        if not AgentRun.objects.filter(pk=recorded).exists():
+            return format_html("Replay of run <code>{}</code> (not in this audit)", run.replay_of)
+        url = reverse("admin:audit_agentrun_change", args=[recorded])
+        return format_html('Replay of run <a href="{}">{}</a>', url, str(recorded)[:8])
 
     @admin.display(description="input")
     def input_text(self, run):

@@ -23,6 +23,12 @@ class AgentRunQuerySet(models.QuerySet):
     def terminal(self) -> AgentRunQuerySet:
         return self.filter(status__in=AgentRun.TERMINAL_STATUSES)
 
+    def counted(self) -> AgentRunQuerySet:
+        """Runs whose facts are figures: every run but a replay (issue 34).
+        The dashboard, its rollups and the cost statistics count these only;
+        SQL twin: :func:`counted_runs_sql`."""
+        return self.filter(replay_of="")
+
     def visible_to(self, user) -> AgentRunQuerySet:
         """Runs a user may read over the API (R-READ-5)."""
         return self.filter(user=user)
@@ -113,6 +119,13 @@ class AgentRun(models.Model):
     # null on runs sealed before it was stored, which are version 1 (R-GOV-4).
     seal_version = models.PositiveSmallIntegerField(null=True, blank=True)
     sealed_at = models.DateTimeField(null=True, blank=True)
+    # What a replayed run replays (R-REPLAY-2, issue 34): the recorded run's
+    # id or the scenario file's path; empty on every other run. Set by the
+    # transaction that creates the run, append-only once the run is sealed
+    # (governance.triggers). Replays are audit runs like any other but no
+    # figure counts them (``counted()``). ``db_default``: rows inserted by
+    # raw SQL are ordinary runs.
+    replay_of = models.CharField(max_length=500, blank=True, default="", db_default="")
 
     objects = AgentRunQuerySet.as_manager()
 
@@ -164,6 +177,13 @@ class AgentRun(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL_STATUSES
+
+
+def counted_runs_sql(alias: str) -> str:
+    """The SQL condition of :meth:`AgentRunQuerySet.counted` over the run
+    table aliased ``alias``: the one predicate that keeps replays out of
+    every figure read or written in SQL (``dashboard.facts``)."""
+    return f"{alias}.replay_of = ''"
 
 
 def pending_action_requests(interrupts: list[dict[str, Any]] | None) -> list[dict[str, Any]]:

@@ -23,6 +23,13 @@ from core.storable import StorableCharField, StorableJSONField, StorableTextFiel
 from governance.triggers import MESSAGE_TRIGGERS
 
 
+class ConversationQuerySet(models.QuerySet):
+    def counted(self) -> ConversationQuerySet:
+        """Threads the dashboard counts: not the scratch thread of a replay
+        (one holding a replayed run; ``AgentRunQuerySet.counted``, issue 34)."""
+        return self.exclude(runs__replay_of__gt="")
+
+
 class Conversation(models.Model):
     """A chat between one user and one agent: the *thread* of LangGraph."""
 
@@ -38,6 +45,8 @@ class Conversation(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ConversationQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]
@@ -83,6 +92,12 @@ class MessageQuerySet(models.QuerySet):
         return (
             self.model_calls().filter(cost_usd__isnull=True).exclude(execution_status=Message.ExecutionStatus.RUNNING)
         )
+
+    def counted(self) -> MessageQuerySet:
+        """Rows the dashboard and the cost statistics count: not those of a
+        replayed run (``AgentRunQuerySet.counted``, issue 34); rows without
+        a run stay."""
+        return self.exclude(run__replay_of__gt="")
 
     def running(self) -> MessageQuerySet:
         return self.filter(execution_status=Message.ExecutionStatus.RUNNING)
@@ -311,6 +326,11 @@ class MessageFeedbackQuerySet(models.QuerySet):
         """Feedback on ordinary chat messages only: feedback attached to an
         audit row never enters statistics or the feedback list (R-READ-4)."""
         return self.filter(message__message_type=Message.Type.TEXT)
+
+    def counted(self) -> MessageFeedbackQuerySet:
+        """Feedback the dashboard counts: not on a replayed run's messages
+        (``MessageQuerySet.counted``, issue 34)."""
+        return self.exclude(message__run__replay_of__gt="")
 
 
 class MessageFeedback(models.Model):

@@ -14,6 +14,8 @@ Rules shared by every total:
   are neither;
 * a call belongs to the day (and budget period) in which it closed
   (``finished_at``).
+* a dashboard window's totals leave replayed runs out
+  (``AgentRun.replay_of``, issue 34); a run's own cost does not.
 """
 
 from __future__ import annotations
@@ -83,7 +85,9 @@ def spent_usd(*, user_id: int, since: dt.datetime) -> Decimal:
 
 
 def _in_window(window) -> Any:
-    return _closed_calls().filter(finished_at__gte=window.start, finished_at__lt=window.end)
+    # Dashboard figures leave replays out (issue 34); a run's own cost
+    # (run_cost) and a user's spend (spent_calls) do not.
+    return _closed_calls().counted().filter(finished_at__gte=window.start, finished_at__lt=window.end)
 
 
 def cost_summary(window) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import datetime as dt
 import math
 from dataclasses import dataclass, field
 
-from audit.models import AgentRun
+from audit.models import AgentRun, counted_runs_sql
 
 from .models import RUN_STATUS_COLUMNS
 
@@ -155,6 +155,11 @@ class Branch:
     keys: dict[str, str]
     counters: dict[str, str] = field(default_factory=dict)
 
+
+# The runs whose facts are figures: every run but a replay (issue 34). Part of
+# every facts_sql, so the terminal roll-up (which still marks a replay rolled
+# up, adding nothing), the rebuild and the live figures all leave replays out.
+COUNTED_RUNS = counted_runs_sql("r")
 
 _MODEL = "r.model"
 _MODEL_CALL = "m.operation_id IS NOT NULL AND m.role = 'assistant'"
@@ -308,7 +313,8 @@ def facts_sql(
 ) -> str:
     """SELECT of the figures of ``table``'s shape (its key columns then its
     counters, one row per key) for the runs ``r`` that match the SQL
-    condition ``runs``, counting only facts whose own timestamp is in
+    condition ``runs`` and are counted at all (:data:`COUNTED_RUNS`: no
+    replay), counting only facts whose own timestamp is in
     ``[since, until)`` (SQL expressions; ``None``: unbounded), bucketed by
     UTC hour or UTC day as the table's first key says. ``only``
     keeps just these counters (and the branches that feed them)."""
@@ -319,7 +325,7 @@ def facts_sql(
     for branch in branches():
         if only is not None and not set(branch.counters) & set(counters):
             continue
-        where = [f"({runs})", f"({branch.where})", f"{branch.time} IS NOT NULL"]
+        where = [f"({runs})", COUNTED_RUNS, f"({branch.where})", f"{branch.time} IS NOT NULL"]
         if since is not None:
             where.append(f"{branch.time} >= {since}")
         if until is not None:

@@ -46,6 +46,7 @@ from audit.models import AgentRun
 from .facts import (
     _MODEL,
     _RUN_MESSAGES,
+    COUNTED_RUNS,
     DAY_TABLE,
     DAY_TABLES,
     HOUR_COUNTERS,
@@ -265,7 +266,7 @@ def _feedback_delta_sql() -> str:
                 + ["%(likes)s" if c == "likes" else "%(dislikes)s" if c == "dislikes" else "0" for c in HOUR_COUNTERS]
             )
             + f" FROM {_RUN_MESSAGES} WHERE m.id = %(message_id)s AND m.message_type = 'text'"
-            " AND r.rolled_up_at IS NOT NULL"
+            f" AND r.rolled_up_at IS NOT NULL AND {COUNTED_RUNS}"
         )
         ctes.append(f"f{i} AS ({_upsert_sql(table, select)} RETURNING 1)")
     return f"WITH {', '.join(ctes)} SELECT (SELECT COUNT(*) FROM f0) + (SELECT COUNT(*) FROM f1)"

@@ -141,16 +141,18 @@ def overview_from_rows(window: Window) -> dict:
     (ordinary only, audit rows excluded), ``runs`` and ``runs_by_status``
     (``{status: count}`` over the whole run vocabulary), ``tokens``
     (``{input_tokens, output_tokens, total_tokens}`` over model calls)."""
-    messages = Message.objects.ordinary().filter(_in(window, "created_at"))
+    messages = Message.objects.counted().ordinary().filter(_in(window, "created_at"))
     by_status = dict(
-        AgentRun.objects.filter(_in(window, "created_at"))
+        AgentRun.objects.counted()
+        .filter(_in(window, "created_at"))
         .values_list("status")
         .annotate(n=Count("id"))
         .order_by()
         .values_list("status", "n")
     )
     tokens = (
-        Message.objects.model_calls()
+        Message.objects.counted()
+        .model_calls()
         .filter(_in(window, "started_at"))
         .aggregate(
             input_tokens=Coalesce(Sum(_json_int("usage", "input_tokens")), 0),
@@ -159,7 +161,7 @@ def overview_from_rows(window: Window) -> dict:
         )
     )
     return {
-        "conversations": Conversation.objects.filter(_in(window, "created_at")).count(),
+        "conversations": Conversation.objects.counted().filter(_in(window, "created_at")).count(),
         "active_users": messages.filter(role=Message.Role.USER).values("thread__user_id").distinct().count(),
         "messages": messages.count(),
         "runs": sum(by_status.values()),
@@ -185,7 +187,8 @@ def tokens_by_model_day_query(window: Window):
     model = _model_name()  # one bound expression for SELECT and GROUP BY
     day = TruncDate("started_at", tzinfo=window.tz)
     return (
-        Message.objects.model_calls()
+        Message.objects.counted()
+        .model_calls()
         .filter(_in(window, "started_at"))
         .values(model=model, day=day)
         .annotate(
@@ -205,7 +208,8 @@ def model_latency_from_rows(window: Window) -> list[dict]:
     default they are computed the same way in Python."""
     model = _model_name()  # one bound expression for SELECT and GROUP BY
     calls = (
-        Message.objects.model_calls()
+        Message.objects.counted()
+        .model_calls()
         .filter(_in(window, "started_at"), execution_status=Message.ExecutionStatus.COMPLETED)
         .exclude(duration_ms__isnull=True)
     )
@@ -260,7 +264,8 @@ def tools_by_name_from_rows(window: Window) -> list[dict]:
     (rows with ``started_at``); a rejected call or a bare declaration is
     never an execution (R-READ-4, R-TA-5)."""
     return list(
-        Message.objects.tool_executions()
+        Message.objects.counted()
+        .tool_executions()
         .filter(_in(window, "started_at"))
         .values("tool_name")
         .annotate(**_tool_counts())
@@ -274,7 +279,8 @@ def tools_by_day_from_rows(window: Window) -> list[dict]:
     day = TruncDate("started_at", tzinfo=window.tz)
     found = {
         row["day"]: row
-        for row in Message.objects.tool_executions()
+        for row in Message.objects.counted()
+        .tool_executions()
         .filter(_in(window, "started_at"))
         .values(day=day)
         .annotate(**_tool_counts())
@@ -299,11 +305,11 @@ def timeseries_from_rows(window: Window) -> list[dict]:
             if row["day"] in series:
                 series[row["day"]][name] = row["value"] or 0
 
-    fill(Conversation.objects.all(), "created_at", "conversations", Count("id"))
-    fill(Message.objects.ordinary(), "created_at", "messages", Count("id"))
-    fill(AgentRun.objects.all(), "created_at", "runs", Count("id"))
-    fill(Message.objects.model_calls(), "started_at", "total_tokens", Sum(_json_int("usage", "total_tokens")))
-    fill(Message.objects.tool_executions(), "started_at", "tool_executions", Count("id"))
+    fill(Conversation.objects.counted(), "created_at", "conversations", Count("id"))
+    fill(Message.objects.counted().ordinary(), "created_at", "messages", Count("id"))
+    fill(AgentRun.objects.counted(), "created_at", "runs", Count("id"))
+    fill(Message.objects.counted().model_calls(), "started_at", "total_tokens", Sum(_json_int("usage", "total_tokens")))
+    fill(Message.objects.counted().tool_executions(), "started_at", "tool_executions", Count("id"))
     return list(series.values())
 
 
@@ -314,7 +320,8 @@ def feedback_summary_from_rows(window: Window) -> dict:
     audit rows is excluded (R-READ-4)."""
     like, dislike = MessageFeedback.Rating.LIKE, MessageFeedback.Rating.DISLIKE
     counts = (
-        MessageFeedback.objects.ordinary()
+        MessageFeedback.objects.counted()
+        .ordinary()
         .filter(_in(window, "created_at"))
         .aggregate(likes=Count("id", filter=Q(rating=like)), dislikes=Count("id", filter=Q(rating=dislike)))
     )
@@ -330,7 +337,8 @@ def feedback_list(window: Window, *, rating: str | None = None):
     if rating is not None and rating not in MessageFeedback.Rating.values:
         raise InvalidInput(f"unknown rating {rating!r}", extra={"field": "rating"})
     queryset = (
-        MessageFeedback.objects.ordinary()
+        MessageFeedback.objects.counted()
+        .ordinary()
         .filter(_in(window, "created_at"))
         .select_related("user", "message", "message__thread")
         .order_by("-created_at", "-id")
@@ -575,7 +583,7 @@ def overview(window: Window) -> dict:
         (active_users,) = cursor.fetchone()
     by_status = {status: totals[f"runs_{status}"] or 0 for status in AgentRun.Status.values}
     return {
-        "conversations": Conversation.objects.filter(_in(window, "created_at")).count(),
+        "conversations": Conversation.objects.counted().filter(_in(window, "created_at")).count(),
         "active_users": active_users,
         "messages": totals["messages"] or 0,
         "runs": sum(by_status.values()),
@@ -740,9 +748,12 @@ def timeseries(window: Window) -> list[dict]:
     return series
 
 
+# Conversation.objects.counted() in SQL: no replay's scratch thread.
 _CONVERSATIONS_BY_HOUR = (
-    f"SELECT {facts.hour_bucket('created_at')} AS hour, COUNT(*) FROM conversations_conversation"
-    " WHERE created_at >= %(start)s AND created_at < %(end)s GROUP BY 1"
+    f"SELECT {facts.hour_bucket('c.created_at')} AS hour, COUNT(*) FROM conversations_conversation c"
+    " WHERE c.created_at >= %(start)s AND c.created_at < %(end)s"
+    f" AND NOT EXISTS (SELECT 1 FROM audit_agentrun r WHERE r.thread_id = c.id AND NOT {facts.COUNTED_RUNS})"
+    " GROUP BY 1"
 )
 
 

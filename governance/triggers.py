@@ -15,8 +15,9 @@ What they refuse, unless the transaction names an open governance action
 * Once the run is **sealed**, any change of a row's sealed facts at all
   (content, tool calls, type, cost and price, metadata, subagent namespace
   and parent too).
-* UPDATE of a sealed run's seal, status, input, output, end time or
-  attempt (an
+* UPDATE of a sealed run's seal, status, input, output, end time,
+  attempt or replay mark (``replay_of``: relabelling a sealed run would
+  move it into or out of every figure) (an
   ``interrupted`` run excepted: cancelling its pending approval ends it
   again, and that terminal transaction seals it again).
 * DELETE of audit rows and of runs (a thread or user deleted with its runs
@@ -129,11 +130,12 @@ sealed_run = pgtrigger.Trigger(
             RETURN NEW;
         END IF;
         IF (OLD.seal_head, OLD.seal_row_count, OLD.seal_rows, OLD.seal_version, OLD.sealed_at, OLD.status,
-            OLD.input, OLD.output_message_id, OLD.finished_at, OLD.attempt)
+            OLD.input, OLD.output_message_id, OLD.finished_at, OLD.attempt, OLD.replay_of)
            IS DISTINCT FROM
            (NEW.seal_head, NEW.seal_row_count, NEW.seal_rows, NEW.seal_version, NEW.sealed_at, NEW.status,
-            NEW.input, NEW.output_message_id, NEW.finished_at, NEW.attempt) THEN
-            RAISE EXCEPTION 'run % is sealed: its seal, status, input, output and attempt are append-only (R-GOV-3)',
+            NEW.input, NEW.output_message_id, NEW.finished_at, NEW.attempt, NEW.replay_of) THEN
+            RAISE EXCEPTION
+                'run % is sealed: its seal, status, input, output, attempt and replay mark are append-only (R-GOV-3)',
                 OLD.id
                 {_REFUSE};
         END IF;

@@ -17,7 +17,10 @@ turn again, here, in this process:
 4. the replayed turn is exported the same way and compared with the
    recorded one, step by step (:func:`compare`).
 
-The replayed runs are audit runs like any other: leased, recorded, sealed.
+The replayed runs are audit runs like any other: leased, recorded, sealed;
+each says what it replays (``AgentRun.replay_of``: the source given, else
+the recorded run), so that no dashboard figure or user statistic counts it
+and the admin marks it (issue 34).
 What the comparison reads, per model call in order: the request the
 agent sent (its fingerprint: system prompt, tools offered, conversation),
 the tool calls declared (name, arguments), the text, the failure, the
@@ -214,7 +217,8 @@ def replay(
             user=replay_user(), agent_id=agent, model=f"replay:{name}", title=f"Replay of {report.source}"[:200]
         )
         report.thread_id = str(thread.id)
-        refused = _play_turn(thread, recorded, plan, report)
+        replay_of = (source or recorded.run_ids[-1])[: AgentRun._meta.get_field("replay_of").max_length]
+        refused = _play_turn(thread, recorded, plan, report, replay_of=replay_of)
     last = AgentRun.objects.get(pk=report.run_ids[-1])
     try:
         got = validate(export_scenario(last.id), name)
@@ -304,14 +308,19 @@ def replay_user() -> Any:
     return user
 
 
-def _play_turn(thread: Conversation, recorded: Any, plan: ReplayPlan, report: ReplayReport) -> list[Divergence]:
+def _play_turn(
+    thread: Conversation, recorded: Any, plan: ReplayPlan, report: ReplayReport, *, replay_of: str
+) -> list[Divergence]:
     """Submit the turn's input, then each recorded resume while the replay
     stops for an approval as the recorded turn did; every run executed
-    here. Returns the divergences found on the way (a resume refused)."""
+    here, each marked as a replay of ``replay_of`` in the transaction that
+    creates it (so no reader ever sees it unmarked). Returns the
+    divergences found on the way (a resume refused)."""
 
     def execute(create) -> AgentRun:
         with transaction.atomic():
             run = create()
+            AgentRun.objects.filter(pk=run.id).update(replay_of=replay_of)
             lease, run = run_acquire_with_row(
                 run_id=run.id, owner=REPLAY_OWNER, ttl_seconds=get_config().LEASE_TTL_SECONDS
             )
