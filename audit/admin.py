@@ -16,7 +16,7 @@ import orjson
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import DecimalField, OuterRef, Subquery, Sum
-from django.http import Http404
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -35,6 +35,7 @@ from . import export
 from .agents.researcher import RESEARCHER_TOOL_NAMES
 from .agents.tools import ASSISTANT_TOOLS
 from .catalogue import AGENTS, available_models
+from .execution.rerun import replay_request
 from .models import AgentRun
 from .reads import search, selectors
 from .schemas import RunFilterQuery
@@ -232,6 +233,10 @@ def duration_text(start: dt.datetime | None, end: dt.datetime | None) -> str:
     seconds = ((end or timezone.now()) - start).total_seconds()
     text = f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
     return text if end else f"{text} (running)"
+
+
+#: The newest replays of a run shown on its page.
+REPLAYS_SHOWN = 10
 
 
 @admin.register(AgentRun)
@@ -595,6 +600,11 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
                 self.admin_site.admin_view(self.export_view),
                 name="audit_agentrun_export",
             ),
+            path(
+                "<uuid:run_id>/replay/",
+                self.admin_site.admin_view(self.replay_view),
+                name="audit_agentrun_replay",
+            ),
             *super().get_urls(),
         ]
 
@@ -603,6 +613,8 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
         extra_context = dict(extra_context or {})
         if run is not None and self.has_view_permission(request, run):
             extra_context.update(self.timeline_context(request, run))
+            extra_context["replays"] = list(run.replays.all()[:REPLAYS_SHOWN])
+            extra_context["replay_url"] = reverse("admin:audit_agentrun_replay", args=[run.pk])
         return super().change_view(request, object_id, form_url, extra_context)
 
     def timeline_view(self, request, run_id):
@@ -626,6 +638,26 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
             raise Http404("unknown export format")
         pieces = export.render(export.records(export.run_rows(run.pk)), fmt)
         return export.streaming_response(request, pieces, fmt=fmt, filename=export.export_filename("run", run.pk))
+
+    def replay_view(self, request, run_id):
+        """POST: ask for a replay of the run's turn (R-REPLAY-2); a worker
+        runs it with the recorded tool results and the run page shows the
+        report. Staff who may view the run may ask; GET is 405."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        run = AgentRun.objects.filter(pk=run_id).first()
+        if run is None:
+            raise Http404("run not found")
+        if not self.has_view_permission(request, run):
+            raise PermissionDenied
+        replay_request(run_id=run.pk, user=request.user)
+        self.message_user(
+            request,
+            "Replay asked for: a worker runs the turn again against its recorded answers; "
+            "the report appears below when it is done.",
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(reverse("admin:audit_agentrun_change", args=[run.pk]) + "#yx-replays-title")
 
     def timeline_context(self, request, run: AgentRun) -> dict:
         """Rows of one page of the run's timeline (``?before=<cursor>``

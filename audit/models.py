@@ -225,3 +225,39 @@ class RunCancelRequest(models.Model):
 
     def __str__(self) -> str:
         return f"cancel request for run {self.run_id}"
+
+
+class RunReplay(models.Model):
+    """A replay of a run's turn asked for from the admin (R-REPLAY-2): who
+    asked and when, and once a worker ran it
+    (:func:`audit.execution.rerun.replay_requested_run`), the outcome, the
+    first divergence, the report text and the replayed runs. Not an audit
+    row: the replayed runs are (on the replay user's scratch thread)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        IDENTICAL = "identical"
+        DIVERGED = "diverged"
+        # The turn could not be replayed (nothing to replay, an error).
+        FAILED = "failed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="replays")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # "<where>: <what>" of the first divergence, or why it could not run.
+    first_divergence = StorableCharField(max_length=500, blank=True, default="")
+    report = StorableTextField(blank=True, default="")
+    replay_run_ids = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["run", "-created_at"], name="replay_run_created_idx")]
+
+    def __str__(self) -> str:
+        return f"replay of run {self.run_id} ({self.status})"

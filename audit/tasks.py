@@ -38,6 +38,16 @@ def execute_run(self, run_id: str) -> str:
         raise self.retry(exc=exc, countdown=min(30, 2 ** min(self.request.retries, 5))) from None
 
 
+@shared_task(name="audit.replay_run", acks_late=True, ignore_result=True)
+def replay_run(replay_id: str) -> str:
+    """Run a replay asked for from the admin and store its report
+    (R-REPLAY-2); a second delivery does nothing."""
+    from .execution.rerun import replay_requested_run
+
+    with logcontext.scope(replay_id=replay_id):
+        return replay_requested_run(replay_id)
+
+
 @shared_task(name="audit.sweep_expired_leases", acks_late=False, ignore_result=True)
 def sweep_expired_leases() -> int:
     """End the runs whose lease expired (R-RUN-7); scheduled by Celery beat

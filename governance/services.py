@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from audit.models import AgentRun
+from audit.models import AgentRun, RunReplay
 from conversations.models import ApiToken, Conversation, Message, MessageFeedback
 from core.config import get_config
 from core.redis_client import REDIS_CLIENT_OPTIONS, stream_key
@@ -302,6 +302,8 @@ def user_erase(*, username: str, actor: str, dry_run: bool = False, batch_runs: 
     as ``erased-user-<id>``, inactive, without password, e-mail, names or
     API tokens. Every run changed is sealed again (R-GOV-3); the erasure is
     recorded as a :class:`GovernanceAction` that names the user by id only.
+    Replays of their runs (R-REPLAY-2) are erased with them: their scratch
+    threads, runs and reports.
 
     Runs in batches of ``batch_runs`` runs, one transaction each; running
     it again after an interruption goes on (the account is renamed last).
@@ -313,14 +315,14 @@ def user_erase(*, username: str, actor: str, dry_run: bool = False, batch_runs: 
         GovernanceBusy: another purge or erasure is running.
     """
     user = erasure_subject(username)
-    active = AgentRun.objects.filter(Q(user=user) | Q(thread__user=user)).active()
+    threads = _with_replay_threads(list(Conversation.objects.filter(user=user).values_list("pk", flat=True)))
+    active = AgentRun.objects.filter(Q(user=user) | Q(thread__in=threads)).active()
     if active.exists():
         raise RunStillActive(
             f"user {username!r} has {active.count()} run(s) not yet terminal (e.g. {active.first().pk}); "
             "cancel them or wait, then erase",
             extra={"runs": [str(pk) for pk in active.values_list("pk", flat=True)[:20]]},
         )
-    threads = list(Conversation.objects.filter(user=user).values_list("pk", flat=True))
     run_ids = list(
         AgentRun.objects.filter(Q(user=user) | Q(thread__in=threads)).order_by("pk").values_list("pk", flat=True)
     )
@@ -361,6 +363,26 @@ def user_erase(*, username: str, actor: str, dry_run: bool = False, batch_runs: 
     return outcome
 
 
+def _with_replay_threads(threads: list) -> list:
+    """``threads`` and the scratch threads of the replays of their runs
+    (R-REPLAY-2: a replay copies what the recorded runs said onto a thread
+    of the replay user, ``AgentRun.replay_of`` naming the recorded run),
+    and of replays of those, to the end. A replay of a scenario file names
+    the file, not a run: what was exported to a file is out of reach."""
+    found = list(threads)
+    frontier = list(threads)
+    while frontier:
+        run_ids = [str(pk) for pk in AgentRun.objects.filter(thread__in=frontier).values_list("pk", flat=True)]
+        frontier = list(
+            AgentRun.objects.filter(replay_of__in=run_ids)
+            .exclude(thread__in=found)
+            .values_list("thread_id", flat=True)
+            .distinct()
+        )
+        found += frontier
+    return found
+
+
 def _erase_batch(action, run_ids: list, *, now: datetime, outcome: Outcome) -> None:
     with transaction.atomic():
         open_bypass(action)
@@ -390,7 +412,7 @@ def _erase_batch(action, run_ids: list, *, now: datetime, outcome: Outcome) -> N
 
 def _erase_rest(action, user, threads: list, *, now: datetime, outcome: Outcome) -> None:
     """What is not in a run: messages without a run, feedback reasons,
-    thread titles, checkpoints, admin log texts."""
+    thread titles, replay reports, checkpoints, admin log texts."""
     from django.contrib.admin.models import LogEntry
     from django.contrib.contenttypes.models import ContentType
 
@@ -408,6 +430,8 @@ def _erase_rest(action, user, threads: list, *, now: datetime, outcome: Outcome)
             reason=""
         )
         Conversation.objects.filter(pk__in=threads).exclude(title="").update(title="")
+        # A replay report quotes what the runs said (R-REPLAY-2).
+        RunReplay.objects.filter(run__thread__in=threads).update(report="", first_divergence="")
         for model in (Conversation, Message, AgentRun):
             LogEntry.objects.filter(content_type=ContentType.objects.get_for_model(model)).filter(
                 object_id__in=[str(t) for t in threads]

@@ -18,8 +18,8 @@ turn again, here, in this process:
    recorded one, step by step (:func:`compare`).
 
 The replayed runs are audit runs like any other: leased, recorded, sealed;
-each says what it replays (``AgentRun.replay_of``: the source given, else
-the recorded run), so that no dashboard figure or user statistic counts it
+each says what it replays (``AgentRun.replay_of``: the recorded run, also
+for a scenario file), so that no dashboard figure or user statistic counts it
 and the admin marks it (issue 34).
 What the comparison reads, per model call in order: the request the
 agent sent (its fingerprint: system prompt, tools offered, conversation),
@@ -31,28 +31,35 @@ and how the last one ended.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from xml.etree import ElementTree
 
+from celery import current_app
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.utils import timezone
 
 from conversations.models import Conversation
 from core.config import get_config
-from core.errors import ApplicationError
+from core.errors import ApplicationError, NotFound
 
 from .. import ledger
 from ..catalogue import validate_agent_id
 from ..ledger.runs import run_acquire_with_row
-from ..models import AgentRun
+from ..models import AgentRun, RunReplay
 from ..replay.export import RunNotFound, export_scenario, validate
 from ..replay.scenarios import Scenario, Turn, load_scenario
 from ..replay.server import serving_in_thread
 from .replay_plans import CancelWatch, ReplayPlan, replay_plan
 from .runner import run_execute_acquired
+
+log = logging.getLogger(__name__)
 
 REPLAY_USERNAME = "yuxi-replay"
 """The user who owns every replayed run's thread: inactive, without a
@@ -213,12 +220,12 @@ def replay(
             tool_results=tool_results,
             cancel_watch=_cancel_watch(scenario),
         )
-        thread = Conversation.objects.create(
+        thread = Conversation(
             user=replay_user(), agent_id=agent, model=f"replay:{name}", title=f"Replay of {report.source}"[:200]
         )
-        report.thread_id = str(thread.id)
-        replay_of = (source or recorded.run_ids[-1])[: AgentRun._meta.get_field("replay_of").max_length]
-        refused = _play_turn(thread, recorded, plan, report, replay_of=replay_of)
+        # The recorded run, also when the scenario came from a file: what
+        # the replay copied of it is found (and erased) with it (R-GOV-2).
+        refused = _play_turn(thread, recorded, plan, report, replay_of=recorded.run_ids[-1])
     last = AgentRun.objects.get(pk=report.run_ids[-1])
     try:
         got = validate(export_scenario(last.id), name)
@@ -286,6 +293,81 @@ def scenario_files(directory: str | Path) -> list[Path]:
     return sorted(folder.glob("*.json"))
 
 
+REPLAY_RUN_TASK = "audit.replay_run"
+"""The worker's task that runs a replay asked for from the admin
+(:func:`replay_requested_run`), sent by name."""
+
+
+def replay_request(*, run_id: uuid.UUID, user: Any) -> RunReplay:
+    """Ask for a replay of the turn of run ``run_id`` (up to that run) on
+    behalf of ``user`` (a staff member, from the admin): a ``pending``
+    :class:`RunReplay`, handed to a worker after commit (tools answered
+    from the recorded results: an admin replay never executes a tool).
+
+    Raises ``NotFound`` for an unknown run. Implements R-REPLAY-2."""
+    run = AgentRun.objects.filter(pk=run_id).only("id").first()
+    if run is None:
+        raise NotFound("run not found")
+    with transaction.atomic():
+        request = RunReplay.objects.create(run=run, requested_by=user)
+        transaction.on_commit(lambda: _enqueue_replay(request.id))
+    return request
+
+
+def _enqueue_replay(replay_id: uuid.UUID) -> None:
+    """Hand a requested replay to a worker (embedded: a thread of this
+    process). A broker that does not take it ends the request ``failed``,
+    saying so: nothing waits for a message that was never sent."""
+    if REPLAY_RUN_TASK not in current_app.tasks:
+        current_app.loader.import_default_modules()
+    task = current_app.tasks[REPLAY_RUN_TASK]
+    if getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False):
+        threading.Thread(target=task.apply, args=((str(replay_id),),), name=f"replay-{replay_id}", daemon=True).start()
+        return
+    try:
+        current_app.send_task(REPLAY_RUN_TASK, args=(str(replay_id),))
+    except Exception as exc:  # kombu OperationalError, redis errors, timeouts
+        log.warning("replay %s not enqueued: %s: %s", replay_id, type(exc).__name__, exc)
+        RunReplay.objects.filter(pk=replay_id, status=RunReplay.Status.PENDING).update(
+            status=RunReplay.Status.FAILED,
+            finished_at=timezone.now(),
+            first_divergence=f"not handed to a worker: {type(exc).__name__}: {exc}"[:500],
+        )
+
+
+def replay_requested_run(replay_id: uuid.UUID | str) -> str:
+    """Run the replay ``replay_id`` asked for with :func:`replay_request`
+    and store its outcome (``identical``, ``diverged``, or ``failed`` with
+    the reason), the first divergence, the report and the replayed runs.
+    A request already taken (a second delivery) is left alone. Returns the
+    request's status. Implements R-REPLAY-2."""
+    taken = RunReplay.objects.filter(pk=replay_id, status=RunReplay.Status.PENDING).update(
+        status=RunReplay.Status.RUNNING
+    )
+    request = RunReplay.objects.get(pk=replay_id)
+    if not taken:
+        return request.status
+    fields: dict[str, Any] = {"finished_at": None}
+    try:
+        report = replay(load_source(str(request.run_id)), source=str(request.run_id))
+    except (ReplaySourceError, ApplicationError) as exc:
+        fields.update(status=RunReplay.Status.FAILED, first_divergence=str(exc)[:500])
+    except Exception as exc:  # the replay itself broke: say so on the request
+        log.exception("replay %s of run %s failed", replay_id, request.run_id)
+        fields.update(status=RunReplay.Status.FAILED, first_divergence=f"{type(exc).__name__}: {exc}"[:500])
+    else:
+        first = report.divergences[0] if report.divergences else None
+        fields.update(
+            status=RunReplay.Status.IDENTICAL if first is None else RunReplay.Status.DIVERGED,
+            first_divergence="" if first is None else f"{first.where}: {first.what}"[:500],
+            report=report.text(),
+            replay_run_ids=report.run_ids,
+        )
+    fields["finished_at"] = timezone.now()
+    RunReplay.objects.filter(pk=replay_id).update(**fields)
+    return fields["status"]
+
+
 def _cancel_watch(scenario: Scenario) -> CancelWatch | None:
     """Where to cancel the replay of a turn cancelled while a model call
     streamed: the root step the export marked ``stall_after_chunks``,
@@ -311,11 +393,13 @@ def replay_user() -> Any:
 def _play_turn(
     thread: Conversation, recorded: Any, plan: ReplayPlan, report: ReplayReport, *, replay_of: str
 ) -> list[Divergence]:
-    """Submit the turn's input, then each recorded resume while the replay
+    """Save the scratch ``thread`` (not saved yet) and submit the turn's
+    input in one transaction, then each recorded resume while the replay
     stops for an approval as the recorded turn did; every run executed
     here, each marked as a replay of ``replay_of`` in the transaction that
-    creates it (so no reader ever sees it unmarked). Returns the
-    divergences found on the way (a resume refused)."""
+    creates it (so no reader ever sees it unmarked, and a refused first
+    run leaves no empty thread). Returns the divergences found on the way
+    (a resume refused)."""
 
     def execute(create) -> AgentRun:
         with transaction.atomic():
@@ -331,9 +415,13 @@ def _play_turn(
         return run
 
     user = thread.user
-    run = execute(
-        lambda: ledger.run_submit(user=user, thread_id=thread.id, request_id=uuid.uuid4().hex, text=recorded.input)[0]
-    )
+
+    def first_run() -> AgentRun:
+        thread.save(force_insert=True)
+        report.thread_id = str(thread.id)
+        return ledger.run_submit(user=user, thread_id=thread.id, request_id=uuid.uuid4().hex, text=recorded.input)[0]
+
+    run = execute(first_run)
     for number, resume in enumerate(recorded.resumes, start=2):
         if run.status != AgentRun.Status.INTERRUPTED:
             break  # the comparison reports the runs and the status

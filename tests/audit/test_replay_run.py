@@ -12,6 +12,7 @@ from xml.etree import ElementTree
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.urls import reverse
 from langchain_core.tools import tool
 
 from audit import ledger
@@ -24,11 +25,13 @@ from audit.execution.rerun import (
     assert_replays_identical,
     load_source,
     replay,
+    replay_request,
+    replay_requested_run,
     scenario_files,
 )
 from audit.execution.runner import run_execute
-from audit.models import AgentRun
-from conversations.models import Message
+from audit.models import AgentRun, RunReplay
+from conversations.models import Conversation, Message
 from core.config import get_config
 from tests.audit.test_handover import _streamed
 from tests.audit.test_scenario_export import BUNDLED, NEEDS_APPROVAL, execute
@@ -243,3 +246,53 @@ def test_the_pytest_helper_fails_with_the_report_and_refuses_an_empty_folder_R_R
     assert "DIVERGED at step 1" in str(diverged.value) and not diverged.value.report.identical
     with pytest.raises(NotADirectoryError):
         scenario_files(tmp_path / "missing")
+
+
+def test_the_admin_run_page_replays_the_turn_and_shows_the_report_R_REPLAY_2(
+    client, staff_user, user, replay_models, monkeypatch
+):
+    run = execute(user, "tool_then_answer")
+    page = reverse("admin:audit_agentrun_change", args=[run.pk])
+    client.force_login(staff_user)
+    assert b"Replay</button>" in client.get(page).content
+    assert client.get(reverse("admin:audit_agentrun_replay", args=[run.pk])).status_code == 405
+
+    response = client.post(reverse("admin:audit_agentrun_replay", args=[run.pk]))
+    assert response.status_code == 302 and response["Location"].startswith(page)
+    (asked,) = RunReplay.objects.filter(run=run)
+    assert (asked.status, asked.requested_by_id) == (RunReplay.Status.PENDING, staff_user.pk)
+    # What the worker's task does with it (a second delivery does nothing).
+    assert replay_requested_run(asked.id) == RunReplay.Status.IDENTICAL
+    assert replay_requested_run(asked.id) == RunReplay.Status.IDENTICAL
+    asked.refresh_from_db()
+    assert asked.finished_at is not None and "IDENTICAL" in asked.report and len(asked.replay_run_ids) == 1
+    html = client.get(page).content.decode()
+    assert "identical" in html and "IDENTICAL" in html and asked.replay_run_ids[0][:8] in html
+
+    # A changed prompt: the next replay reports where it diverged.
+    monkeypatch.setattr(assistant, "SYSTEM_PROMPT", "You are terse.")
+    client.post(reverse("admin:audit_agentrun_replay", args=[run.pk]))
+    newest = RunReplay.objects.filter(run=run).first()
+    assert replay_requested_run(newest.id) == RunReplay.Status.DIVERGED
+    newest.refresh_from_db()
+    assert newest.first_divergence == "step 1: request: the system prompt differs"
+    assert "step 1: request: the system prompt differs" in client.get(page).content.decode()
+
+
+def test_an_admin_replay_that_cannot_run_says_why_and_others_cannot_ask_R_REPLAY_2(
+    client, user, staff_user, django_user_model
+):
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    never_started = make_run(thread)
+    ledger.run_request_cancel(user=user, run_id=never_started.id)
+    asked = replay_request(run_id=never_started.id, user=staff_user)
+    assert replay_requested_run(asked.id) == RunReplay.Status.FAILED
+    asked.refresh_from_db()
+    assert "no model call" in asked.first_divergence and asked.finished_at is not None
+
+    client.force_login(user)  # not staff
+    assert client.post(reverse("admin:audit_agentrun_replay", args=[never_started.pk])).status_code == 302
+    plain_staff = django_user_model.objects.create_user(username="plain-staff", password="pw-12345678", is_staff=True)
+    client.force_login(plain_staff)  # staff without the permission to view runs
+    assert client.post(reverse("admin:audit_agentrun_replay", args=[never_started.pk])).status_code == 403
+    assert RunReplay.objects.filter(run=never_started).count() == 1

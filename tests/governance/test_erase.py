@@ -19,8 +19,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
+from audit.execution.rerun import load_source, replay
 from audit.execution.runner import run_execute
-from audit.models import AgentRun
+from audit.models import AgentRun, RunReplay
 from audit.replay.scenarios import load_scenarios
 from audit.replay.server import make_server
 from conversations.models import Conversation, Message, MessageFeedback
@@ -117,6 +118,11 @@ def test_no_word_of_an_erased_user_is_left_anywhere_R_GOV_2(user, marker_model, 
     MessageFeedback.objects.create(
         message_id=run.output_message_id, user=user, rating="dislike", reason=f"It got {MARKER} wrong"
     )
+    # A replay copies the turn onto a scratch thread of the replay user, and
+    # a replay report may quote it (R-REPLAY-2): erased with the user.
+    replayed = replay(load_source(str(run.id)))
+    assert replayed.identical, replayed.text()
+    RunReplay.objects.create(run=run, status="diverged", report=f"step 2: text\n  expected: The answer about {MARKER}.")
     workspace = tmp_path / "workspaces"
     before = scan(MARKER)
     # The marker reached every place: the scan can see each of them.
@@ -129,9 +135,12 @@ def test_no_word_of_an_erased_user_is_left_anywhere_R_GOV_2(user, marker_model, 
         "conversations_conversation.title",
         "conversations_messagefeedback.reason",
         "audit_agentrun.input",
+        "audit_runreplay.report",
     ):
         assert place in before, place
     assert {p for p in before if p.startswith("checkpoint")}, before
+    replay_rows = Message.objects.filter(run_id__in=replayed.run_ids)
+    assert any(MARKER in (row.content or "") for row in replay_rows), "the replay holds the marker"
     assert files_with(workspace, MARKER), "the large result file holds the marker"
     stats = (
         list(Message.objects.order_by("id").values_list("id", "role", "execution_status", "usage", "cost_usd")),
