@@ -19,6 +19,7 @@ from audit import ledger
 from audit.agents import assistant
 from audit.agents import tools as tools_module
 from audit.catalogue import BUNDLED_SCENARIO_DIR as BUNDLED_DIR
+from audit.execution import shutdown
 from audit.execution.rerun import (
     REPLAY_USERNAME,
     ReplayDiverged,
@@ -296,3 +297,34 @@ def test_an_admin_replay_that_cannot_run_says_why_and_others_cannot_ask_R_REPLAY
     client.force_login(plain_staff)  # staff without the permission to view runs
     assert client.post(reverse("admin:audit_agentrun_replay", args=[never_started.pk])).status_code == 403
     assert RunReplay.objects.filter(run=never_started).count() == 1
+
+
+@pytest.mark.parametrize(
+    "scenario, until",
+    [
+        ("replay:slow_answer", _streamed),
+        (
+            "replay:slow_lookup_then_slow_answer",
+            lambda run: Message.objects.audit().filter(run=run, role="tool", execution_status="completed").exists(),
+        ),
+    ],
+    ids=["cut_while_streaming", "after_a_tool_completed"],
+)
+def test_a_turn_continued_by_another_worker_replays_identical_R_REPLAY_2(scenario, until, user, replay_models):
+    # The recorded run was handed over by a stopping worker and continued
+    # by another (attempt 2, R-RUN-15): the replay, in one attempt, takes
+    # the path the turn finally took.
+    run, worker, result = run_in_a_thread(user, "worker-a", model=scenario, until=until)
+    shutdown.request_handover()
+    try:
+        worker.join(60)
+        assert result["status"] == "handed_over"
+    finally:
+        shutdown.clear_handover()
+    assert run_execute(run_id=run.id, owner="worker-b") == "completed"
+    run.refresh_from_db()
+    assert run.attempt == 2
+
+    report = replay(load_source(str(run.id)))
+    assert report.identical, report.text()
+    assert AgentRun.objects.get(pk=report.run_ids[0]).attempt == 1
