@@ -327,6 +327,34 @@ class Config(BaseSettings):
         default=3600.0, gt=0, description="How often Celery beat runs that purge."
     )
 
+    # --- signed digests (R-GOV-5) ---
+    AUDIT_DIGEST_PRIVATE_KEY: str = Field(
+        default="",
+        description=(
+            "The Ed25519 private key that signs the audit digests, PEM (PKCS#8), e.g. from "
+            "`openssl genpkey -algorithm ed25519`. Or `AUDIT_DIGEST_PRIVATE_KEY_FILE`. Never stored in the "
+            "database. Neither set: no digest is published. See [governance](governance.md#signed-digests)."
+        ),
+    )
+    AUDIT_DIGEST_PRIVATE_KEY_FILE: str = Field(
+        default="", description="A file holding that private key (PEM), instead of `AUDIT_DIGEST_PRIVATE_KEY`."
+    )
+    AUDIT_DIGEST_DIR: str = Field(
+        default="var/digests",
+        description="The folder the signed digests are appended to (`digests.jsonl`), besides the database.",
+    )
+    AUDIT_DIGEST_INTERVAL_SECONDS: int = Field(
+        default=3600, ge=1, description="The length of one digest's interval: the runs sealed in it."
+    )
+    AUDIT_DIGEST_GRACE_SECONDS: int = Field(
+        default=300,
+        ge=0,
+        description=(
+            "How long after an interval ends its digest waits, so that every terminal transaction that "
+            "sealed a run in it has committed (worker transactions are bounded by their timeouts)."
+        ),
+    )
+
     @field_validator("ALLOWED_HOSTS", "MODELS", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:

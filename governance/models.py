@@ -4,6 +4,7 @@ how many rows), and each re-seal it made with the head it replaced
 
 from __future__ import annotations
 
+import pgtrigger
 from django.db import models
 
 
@@ -84,3 +85,37 @@ class RunReseal(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["run", "-created_at"], name="gov_reseal_run_idx")]
+
+
+class AuditDigest(models.Model):
+    """One signed digest of the audit (R-GOV-5): the Merkle root of the
+    seals of the runs sealed in ``[interval_start, interval_end)`` and of
+    the re-seals made in it, chained to the previous digest (``previous``,
+    its ``digest``; empty for the first) and signed with an Ed25519 key the
+    database never holds. ``leaves`` lists what the root covers
+    (``governance.digests``): the root authenticates them, so a verifier
+    that trusts only the public key and the digest files can still read
+    them from here. The same header is appended to ``AUDIT_DIGEST_DIR``.
+    Written only by ``governance.digests.publish_digests``; never updated
+    or deleted."""
+
+    sequence = models.PositiveBigIntegerField(unique=True)
+    interval_start = models.DateTimeField()
+    interval_end = models.DateTimeField()
+    leaf_count = models.PositiveIntegerField()
+    root = models.CharField(max_length=64)
+    previous = models.CharField(max_length=64, blank=True, default="")
+    # SHA-256 (hex) of the signed message; the next digest's ``previous``.
+    digest = models.CharField(max_length=64, unique=True)
+    signature = models.CharField(max_length=200)
+    # The first 16 hex digits of SHA-256 of the raw public key.
+    key_id = models.CharField(max_length=16)
+    leaves = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["sequence"]
+        triggers = [pgtrigger.Protect(name="audit_digest_append_only", operation=pgtrigger.Update | pgtrigger.Delete)]
+
+    def __str__(self) -> str:
+        return f"digest #{self.sequence} ({self.interval_start:%Y-%m-%d %H:%M} – {self.interval_end:%H:%M} UTC)"

@@ -31,3 +31,16 @@ def purge_payloads() -> int:
     if outcome.rows:
         log.info("periodic purge #%s: %d rows of %d runs", outcome.action.pk, outcome.rows, outcome.runs)
     return outcome.rows
+
+
+@shared_task(name="governance.publish_digests", acks_late=False, ignore_result=True)
+def publish_digests() -> int:
+    """Publish the signed digests that are due (R-GOV-5), scheduled by
+    Celery beat every minute on the maintenance queue when a digest key is
+    set. Returns how many were published."""
+    from .digests import publish_digests as publish
+
+    made = publish()
+    if made:
+        log.info("published audit digest(s) #%d-#%d", made[0].sequence, made[-1].sequence)
+    return len(made)

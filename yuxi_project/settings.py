@@ -264,6 +264,14 @@ if CONFIG.RETENTION_DAYS is not None:
         "schedule": CONFIG.RETENTION_PURGE_INTERVAL_SECONDS,
         "options": {"queue": CONFIG.CELERY_MAINTENANCE_QUEUE, "expires": CONFIG.RETENTION_PURGE_INTERVAL_SECONDS},
     }
+# Signed digests (R-GOV-5): every minute the due ones are published; only
+# scheduled when a digest key is set.
+if CONFIG.AUDIT_DIGEST_PRIVATE_KEY or CONFIG.AUDIT_DIGEST_PRIVATE_KEY_FILE:
+    CELERY_BEAT_SCHEDULE["publish-digests"] = {
+        "task": "governance.publish_digests",
+        "schedule": 60.0,
+        "options": {"queue": CONFIG.CELERY_MAINTENANCE_QUEUE, "expires": 60.0},
+    }
 # The schedule is one fixed interval task, so beat keeps it in memory: the
 # default shelve-backed scheduler adds a state file per beat and, on Python
 # 3.13 (dbm.sqlite3), can die at start-up, silently stopping the sweeper.

@@ -32,6 +32,7 @@ NEEDS_DATABASE = {
     "export_scenario": ["00000000-0000-0000-0000-000000000000"],
     "performance_report": [],
     "purge_payloads": ["--older-than-days", "30", "--dry-run"],
+    "publish_digest": [],
     "rebuild_rollups": [],
     "replay_run": ["00000000-0000-0000-0000-000000000000"],
     "set_budget": ["--default", "--usd", "1", "--period", "day"],

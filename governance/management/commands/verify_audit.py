@@ -1,4 +1,5 @@
-"""``python manage.py verify_audit [--run ID] [--since DATE]`` (R-GOV-3, R-GOV-4)."""
+"""``python manage.py verify_audit [--run ID] [--since DATE] [--digests DIR --public-key FILE]``
+(R-GOV-3, R-GOV-4, R-GOV-5)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from audit.management.commands._database import DatabaseCommand
 from audit.models import AgentRun
+from governance.digests import DigestKeyError, load_public_key, verify_digests
 from governance.seal import verify_runs
 
 
@@ -35,8 +37,37 @@ class Command(DatabaseCommand):
         parser.add_argument("--run", help="only this run id")
         parser.add_argument("--since", help="only runs finished at or after this date (YYYY-MM-DD, UTC) or time")
         parser.add_argument("--batch-size", type=int, default=200, help="runs per batch (default 200)")
+        parser.add_argument(
+            "--digests",
+            help="also check the audit against the signed digests in this folder (with --public-key, R-GOV-5)",
+        )
+        parser.add_argument("--public-key", help="the Ed25519 public key (PEM) the digests were signed with")
 
-    def handle(self, *args, run=None, since=None, batch_size=200, **options):
+    def handle(self, *args, run=None, since=None, batch_size=200, digests=None, public_key=None, **options):
+        if bool(digests) != bool(public_key):
+            raise CommandError("--digests and --public-key go together")
+        digest_report = None
+        if digests:
+            try:
+                key = load_public_key(public_key)
+            except DigestKeyError as exc:
+                raise CommandError(str(exc)) from None
+            digest_report = verify_digests(digests, key)
+            for problem in digest_report.problems:
+                self.stdout.write(self.style.ERROR(problem))
+            for pending in digest_report.pending:
+                self.stdout.write(pending)
+            self.stdout.write(f"{digest_report.digests} signed digest(s) checked, covering {digest_report.runs} run(s)")
+            if digest_report.ok:
+                self.stdout.write(self.style.SUCCESS("the digests are intact and the audit matches them"))
+        self._verify_seals(run, since, batch_size)
+        if digest_report is not None and not digest_report.ok:
+            raise CommandError(
+                f"the audit does not match its signed digests ({len(digest_report.problems)} problem(s))",
+                returncode=1,
+            )
+
+    def _verify_seals(self, run, since, batch_size):
         runs = AgentRun.objects.terminal()
         if run:
             try:

@@ -1,0 +1,223 @@
+"""Signed, chained digests (R-GOV-5): what a database superuser does
+behind the application's back — rows rewritten and the run sealed again,
+a run removed, a run slipped into an interval already digested, a digest
+altered or removed in the database or in the files — is reported by
+``verify_audit --digests DIR --public-key FILE``, which trusts only the
+files, the database and the public key. A purge's re-seal is signed by the
+next digest and still verifies.
+
+Each attack is made as the PostgreSQL superuser with the triggers off
+(``behind_the_back``). Intervals are one second long here, so that real
+time closes them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import time
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from audit.models import AgentRun
+from conversations.models import Message
+from core.config import get_config
+from governance.digests import FILE_NAME, load_public_key, merkle_root, publish_digests, verify_digests
+from governance.models import AuditDigest
+from governance.seal import seal_run
+from governance.services import payloads_purge
+from tests.read.builders import tool_turn
+
+from .helpers import behind_the_back, verify
+
+pytestmark = pytest.mark.django_db
+
+
+def _pem(key: Ed25519PrivateKey) -> str:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+
+
+def _public_pem(key: Ed25519PrivateKey, path) -> str:
+    path.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return str(path)
+
+
+@pytest.fixture
+def signer(monkeypatch, tmp_path):
+    """A digest key in the environment's place, one-second intervals, no
+    grace; yields (digest folder, public key file)."""
+    key = Ed25519PrivateKey.generate()
+    config = get_config()
+    monkeypatch.setattr(config, "AUDIT_DIGEST_PRIVATE_KEY", _pem(key))
+    monkeypatch.setattr(config, "AUDIT_DIGEST_DIR", str(tmp_path / "digests"))
+    monkeypatch.setattr(config, "AUDIT_DIGEST_INTERVAL_SECONDS", 1)
+    monkeypatch.setattr(config, "AUDIT_DIGEST_GRACE_SECONDS", 0)
+    return tmp_path / "digests", _public_pem(key, tmp_path / "digest-key.pub.pem")
+
+
+def publish_now() -> list[AuditDigest]:
+    """Publish once the current second (an interval) is over."""
+    time.sleep(1.05 - (time.time() % 1))
+    return publish_digests(now=timezone.now())
+
+
+def check(signer) -> tuple[int, str]:
+    folder, public = signer
+    status, out, err = verify("--digests", str(folder), "--public-key", public)
+    return status, out + err
+
+
+def test_published_digests_chain_sign_and_verify_R_GOV_5(signer, thread):
+    runs = [tool_turn(thread, prefix=p) for p in ("a", "b")]
+    made = publish_now()
+    assert made and [d.sequence for d in made] == list(range(1, len(made) + 1))
+    folder, public = signer
+    lines = [json.loads(line) for line in (folder / FILE_NAME).read_text().splitlines()]
+    assert [line["sequence"] for line in lines] == [d.sequence for d in made]
+    assert all(b["previous"] == a["digest"] for a, b in zip(lines, lines[1:], strict=False))
+    assert all(b["interval_start"] == a["interval_end"] for a, b in zip(lines, lines[1:], strict=False))
+    leaves = [leaf for d in made for leaf in d.leaves]
+    assert sorted(leaf[1] for leaf in leaves if leaf[0] == "run") == sorted(str(r.pk) for r in runs)
+    assert all(d.root == merkle_root(d.leaves) for d in made)
+    # Nothing is due again until another interval ends; a second call adds nothing.
+    assert publish_digests(now=made[-1].interval_end) == []
+    status, out = check(signer)
+    assert status == 0 and "the digests are intact" in out, out
+    # The digests are append-only in the database.
+    with pytest.raises(DatabaseError, match="Cannot update or delete"), transaction.atomic():
+        AuditDigest.objects.filter(pk=made[0].pk).update(root="0" * 64)
+    with pytest.raises(DatabaseError, match="Cannot update or delete"), transaction.atomic():
+        AuditDigest.objects.filter(pk=made[0].pk).delete()
+
+
+def test_rows_rewritten_and_the_run_sealed_again_are_reported_R_GOV_5(signer, thread):
+    run = tool_turn(thread)
+    publish_now()
+    behind_the_back(
+        "UPDATE conversations_message SET content = 'It is raining.' WHERE id = %s", [run.output_message_id]
+    )
+    # The seal recomputed as the intruder would, triggers off.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL session_replication_role = replica")
+        seal_run(AgentRun.objects.get(pk=run.pk), save=True)
+    assert verify()[0] == 0, "the seal alone no longer tells"
+    status, out = check(signer)
+    assert status == 1 and f"run {run.pk}: its seal differs from the digested one" in out, out
+
+
+def test_a_run_removed_is_reported_R_GOV_5(signer, thread):
+    kept, removed = tool_turn(thread, prefix="a"), tool_turn(thread, prefix="b")
+    publish_now()
+    behind_the_back("UPDATE audit_agentrun SET output_message_id = NULL WHERE id = %s", [removed.pk])
+    behind_the_back("DELETE FROM conversations_message WHERE run_id = %s", [removed.pk])
+    behind_the_back("DELETE FROM audit_agentrun WHERE id = %s", [removed.pk])
+    status, out = check(signer)
+    assert status == 1 and f"run {removed.pk}: in the digests, removed from the database" in out, out
+    assert str(kept.pk) not in out
+
+
+def test_a_run_slipped_into_a_digested_interval_is_reported_R_GOV_5(signer, thread):
+    tool_turn(thread, prefix="a")
+    made = publish_now()
+    late = tool_turn(thread, prefix="b")
+    assert check(signer)[0] == 0, "a run sealed after the last digest waits for the next one"
+    behind_the_back("UPDATE audit_agentrun SET sealed_at = %s WHERE id = %s", [made[0].interval_start, late.pk])
+    status, out = check(signer)
+    assert status == 1 and f"run {late.pk}: sealed at" in out and "not in that interval's digest" in out, out
+
+
+def test_a_digest_altered_or_removed_in_the_database_is_reported_R_GOV_5(signer, thread):
+    tool_turn(thread)
+    made = publish_now()
+    first = made[0]
+    behind_the_back("UPDATE governance_auditdigest SET leaf_count = leaf_count + 1 WHERE id = %s", [first.pk])
+    status, out = check(signer)
+    assert status == 1 and "digest #1 in the database differs from the signed file" in out, out
+    behind_the_back("DELETE FROM governance_auditdigest WHERE id = %s", [first.pk])
+    status, out = check(signer)
+    assert status == 1 and "digest #1 is missing from the database" in out, out
+
+
+def test_leaves_altered_in_the_database_do_not_match_the_signed_root_R_GOV_5(signer, thread):
+    run = tool_turn(thread)
+    made = publish_now()
+    holder = next(d for d in made if d.leaves)
+    leaves = [[*leaf[:2], "0" * 64, *leaf[3:]] if leaf[1] == str(run.pk) else leaf for leaf in holder.leaves]
+    behind_the_back("UPDATE governance_auditdigest SET leaves = %s WHERE id = %s", [json.dumps(leaves), holder.pk])
+    status, out = check(signer)
+    assert status == 1 and f"digest #{holder.sequence}: its leaves in the database do not match" in out, out
+
+
+def test_a_digest_file_altered_or_cut_is_reported_R_GOV_5(signer, thread, tmp_path):
+    tool_turn(thread)
+    publish_now()
+    time.sleep(1.1)
+    publish_now()
+    folder, _public = signer
+    path = folder / FILE_NAME
+    lines = path.read_text().splitlines()
+    assert len(lines) >= 2
+    original = path.read_text()
+
+    record = json.loads(lines[0])
+    record["leaf_count"] += 1
+    path.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    status, out = check(signer)
+    assert status == 1 and "digest #1: the signature does not match (altered)" in out, out
+
+    path.write_text("\n".join([lines[0], *lines[2:]]) + "\n")
+    status, out = check(signer)
+    assert status == 1 and "digest #2 is missing from the files" in out, out
+
+    path.write_text(original)
+    other = Ed25519PrivateKey.generate()
+    status, out, err = verify("--digests", str(folder), "--public-key", _public_pem(other, tmp_path / "other.pem"))
+    assert status == 1 and "digest #1 was signed with another key" in out + err
+
+
+def test_a_purge_after_the_digest_is_pending_then_signed_and_verifies_R_GOV_5(signer, thread):
+    run = tool_turn(thread)
+    publish_now()
+    outcome = payloads_purge(older_than_days=0, actor="test", now=timezone.now() + dt.timedelta(days=1))
+    assert outcome.rows and Message.objects.get(pk=run.output_message_id).content == ""
+    status, out = check(signer)
+    assert status == 0 and f"run {run.pk}: re-sealed since the last digest by action #{outcome.action.pk}" in out
+    made = publish_now()
+    assert any(leaf[0] == "reseal" and leaf[1] == str(run.pk) for d in made for leaf in d.leaves)
+    status, out = check(signer)
+    assert status == 0 and "re-sealed since" not in out and "the digests are intact" in out, out
+
+
+def test_a_missing_file_write_is_caught_up_and_the_commands_refuse_bad_input_R_GOV_5(signer, thread, monkeypatch):
+    tool_turn(thread)
+    folder, public = signer
+    made = publish_now()
+    (folder / FILE_NAME).write_text("")  # the append after commit was lost
+    call_command("publish_digest", stdout=io.StringIO())
+    assert len((folder / FILE_NAME).read_text().splitlines()) == len(made)
+    assert check(signer)[0] == 0
+
+    with pytest.raises(CommandError, match="go together"):
+        call_command("verify_audit", "--digests", str(folder), stdout=io.StringIO(), stderr=io.StringIO())
+    with pytest.raises(CommandError, match="not a readable PEM public key"):
+        call_command(
+            "verify_audit", "--digests", str(folder), "--public-key", str(folder / FILE_NAME), stdout=io.StringIO()
+        )
+    monkeypatch.setattr(get_config(), "AUDIT_DIGEST_PRIVATE_KEY", "")
+    with pytest.raises(CommandError, match="no digest key"):
+        call_command("publish_digest", stdout=io.StringIO())
+    monkeypatch.setattr(get_config(), "AUDIT_DIGEST_PRIVATE_KEY", "not a key")
+    with pytest.raises(CommandError, match="not a PEM private key"):
+        call_command("publish_digest", stdout=io.StringIO())
+    assert load_public_key(public) is not None and verify_digests(folder, load_public_key(public)).ok
