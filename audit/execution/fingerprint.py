@@ -49,6 +49,13 @@ _RUN_FILE = re.compile(
 )
 
 
+def mask_run_paths(text: str) -> str:
+    """``text`` with the run id of each workspace path of a run's files
+    (``outputs/large_tool_results/<run id>/``, ``outbox/<run id>/``)
+    replaced by ``<run>``: the same result written by another run."""
+    return _RUN_FILE.sub(r"\1<run>/", text) if "/" in text else text
+
+
 def _masked(content: Any) -> Any:
     """``content`` with the run ids of workspace paths replaced by
     ``<run>``: a result offloaded by another run (a replay, R-REPLAY-2)
@@ -122,7 +129,7 @@ def request_fingerprint(messages: Sequence[BaseMessage], invocation_params: Mapp
     schemas (OpenAI-formatted: ``{"type": "function", "function": {"name":
     ...}}``; a schema with a top-level ``name`` is read too).
 
-    Returns ``{"digest", "system", "tools", "tool_names", "messages",
+    Returns ``{"digest", "system", "tools", "tool_names", "tool_digests", "messages",
     "message_count"}``:
 
     - ``system``: sha256 (hex) of the system prompt's text, the contents of
@@ -131,6 +138,8 @@ def request_fingerprint(messages: Sequence[BaseMessage], invocation_params: Mapp
       one;
     - ``tools``: sha256 of the canonical JSON of the tool schemas, in the
       order bound; ``""`` without tools; ``tool_names``: their names, sorted;
+      ``tool_digests``: each tool's name → the first 16 hex digits of the
+      sha256 of its schema (which tool's definition changed);
     - ``messages``: sha256 of the other messages, one canonical JSON line
       each, in order; ``message_count``: how many;
     - ``digest``: sha256 of the whole request: the tool schemas' line, then
@@ -161,6 +170,7 @@ def request_fingerprint(messages: Sequence[BaseMessage], invocation_params: Mapp
         "system": _sha256(_utf8("\n".join(system_texts))) if system_texts else "",
         "tools": _sha256(tools_line) if tools else "",
         "tool_names": sorted(_tool_name(schema) for schema in tools),
+        "tool_digests": {_tool_name(schema): _sha256(_utf8(_canonical_json(schema)))[:16] for schema in tools},
         "messages": rest.hexdigest(),
         "message_count": count,
     }

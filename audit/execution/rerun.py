@@ -54,8 +54,9 @@ from ..catalogue import validate_agent_id
 from ..ledger.runs import run_acquire_with_row
 from ..models import AgentRun, RunReplay
 from ..replay.export import RunNotFound, export_scenario, validate
-from ..replay.scenarios import Scenario, Turn, load_scenario
+from ..replay.scenarios import Scenario, ScenarioError, Turn, load_scenario
 from ..replay.server import serving_in_thread
+from .fingerprint import mask_run_paths
 from .replay_plans import CancelWatch, ReplayPlan, replay_plan
 from .runner import run_execute_acquired
 
@@ -151,9 +152,9 @@ class ReplayReport:
 
 
 def load_source(source: str) -> Scenario:
-    """The scenario to replay from ``source``: a run id (the turn up to
-    that run, exported from the audit) or the path of a scenario file
-    written by ``export_scenario``.
+    """The scenario to replay from ``source``: a run id (its whole turn,
+    the first run and every resume, exported from the audit) or the path
+    of a scenario file written by ``export_scenario``.
 
     Raises :class:`ReplaySourceError` when it is neither, or when the
     scenario has no ``recorded`` section."""
@@ -166,15 +167,15 @@ def load_source(source: str) -> Scenario:
     if is_run_id:
         try:
             scenario = validate(export_scenario(source), "replayed")
-        except RunNotFound as exc:
+        except (RunNotFound, ValueError) as exc:  # or nothing to export
             raise ReplaySourceError(str(exc)) from exc
-        except ValueError as exc:
-            raise ReplaySourceError(str(exc)) from exc
+    elif not path.exists():
+        raise ReplaySourceError(f"{source}: neither a run id nor a scenario file")
     else:
         try:
             scenario = load_scenario(path)
-        except ValueError as exc:  # ScenarioError names the file
-            raise ReplaySourceError(str(exc)) from exc
+        except ScenarioError as exc:
+            raise ReplaySourceError(f"{source}: {exc.problem}") from exc
     if scenario.recorded is None:
         raise ReplaySourceError(
             f"{source}: the scenario has no 'recorded' section: replay a run, or a file written by export_scenario"
@@ -299,7 +300,7 @@ REPLAY_RUN_TASK = "audit.replay_run"
 
 
 def replay_request(*, run_id: uuid.UUID, user: Any) -> RunReplay:
-    """Ask for a replay of the turn of run ``run_id`` (up to that run) on
+    """Ask for a replay of the turn of run ``run_id`` (all its runs) on
     behalf of ``user`` (a staff member, from the admin): a ``pending``
     :class:`RunReplay`, handed to a worker after commit (tools answered
     from the recorded results: an admin replay never executes a tool).
@@ -356,16 +357,35 @@ def replay_requested_run(replay_id: uuid.UUID | str) -> str:
         log.exception("replay %s of run %s failed", replay_id, request.run_id)
         fields.update(status=RunReplay.Status.FAILED, first_divergence=f"{type(exc).__name__}: {exc}"[:500])
     else:
-        first = report.divergences[0] if report.divergences else None
-        fields.update(
-            status=RunReplay.Status.IDENTICAL if first is None else RunReplay.Status.DIVERGED,
-            first_divergence="" if first is None else f"{first.where}: {first.what}"[:500],
-            report=report.text(),
-            replay_run_ids=report.run_ids,
-        )
+        fields.update(_outcome(report))
     fields["finished_at"] = timezone.now()
     RunReplay.objects.filter(pk=replay_id).update(**fields)
     return fields["status"]
+
+
+def _outcome(report: ReplayReport) -> dict[str, Any]:
+    """The :class:`RunReplay` fields that a finished replay fills."""
+    first = report.divergences[0] if report.divergences else None
+    return {
+        "status": RunReplay.Status.IDENTICAL if first is None else RunReplay.Status.DIVERGED,
+        "first_divergence": "" if first is None else f"{first.where}: {first.what}"[:500],
+        "report": report.text(),
+        "replay_run_ids": report.run_ids,
+    }
+
+
+def record_replay(report: ReplayReport, recorded_run_id: str) -> RunReplay | None:
+    """Keep a replay made outside the admin (``replay_run``) on the
+    recorded run's page, as one asked for there: a finished
+    :class:`RunReplay` with nobody as its requester. None when the
+    recorded run is not in this audit (a scenario file from elsewhere)."""
+    try:
+        run = AgentRun.objects.filter(pk=uuid.UUID(str(recorded_run_id))).only("id").first()
+    except ValueError:
+        run = None
+    if run is None:
+        return None
+    return RunReplay.objects.create(run=run, finished_at=timezone.now(), **_outcome(report))
 
 
 def _cancel_watch(scenario: Scenario) -> CancelWatch | None:
@@ -491,8 +511,7 @@ def _compare_steps(label, turns_a, turns_b, requests_a, requests_b, want, have) 
         if index >= len(turns_a):
             found.append(Divergence(where, "model call", "no model call", _summary(turns_b[index])))
             break
-        request = _request_difference(_at(requests_a, index), _at(requests_b, index))
-        if request is not None:
+        for request in _request_differences(_at(requests_a, index), _at(requests_b, index)):
             found.append(Divergence(where, *request))
         a, b = turns_a[index], turns_b[index]
         for what, value_a, value_b in (
@@ -504,30 +523,44 @@ def _compare_steps(label, turns_a, turns_b, requests_a, requests_b, want, have) 
             if value_a != value_b:
                 found.append(Divergence(where, what, value_a, value_b))
         for call in a.tool_calls:
-            result_a, result_b = want.tool_results.get(call.id), have.tool_results.get(call.id)
-            facts_a, facts_b = _dump(result_a), _dump(result_b)
+            facts_a, facts_b = _result(want.tool_results.get(call.id)), _result(have.tool_results.get(call.id))
             if facts_a != facts_b:
                 found.append(Divergence(f"{where}, tool call {call.id} ({call.name})", "result", facts_a, facts_b))
     return found
 
 
-def _request_difference(a: dict | None, b: dict | None) -> tuple[str, Any, Any] | None:
-    """What differs between two request fingerprints (``metadata.request``),
-    or None when they agree or either is unknown (a row recorded before
-    fingerprints)."""
+def _request_differences(a: dict | None, b: dict | None) -> list[tuple[str, Any, Any]]:
+    """Each part that differs between two request fingerprints
+    (``metadata.request``): the system prompt, the tools offered, a tool's
+    definition (named when the fingerprints name them), the conversation;
+    none when they agree or either is unknown (a row recorded before
+    fingerprints). Values are the fingerprints' hashes, shortened: the
+    audit keeps no copy of the prompt."""
     if not a or not b or a.get("digest") == b.get("digest"):
-        return None
+        return []
+    found: list[tuple[str, Any, Any]] = []
     if a.get("system") != b.get("system"):
-        return "request: the system prompt differs", _short(a.get("system")), _short(b.get("system"))
+        found.append(("request: the system prompt differs", _short(a.get("system")), _short(b.get("system"))))
     if a.get("tool_names") != b.get("tool_names"):
-        return "request: the tools offered differ", a.get("tool_names"), b.get("tool_names")
-    if a.get("tools") != b.get("tools"):
-        return "request: a tool's definition differs", _short(a.get("tools")), _short(b.get("tools"))
-    return (
-        "request: the conversation sent differs",
-        f"{a.get('message_count')} messages ({_short(a.get('messages'))})",
-        f"{b.get('message_count')} messages ({_short(b.get('messages'))})",
-    )
+        found.append(("request: the tools offered differ", a.get("tool_names"), b.get("tool_names")))
+    elif a.get("tools") != b.get("tools"):
+        digests_a, digests_b = a.get("tool_digests") or {}, b.get("tool_digests") or {}
+        changed = sorted(name for name in digests_a if digests_a.get(name) != digests_b.get(name))
+        what = (
+            f"request: the definition of {', '.join(changed)} differs"
+            if changed
+            else "request: a tool's definition differs"
+        )
+        found.append((what, _short(a.get("tools")), _short(b.get("tools"))))
+    if a.get("messages") != b.get("messages"):
+        found.append(
+            (
+                "request: the conversation sent differs",
+                f"{a.get('message_count')} messages ({_short(a.get('messages'))})",
+                f"{b.get('message_count')} messages ({_short(b.get('messages'))})",
+            )
+        )
+    return found
 
 
 def _at(items, index):
@@ -544,6 +577,15 @@ def _calls(turn: Turn) -> list[dict[str, Any]]:
 
 def _failure(turn: Turn) -> dict[str, Any]:
     facts = turn.model_dump(exclude={"text", "tool_calls", "usage", *_TIMING}, exclude_defaults=True, exclude_none=True)
+    return facts
+
+
+def _result(result: Any) -> Any:
+    """A recorded tool result as compared: the run id in a workspace path
+    it names (``outbox/<run id>/…``) is the replaying run's, not a change."""
+    facts = _dump(result)
+    if facts and isinstance(facts.get("content"), str):
+        facts["content"] = mask_run_paths(facts["content"])
     return facts
 
 

@@ -1,8 +1,8 @@
 """An audited turn as a replay scenario (R-REPLAY-1).
 
 :func:`export_scenario` reads the audit rows of a run's turn — the turn's
-first run and every resume run after it, up to the run asked for — and
-writes them in the format the replay model server plays
+first run and every resume run after it, whichever of them is asked for —
+and writes them in the format the replay model server plays
 (:mod:`audit.replay.scenarios`): the root agent's model calls become
 ``turns``, each subagent's calls ``subagents[<name>]``, and what the server
 does not play goes to ``recorded`` (tool results, resume decisions, how the
@@ -72,12 +72,14 @@ class RunNotFound(LookupError):
 
 
 def turn_runs(run: AgentRun) -> list[AgentRun]:
-    """The runs of ``run``'s turn up to ``run``: the first run of the turn,
-    then each resume run in order, ending with ``run`` itself (the chain of
-    ``resumed_from``). One query per run of the chain."""
+    """The runs of ``run``'s turn: the first run of the turn, then each
+    resume run in order, to the newest (the chain of ``resumed_from``,
+    whichever of them ``run`` is). One query per run of the chain."""
     chain = [run]
     while chain[0].resumed_from_id is not None:
         chain.insert(0, AgentRun.objects.get(pk=chain[0].resumed_from_id))
+    while (after := AgentRun.objects.filter(resumed_from_id=chain[-1].pk).first()) is not None:
+        chain.append(after)
     return chain
 
 
@@ -146,8 +148,8 @@ def export_scenario(run_id: uuid.UUID | str) -> dict[str, Any]:
     scenario["recorded"] = {
         "agent_id": run.agent_id,
         "run_ids": [str(r.id) for r in runs],
-        "status": run.status,
-        "error_type": run.error_type,
+        "status": runs[-1].status,
+        "error_type": runs[-1].error_type,
         "resumes": [{"run_id": str(r.id), "decisions": list((r.input or {}).get("decisions") or [])} for r in runs[1:]],
         "tool_results": tool_results,
         "input": str((runs[0].input or {}).get("text") or ""),

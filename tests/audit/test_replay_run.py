@@ -23,6 +23,7 @@ from audit.execution import shutdown
 from audit.execution.rerun import (
     REPLAY_USERNAME,
     ReplayDiverged,
+    ReplaySourceError,
     assert_replays_identical,
     load_source,
     replay,
@@ -116,7 +117,7 @@ def test_a_changed_tool_argument_is_reported_at_the_first_step_R_REPLAY_2(user, 
     monkeypatch.setattr(assistant, "ASSISTANT_TOOLS", tools)
     report = replay(load_source(str(run.id)))
     first = report.divergences[0]
-    assert (first.where, first.what) == ("step 1", "request: a tool's definition differs"), report.text()
+    assert (first.where, first.what) == ("step 1", "request: the definition of get_weather differs"), report.text()
 
 
 def test_live_tools_report_a_changed_result_then_the_request_it_changed_R_REPLAY_2(user, replay_models, monkeypatch):
@@ -159,6 +160,9 @@ def test_the_command_exits_0_identical_1_diverged_2_unreplayable_and_writes_juni
     call_command("export_scenario", str(run.id), "-o", str(path))
     call_command("replay_run", str(path))
     assert "IDENTICAL" in capsys.readouterr().out
+
+    # Replays from the command show on the recorded run's admin page too.
+    assert RunReplay.objects.filter(run=run, requested_by=None, status="identical").count() == 2
 
     monkeypatch.setattr(assistant, "SYSTEM_PROMPT", "You are terse.")
     with pytest.raises(CommandError) as diverged:
@@ -328,3 +332,40 @@ def test_a_turn_continued_by_another_worker_replays_identical_R_REPLAY_2(scenari
     report = replay(load_source(str(run.id)))
     assert report.identical, report.text()
     assert AgentRun.objects.get(pk=report.run_ids[0]).attempt == 1
+
+
+def test_a_run_id_replays_its_whole_turn_and_live_tools_ignore_the_run_in_a_path_R_REPLAY_2(
+    user, replay_models, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(get_config(), "WORKSPACE_ROOT", tmp_path / "workspaces")
+    first = execute(user, "approval_send_email", "Mail the report")
+    last = approved(first)
+    # The first run's id stands for the whole turn, its resume included.
+    scenario = load_source(str(first.id))
+    assert list(scenario.recorded.run_ids) == [str(first.id), str(last.id)] and scenario.recorded.status == "completed"
+    # Run live, send_email writes under the replaying run's outbox folder:
+    # the same result, not a divergence.
+    assert "outbox/" in scenario.recorded.tool_results["call_email_1"].content
+    report = replay(scenario, tools="live")
+    assert report.identical, report.text()
+
+
+def test_every_part_of_a_changed_request_is_reported_and_unreadable_sources_say_why_R_REPLAY_2(
+    user, replay_models, monkeypatch, tmp_path
+):
+    run = execute(user, "tool_then_answer")
+    monkeypatch.setattr(assistant, "SYSTEM_PROMPT", "You are terse.")
+    monkeypatch.setattr(assistant, "ASSISTANT_TOOLS", [t for t in assistant.ASSISTANT_TOOLS if t.name != "calculator"])
+    report = replay(load_source(str(run.id)))
+    step_one = [d.what for d in report.divergences if d.where == "step 1"]
+    assert step_one == ["request: the system prompt differs", "request: the tools offered differ"], report.text()
+
+    with pytest.raises(ReplaySourceError, match="12345: neither a run id nor a scenario file"):
+        load_source("12345")
+    missing = tmp_path / "nope.json"
+    with pytest.raises(ReplaySourceError, match=f"{missing}: neither"):
+        load_source(str(missing))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{", encoding="utf-8")
+    with pytest.raises(ReplaySourceError, match=f"{broken}: not valid JSON"):
+        load_source(str(broken))

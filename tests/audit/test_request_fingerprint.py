@@ -22,7 +22,7 @@ from tests.conftest import make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-KEYS = {"digest", "system", "tools", "tool_names", "messages", "message_count"}
+KEYS = {"digest", "system", "tools", "tool_names", "tool_digests", "messages", "message_count"}
 
 
 def requests_of(user, scenario: str, text: str = "weather in Paris?") -> list[dict]:
@@ -113,9 +113,12 @@ def test_the_fingerprint_changes_with_what_was_sent_and_only_there_R_REPLAY_2():
 
     assert differing(base, request_fingerprint(request(system="Be thorough."), TOOLS)) == {"system", "digest"}
     renamed = {**TOOLS, "tools": [schema("get_weather", "Weather now."), schema("calculator")]}
-    assert differing(base, request_fingerprint(request(), renamed)) == {"tools", "digest"}
+    changed = request_fingerprint(request(), renamed)
+    assert differing(base, changed) == {"tools", "tool_digests", "digest"}
+    # Which tool's definition changed, by name.
+    assert {n for n in base["tool_digests"] if base["tool_digests"][n] != changed["tool_digests"][n]} == {"get_weather"}
     added = {**TOOLS, "tools": [*TOOLS["tools"], schema("send_email")]}
-    assert differing(base, request_fingerprint(request(), added)) == {"tools", "tool_names", "digest"}
+    assert differing(base, request_fingerprint(request(), added)) == {"tools", "tool_names", "tool_digests", "digest"}
     assert differing(base, request_fingerprint(request(result='{"temperature_c": 19}'), TOOLS)) == {
         "messages",
         "digest",

@@ -22,7 +22,7 @@ class Command(DatabaseCommand):
     help = "Export the turn of an audited run as a replay scenario (JSON) that the replay model server plays."
 
     def add_arguments(self, parser):
-        parser.add_argument("run_id", help="the run id (the turn's first run or any of its resumes)")
+        parser.add_argument("run_id", help="a run id: its whole turn (the first run and every resume) is exported")
         parser.add_argument("--output", "-o", help="a .json file to write (default: standard output)")
 
     def handle(self, *args, run_id, output, **options):

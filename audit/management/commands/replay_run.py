@@ -14,13 +14,14 @@ source cannot be replayed).
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
 from django.core.management.base import CommandError
 
 from audit.catalogue import UnknownAgent
-from audit.execution.rerun import ReplaySourceError, load_source, replay
+from audit.execution.rerun import ReplaySourceError, load_source, record_replay, replay
 
 from ._database import DatabaseCommand
 
@@ -32,7 +33,9 @@ class Command(DatabaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("source", help="a run id (the turn up to that run) or a scenario file from export_scenario")
+        parser.add_argument(
+            "source", help="a run id (its whole turn: the first run and every resume) or a scenario file"
+        )
         parser.add_argument("--agent", help="replay on this agent instead of the recorded one (e.g. a new version)")
         parser.add_argument(
             "--tools",
@@ -43,11 +46,16 @@ class Command(DatabaseCommand):
         parser.add_argument("--junit", help="also write the report as a JUnit XML file (for CI)")
 
     def handle(self, *args, source, agent, tools, junit, **options):
+        # The replay's own model server logs each request: not the report.
+        for name in ("audit.replay.server", "uvicorn", "uvicorn.error"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         try:
             scenario = load_source(source)
             report = replay(scenario, source=source, agent_id=agent, tools=tools)
         except (ReplaySourceError, UnknownAgent) as exc:
             raise CommandError(str(exc), returncode=2) from None
+        # Shown on the recorded run's admin page, with the replays asked for there.
+        record_replay(report, scenario.recorded.run_ids[-1])
         sys.stdout.write(report.text())
         sys.stdout.flush()
         if junit:
