@@ -15,7 +15,11 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -27,11 +31,14 @@ from django.utils import timezone
 
 from audit.models import AgentRun
 from conversations.models import Message
-from core.config import get_config
+from core.config import BASE_DIR, get_config
+from governance import digest_check
+from governance.digest_check import INTERRUPTED
 from governance.digests import FILE_NAME, load_public_key, merkle_root, publish_digests, verify_digests
 from governance.models import AuditDigest
 from governance.seal import seal_run
 from governance.services import payloads_purge
+from tests.e2e.stack import database_url_of
 from tests.read.builders import tool_turn
 
 from .helpers import behind_the_back, verify
@@ -221,3 +228,62 @@ def test_a_missing_file_write_is_caught_up_and_the_commands_refuse_bad_input_R_G
     with pytest.raises(CommandError, match="not a PEM private key"):
         call_command("publish_digest", stdout=io.StringIO())
     assert load_public_key(public) is not None and verify_digests(folder, load_public_key(public)).ok
+
+
+def test_interrupted_is_the_status_the_stand_alone_check_knows_R_GOV_5():
+    assert INTERRUPTED == AgentRun.Status.INTERRUPTED
+
+
+# Runs a script with the product's packages and Django unimportable: the
+# venv has the product installed (editable), so -I alone would not hide it.
+_WITHOUT_THE_PRODUCT = """
+import runpy, sys
+class Hidden:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in HIDDEN:
+            raise ImportError(f"{name}: not installed here (stand-alone run)")
+sys.meta_path.insert(0, Hidden())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _stand_alone(signer, tmp_path) -> tuple[int, str]:
+    """``digest_check.py`` copied alone to an empty folder and run there in
+    isolated mode, with the product and Django hidden: only the standard
+    library, ``cryptography`` and ``psycopg`` are there to import."""
+    folder, public = signer
+    alone = tmp_path / "alone"
+    alone.mkdir(exist_ok=True)
+    script = shutil.copy(Path(digest_check.__file__), alone / "digest_check.py")
+    hidden = {"django", *(p.parent.name for p in BASE_DIR.glob("*/__init__.py"))}
+    assert {"governance", "audit", "core"} <= hidden
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", f"HIDDEN = {sorted(hidden)!r}\n{_WITHOUT_THE_PRODUCT}", script]
+        + ["--database", database_url_of(connection.settings_dict), "--digests", str(folder), "--public-key", public],
+        cwd=alone,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.mark.django_db(transaction=True)  # committed, for the subprocess to see
+def test_the_stand_alone_check_runs_without_the_product_and_says_what_verify_audit_says_R_GOV_5(
+    signer, thread, tmp_path
+):
+    kept, removed = tool_turn(thread, prefix="a"), tool_turn(thread, prefix="b")
+    publish_now()
+    status, out = _stand_alone(signer, tmp_path)
+    assert status == 0 and "the digests are intact" in out and "covering 2 run(s)" in out, out
+    assert out.splitlines() == check(signer)[1].splitlines()[: len(out.splitlines())]
+
+    behind_the_back("UPDATE audit_agentrun SET output_message_id = NULL WHERE id = %s", [removed.pk])
+    behind_the_back("DELETE FROM conversations_message WHERE run_id = %s", [removed.pk])
+    behind_the_back("DELETE FROM audit_agentrun WHERE id = %s", [removed.pk])
+    status, out = _stand_alone(signer, tmp_path)
+    line = f"run {removed.pk}: in the digests, removed from the database"
+    assert status == 1 and line in out.splitlines() and str(kept.pk) not in out, out
+    verify_status, verify_out = check(signer)
+    assert verify_status == 1 and line in verify_out, verify_out

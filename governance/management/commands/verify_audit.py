@@ -12,7 +12,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from audit.management.commands._database import DatabaseCommand
 from audit.models import AgentRun
-from governance.digests import DigestKeyError, load_public_key, verify_digests
+from governance.digests import INTACT, DigestKeyError, load_public_key, verify_digests
 from governance.seal import verify_runs
 
 
@@ -57,9 +57,9 @@ class Command(DatabaseCommand):
                 self.stdout.write(self.style.ERROR(problem))
             for pending in digest_report.pending:
                 self.stdout.write(pending)
-            self.stdout.write(f"{digest_report.digests} signed digest(s) checked, covering {digest_report.runs} run(s)")
+            self.stdout.write(digest_report.summary)
             if digest_report.ok:
-                self.stdout.write(self.style.SUCCESS("the digests are intact and the audit matches them"))
+                self.stdout.write(self.style.SUCCESS(INTACT))
         self._verify_seals(run, since, batch_size)
         if digest_report is not None and not digest_report.ok:
             raise CommandError(
