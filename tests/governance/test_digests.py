@@ -37,7 +37,7 @@ from governance.digest_check import INTERRUPTED
 from governance.digests import FILE_NAME, load_public_key, merkle_root, publish_digests, verify_digests
 from governance.models import AuditDigest
 from governance.seal import seal_run
-from governance.services import payloads_purge
+from governance.services import payloads_purge, user_erase
 from tests.e2e.stack import database_url_of
 from tests.read.builders import tool_turn
 
@@ -191,6 +191,18 @@ def test_a_digest_file_altered_or_cut_is_reported_R_GOV_5(signer, thread, tmp_pa
     other = Ed25519PrivateKey.generate()
     status, out, err = verify("--digests", str(folder), "--public-key", _public_pem(other, tmp_path / "other.pem"))
     assert status == 1 and "digest #1 was signed with another key" in out + err
+
+
+def test_an_erasure_after_the_digest_is_signed_by_the_next_and_verifies_R_GOV_5(signer, thread):
+    run = tool_turn(thread)
+    publish_now()
+    outcome = user_erase(username=thread.user.username, actor="test")
+    assert outcome.runs == 1 and Message.objects.get(pk=run.output_message_id).content == ""
+    assert check(signer)[0] == 0
+    made = publish_now()
+    assert any(leaf[0] == "reseal" and leaf[1] == str(run.pk) for d in made for leaf in d.leaves)
+    status, out = check(signer)
+    assert status == 0 and "re-sealed since" not in out and "the digests are intact" in out, out
 
 
 def test_a_purge_after_the_digest_is_pending_then_signed_and_verifies_R_GOV_5(signer, thread):
