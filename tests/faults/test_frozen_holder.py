@@ -23,7 +23,12 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 
 # A result of gigabytes: PostgreSQL fills the socket long before its end and
 # then waits for a client that never reads (ClientWrite).
-LARGE_RESULT = b"SELECT repeat('x', 8192) FROM generate_series(1, 100000000)"
+# Far more than the socket buffers hold (8 GB), so the server blocks in
+# ClientWrite within milliseconds. The series is small on purpose: a
+# function scan materialises the whole series before its first row, and
+# 100 million rows took minutes on a loaded machine before anything was
+# written (the wait for ClientWrite then timed out).
+LARGE_RESULT = b"SELECT repeat('x', 8192) FROM generate_series(1, 1000000)"
 
 
 def _sessions_named(stack: FaultStack, tag: str) -> list[tuple]:
