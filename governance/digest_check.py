@@ -228,7 +228,8 @@ def check_digests(
             break
         _apply_leaves(number, leaves, state, report)
         report.digests += 1
-    for sequence in sorted(set(rows) - set(range(1, len(records) + 1))):
+    in_files = {r.get("sequence") for r in records}
+    for sequence in sorted(set(rows) - in_files):
         report.problems.append(f"digest #{sequence} is in the database but not in the files")
     if report.digests:
         first = rows[1]["interval_start"]
@@ -241,15 +242,20 @@ def _file_records(directory: Path, report: DigestReport) -> list[dict[str, Any]]
     if not directory.is_dir():
         report.problems.append(f"{directory}: no digest folder")
         return []
-    records = []
+    # A digest may be in several files (a copy kept beside the file, a line
+    # appended twice): the same record counts once, two different records
+    # of one sequence are a problem.
+    by_sequence: dict[Any, dict[str, Any]] = {}
     for path in sorted(directory.glob("*.jsonl")):
         for record in read_digest_file(path):
             if "unreadable" in record:
                 report.problems.append(f"{path.name} line {record['unreadable']}: not a digest record")
-            else:
-                records.append(record)
-    records.sort(key=lambda r: r.get("sequence") if isinstance(r.get("sequence"), int) else 0)
-    return records
+                continue
+            sequence = record.get("sequence")
+            seen = by_sequence.setdefault(sequence, record)
+            if seen != record:
+                report.problems.append(f"{path.name}: two different records of digest #{sequence}")
+    return sorted(by_sequence.values(), key=lambda r: r.get("sequence") if isinstance(r.get("sequence"), int) else 0)
 
 
 def _signed(record: dict[str, Any], public: Ed25519PublicKey, expected_id: str, report: DigestReport) -> bool:

@@ -299,3 +299,28 @@ def test_the_stand_alone_check_runs_without_the_product_and_says_what_verify_aud
     assert status == 1 and line in out.splitlines() and str(kept.pk) not in out, out
     verify_status, verify_out = check(signer)
     assert verify_status == 1 and line in verify_out, verify_out
+
+
+def test_a_copy_of_the_digest_file_beside_it_counts_once_and_a_bad_line_names_only_itself_R_GOV_5(signer, thread):
+    tool_turn(thread)
+    publish_now()
+    time.sleep(1.1)
+    publish_now()
+    folder, _public = signer
+    path = folder / FILE_NAME
+    (folder / "digests-backup.jsonl").write_text(path.read_text())
+    status, out = check(signer)
+    assert status == 0 and "the digests are intact" in out, out
+
+    lines = path.read_text().splitlines()
+    (folder / "digests-backup.jsonl").unlink()
+    path.write_text("\n".join(["{not json", *lines[1:]]) + "\n")
+    status, out = check(signer)
+    assert status == 1 and f"{FILE_NAME} line 1: not a digest record" in out, out
+    assert "digest #2 is in the database but not in the files" not in out, out
+
+    record = json.loads(lines[1])
+    record["root"] = "0" * 64
+    path.write_text("\n".join([*lines, json.dumps(record)]) + "\n")
+    status, out = check(signer)
+    assert status == 1 and f"{FILE_NAME}: two different records of digest #2" in out, out
