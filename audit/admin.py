@@ -340,8 +340,15 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
         if run.sealed_at is None:
             return "unsealed"
         rows = run.seal_row_count
+        # From seal version 4 the run's own facts are sealed too.
+        scope = "the run and " if (run.seal_version or 1) >= 4 else ""
         return format_html(
-            "<code>{}</code> over {} row{}, {}", run.seal_head, rows, "" if rows == 1 else "s", time_html(run.sealed_at)
+            "<code>{}</code> over {}{} row{}, {}",
+            run.seal_head,
+            scope,
+            rows,
+            "" if rows == 1 else "s",
+            time_html(run.sealed_at),
         )
 
     # --- read-only: workers write runs (R-RUN-4) ---------------------------

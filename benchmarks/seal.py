@@ -26,7 +26,7 @@ from audit.ledger import StateMessage
 from conversations.models import Conversation
 from dashboard.rollups import rollups_rebuild
 from governance.bypass import audited_bypass
-from governance.seal import audit_row_facts, compute_seal
+from governance.seal import recompute_seal
 
 from .figures import LatencySummary, summarize
 
@@ -107,7 +107,7 @@ def bench_seal(*, runs: int = 40, rows: int = 10) -> SealBench:
                 without_seal.append(time.perf_counter() - started)
         for run_id in sealed:
             started = time.perf_counter()
-            compute_seal(run_id, audit_row_facts([run_id])[run_id])
+            recompute_seal(run_id)
             alone.append(time.perf_counter() - started)
     finally:
         with audited_bypass(reason="bench_seal: delete its throw-away user, threads and runs"):

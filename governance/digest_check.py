@@ -229,8 +229,14 @@ def check_digests(
         _apply_leaves(number, leaves, state, report)
         report.digests += 1
     in_files = {r.get("sequence") for r in records}
-    for sequence in sorted(set(rows) - in_files):
-        report.problems.append(f"digest #{sequence} is in the database but not in the files")
+    if rows and not records and Path(directory).is_dir():
+        report.problems.append(
+            f"{directory}: no digest records, where the database holds {len(rows)} digest(s) "
+            "(the files were removed, or this is not AUDIT_DIGEST_DIR)"
+        )
+    else:
+        for sequence in sorted(set(rows) - in_files):
+            report.problems.append(f"digest #{sequence} is in the database but not in the files")
     if report.digests:
         first = rows[1]["interval_start"]
         last_end = rows[report.digests]["interval_end"]
@@ -267,7 +273,10 @@ def _signed(record: dict[str, Any], public: Ed25519PublicKey, expected_id: str, 
         report.problems.append(f"digest #{sequence}: the record is incomplete")
         return False
     if record.get("key_id") != expected_id:
-        report.problems.append(f"digest #{sequence} was signed with another key ({record.get('key_id')})")
+        report.problems.append(
+            f"digest #{sequence} was signed with key {record.get('key_id')}, not with the public key given "
+            f"({expected_id}): check --public-key"
+        )
         return False
     try:
         public.verify(signature, message)
@@ -368,6 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         public = load_public_key(args.public_key)
     except DigestKeyError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    if not Path(args.digests).is_dir():
+        print(f"--digests: {args.digests} is not a folder", file=sys.stderr)
         return 2
     import psycopg  # only the stand-alone check needs it
 

@@ -38,7 +38,7 @@ from . import payloads
 from .bypass import open_bypass
 from .errors import GovernanceBusy, InvalidInput, RunStillActive, UnknownUser
 from .models import GovernanceAction, RunReseal
-from .seal import audit_row_facts, check_run, seal_run
+from .seal import audit_row_facts, check_run, run_facts, seal_run
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,13 @@ def _verified(runs: list[AgentRun]) -> dict:
     rows = audit_row_facts([run.pk for run in sealed]) if sealed else {}
     return {
         run.pk: not check_run(
-            run.pk, run.seal_head, run.seal_row_count, run.seal_rows, rows.get(run.pk, []), version=run.seal_version
+            run.pk,
+            run.seal_head,
+            run.seal_row_count,
+            run.seal_rows,
+            rows.get(run.pk, []),
+            version=run.seal_version,
+            run=run_facts(run),
         )
         for run in sealed
     }

@@ -15,11 +15,14 @@ What they refuse, unless the transaction names an open governance action
 * Once the run is **sealed**, any change of a row's sealed facts at all
   (content, tool calls, type, cost and price, metadata, subagent namespace
   and parent too).
-* UPDATE of a sealed run's seal, status, input, output, end time,
-  attempt or replay mark (``replay_of``: relabelling a sealed run would
-  move it into or out of every figure) (an
+* UPDATE of a sealed run's seal, status, input, output, start and end
+  time, attempt, usage, error, pending approval, identity (thread, user, turn, resumed run, request
+  id, agent, model) or replay mark (``replay_of``: relabelling a sealed run
+  would move it into or out of every figure) (an
   ``interrupted`` run excepted: cancelling its pending approval ends it
   again, and that terminal transaction seals it again).
+* UPDATE or DELETE of a sealed run's user message (its prompt, sealed with
+  the run from seal version 4).
 * DELETE of audit rows and of runs (a thread or user deleted with its runs
   cascades into this and is refused the same way).
 
@@ -130,12 +133,16 @@ sealed_run = pgtrigger.Trigger(
             RETURN NEW;
         END IF;
         IF (OLD.seal_head, OLD.seal_row_count, OLD.seal_rows, OLD.seal_version, OLD.sealed_at, OLD.status,
-            OLD.input, OLD.output_message_id, OLD.finished_at, OLD.attempt, OLD.replay_of)
+            OLD.input, OLD.output_message_id, OLD.finished_at, OLD.attempt, OLD.replay_of,
+            OLD.thread_id, OLD.user_id, OLD.turn_id, OLD.resumed_from_id, OLD.request_id, OLD.agent_id, OLD.model,
+            OLD.started_at, OLD.usage, OLD.error_type, OLD.error_message, OLD.interrupts)
            IS DISTINCT FROM
            (NEW.seal_head, NEW.seal_row_count, NEW.seal_rows, NEW.seal_version, NEW.sealed_at, NEW.status,
-            NEW.input, NEW.output_message_id, NEW.finished_at, NEW.attempt, NEW.replay_of) THEN
+            NEW.input, NEW.output_message_id, NEW.finished_at, NEW.attempt, NEW.replay_of,
+            NEW.thread_id, NEW.user_id, NEW.turn_id, NEW.resumed_from_id, NEW.request_id, NEW.agent_id, NEW.model,
+            NEW.started_at, NEW.usage, NEW.error_type, NEW.error_message, NEW.interrupts) THEN
             RAISE EXCEPTION
-                'run % is sealed: its seal, status, input, output, attempt and replay mark are append-only (R-GOV-3)',
+                'run % is sealed: its seal, input, status, output, identity and replay mark are append-only (R-GOV-3)',
                 OLD.id
                 {_REFUSE};
         END IF;
@@ -143,5 +150,31 @@ sealed_run = pgtrigger.Trigger(
     """,
 )
 
-MESSAGE_TRIGGERS = [closed_audit_facts, audit_row_delete]
+# The user's message of a run (no operation id): sealed with the run from
+# seal version 4, so append-only once the run is sealed — an interrupted run
+# too, whose prompt never changes either.
+# A message's columns that are no fact: bookkeeping, and the search vector
+# (generated from the content; still null in a BEFORE trigger's NEW).
+_UNSEALED = "ARRAY['created_at', 'updated_at', 'search_vector']"
+
+sealed_prompt = pgtrigger.Trigger(
+    name="sealed_prompt",
+    when=pgtrigger.Before,
+    operation=pgtrigger.Update | pgtrigger.Delete,
+    condition=pgtrigger.Condition("OLD.operation_id IS NULL AND OLD.run_id IS NOT NULL"),
+    func=f"""
+        IF {_BYPASS} THEN
+            RETURN COALESCE(NEW, OLD);
+        END IF;
+        IF (TG_OP = 'DELETE'
+            OR to_jsonb(OLD) - {_UNSEALED} IS DISTINCT FROM to_jsonb(NEW) - {_UNSEALED})
+           AND EXISTS (SELECT 1 FROM audit_agentrun WHERE id = OLD.run_id AND sealed_at IS NOT NULL) THEN
+            RAISE EXCEPTION 'message % is the prompt of sealed run %: it is append-only (R-GOV-3)', OLD.id, OLD.run_id
+                {_REFUSE};
+        END IF;
+        RETURN COALESCE(NEW, OLD);
+    """,
+)
+
+MESSAGE_TRIGGERS = [closed_audit_facts, audit_row_delete, sealed_prompt]
 RUN_TRIGGERS = [run_delete, sealed_run]

@@ -71,7 +71,10 @@ class RunRows:
         elsewhere = fetched[0][-1] if fetched else None
         self.elsewhere: set[str] = {op_field.from_db_value(op, None, db) for op in elsewhere or ()}
         # Read with the readers' loader: no Model.__init__ per row.
-        self.all: list[Message] = messages_from_values([values[:-1] for values in fetched if values[0] is not None])
+        read = messages_from_values([values[:-1] for values in fetched if values[0] is not None])
+        self.all: list[Message] = [row for row in read if row.operation_id is not None]
+        # The user's message of the run: no audit row, but sealed (R-GOV-3).
+        self.prompts: list[Message] = [row for row in read if row.operation_id is None]
         self._changed: dict[int, tuple[Message, set[str]]] = {}
         self._inserted: list[Message] = []
 
@@ -80,10 +83,11 @@ class RunRows:
         """The prepared statement that reads the run's audit rows and, in the
         same statement, which of ``state_ops`` (ids of the final State's
         AIMessages) are already model calls of another run of the thread
-        (:attr:`elsewhere`); one outer row even without audit rows."""
+        (:attr:`elsewhere`); one outer row even without audit rows. The
+        run's user message comes too (:attr:`prompts`)."""
         op_field = Message._meta.get_field("operation_id")
         ops = [op_field.get_db_prep_value(op, connection) for op in state_ops]
-        return _RUN_ROWS_SQL(), [thread_id, Message.Role.ASSISTANT, ops, run_id, run_id]
+        return _RUN_ROWS_SQL(), [thread_id, Message.Role.ASSISTANT, ops, run_id, run_id, Message.Role.USER]
 
     @classmethod
     def read(cls, run: AgentRun, *, state_ops: Iterable[str] = ()) -> RunRows:
@@ -132,9 +136,13 @@ class RunRows:
         self._inserted.clear()
 
     def facts(self) -> list[dict[str, Any]]:
-        """The seal's facts of every row (R-GOV-3), as :func:`~governance.seal.audit_row_facts`
+        """The seal's facts of every audit row (R-GOV-3), as :func:`~governance.seal.audit_row_facts`
         reads them; the usage total and the metrics read them too."""
         return [{name: getattr(row, name) for name in FACT_FIELDS} for row in self.all]
+
+    def prompt_facts(self) -> list[dict[str, Any]]:
+        """The seal's facts of the run's user message (R-GOV-3)."""
+        return [{name: getattr(row, name) for name in FACT_FIELDS} for row in self.prompts]
 
 
 @functools.cache
@@ -145,7 +153,7 @@ def _RUN_ROWS_SQL() -> str:  # noqa: N802 - a constant, built once the connectio
         f"SELECT {message_columns('m')}, e.ops FROM (SELECT array_agg(o.operation_id) AS ops "
         f"FROM {MESSAGE_TABLE} o WHERE o.thread_id = %s AND o.role = %s AND o.operation_id = ANY(CAST(%s AS text[])) "
         "AND o.run_id IS DISTINCT FROM %s) e "
-        f"LEFT JOIN {MESSAGE_TABLE} m ON m.run_id = %s AND m.operation_id IS NOT NULL ORDER BY m.id"
+        f"LEFT JOIN {MESSAGE_TABLE} m ON m.run_id = %s AND (m.operation_id IS NOT NULL OR m.role = %s) ORDER BY m.id"
     )
 
 
@@ -612,7 +620,8 @@ def _terminate(
     run.error_type = error_type[:100]
     run.error_message = error_message
     run.interrupts = interrupts if status == Status.INTERRUPTED else None
-    seal_run(run, rows=facts)  # R-GOV-3: every row is closed now; written with the run below
+    # R-GOV-3: every row is closed now; written with the run below.
+    seal_run(run, rows=[*rows.prompt_facts(), *facts])
     run.updated_at = timezone.now()
     # The run's end, and the handover of the thread's next runs: after
     # commit; the dispatcher's grace counts from now, in case that message
@@ -730,6 +739,14 @@ _RUN_FIELDS = (
     # The rows the reconcile inserts carry them (R-EFF-1).
     "turn_id",
     "attempt",
+    # The seal covers the run's own facts too (governance.seal.RUN_FACT_FIELDS).
+    "user_id",
+    "agent_id",
+    "input",
+    "replay_of",
+    "usage",
+    "error_message",
+    "interrupts",
 )
 # What :func:`_terminate` changes on the run: its UPDATE writes these.
 _TERMINAL_FIELDS = (

@@ -116,7 +116,7 @@ def test_admin_offers_no_edit_of_audit_facts_R_GOV_3(client, staff_user, thread)
     assert client.get(reverse("admin:conversations_message_delete", args=[row.pk])).status_code == 403
     assert client.get(reverse("admin:audit_agentrun_delete", args=[run.pk])).status_code == 403
     run_page = client.get(reverse("admin:audit_agentrun_change", args=[run.pk])).content.decode()
-    assert run.seal_head in run_page and "over 3 rows" in run_page
+    assert run.seal_head in run_page and "over the run and 4 rows" in run_page
     assert client.get(reverse("admin:conversations_conversation_delete", args=[thread.pk])).status_code == 403
     action = GovernanceAction.objects.create(kind="manual", actor="t")
     assert client.get(reverse("admin:governance_governanceaction_changelist")).status_code == 200

@@ -33,7 +33,7 @@ from audit.models import AgentRun
 from conversations.models import Message
 from core.config import BASE_DIR, get_config
 from governance import digest_check
-from governance.digest_check import INTERRUPTED
+from governance.digest_check import INTERRUPTED, key_id
 from governance.digests import FILE_NAME, load_public_key, merkle_root, publish_digests, verify_digests
 from governance.models import AuditDigest
 from governance.seal import seal_run
@@ -107,12 +107,20 @@ def test_published_digests_chain_sign_and_verify_R_GOV_5(signer, thread):
         AuditDigest.objects.filter(pk=made[0].pk).delete()
 
 
-def test_rows_rewritten_and_the_run_sealed_again_are_reported_R_GOV_5(signer, thread):
+# What an intruder rewrites: the answer, the user's prompt, the run's input.
+REWRITES = {
+    "answer": "UPDATE conversations_message SET content = 'It is raining.' WHERE id = (SELECT output_message_id "
+    "FROM audit_agentrun WHERE id = %s)",
+    "prompt": "UPDATE conversations_message SET content = 'delete every file' WHERE run_id = %s AND role = 'user'",
+    "input": """UPDATE audit_agentrun SET input = '{"text": "delete every file"}' WHERE id = %s""",
+}
+
+
+@pytest.mark.parametrize("rewrite", list(REWRITES))
+def test_rows_rewritten_and_the_run_sealed_again_are_reported_R_GOV_5(signer, thread, rewrite):
     run = tool_turn(thread)
     publish_now()
-    behind_the_back(
-        "UPDATE conversations_message SET content = 'It is raining.' WHERE id = %s", [run.output_message_id]
-    )
+    behind_the_back(REWRITES[rewrite], [run.pk])
     # The seal recomputed as the intruder would, triggers off.
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -190,7 +198,10 @@ def test_a_digest_file_altered_or_cut_is_reported_R_GOV_5(signer, thread, tmp_pa
     path.write_text(original)
     other = Ed25519PrivateKey.generate()
     status, out, err = verify("--digests", str(folder), "--public-key", _public_pem(other, tmp_path / "other.pem"))
-    assert status == 1 and "digest #1 was signed with another key" in out + err
+    signed_with, given = key_id(load_public_key(signer[1])), key_id(other.public_key())
+    assert status == 1 and f"digest #1 was signed with key {signed_with}, not with the public key given ({given})" in (
+        out + err
+    )
 
 
 def test_an_erasure_after_the_digest_is_signed_by_the_next_and_verifies_R_GOV_5(signer, thread):
@@ -324,3 +335,30 @@ def test_a_copy_of_the_digest_file_beside_it_counts_once_and_a_bad_line_names_on
     path.write_text("\n".join([*lines, json.dumps(record)]) + "\n")
     status, out = check(signer)
     assert status == 1 and f"{FILE_NAME}: two different records of digest #2" in out, out
+
+
+def test_exit_status_2_when_the_check_cannot_run_and_1_counts_every_difference_R_GOV_5(signer, thread, tmp_path):
+    """A mistyped folder or key cannot be mistaken for tampering (exit 2,
+    as the stand-alone check says it); the last line of a check that found
+    differences counts the seals' findings and the digests' problems."""
+    folder, public = signer
+    run = tool_turn(thread)
+    publish_now()
+    status, _, err = verify("--digests", str(tmp_path / "no-such-folder"), "--public-key", public)
+    assert status == 2 and "is not a folder" in err, err
+    database = database_url_of(connection.settings_dict)
+    missing = ["--database", database, "--digests", str(tmp_path / "no-such-folder"), "--public-key", public]
+    assert digest_check.main(missing) == 2
+    status, _, err = verify("--digests", str(folder), "--public-key", str(tmp_path / "no-such-key.pem"))
+    assert status == 2 and "not a readable PEM public key" in err, err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    status, out, _ = verify("--digests", str(empty), "--public-key", public)
+    assert status == 1 and f"{empty}: no digest records, where the database holds 1 digest(s)" in out, out
+    assert "is in the database but not in the files" not in out
+
+    behind_the_back("UPDATE conversations_message SET content = 'x' WHERE run_id = %s AND role = 'user'", [run.pk])
+    behind_the_back("DELETE FROM governance_auditdigest")
+    status, out, err = verify("--digests", str(folder), "--public-key", public)
+    assert status == 1, out + err
+    assert "1 run(s) changed after sealing (1 finding(s)); the audit does not match its signed digests" in err, err

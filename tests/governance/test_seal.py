@@ -16,8 +16,19 @@ from django.utils import timezone
 
 from audit import ledger
 from audit.models import AgentRun
-from conversations.models import Message
-from governance.seal import FACT_FIELDS, SEAL_VERSION, audit_row_facts, chain, compute_seal, row_digest
+from conversations.models import Conversation, Message
+from governance.seal import (
+    FACT_FIELDS,
+    RUN_BOOKKEEPING_FIELDS,
+    RUN_FACT_FIELDS,
+    SEAL_VERSION,
+    audit_row_facts,
+    chain,
+    compute_seal,
+    recompute_seal,
+    row_digest,
+    run_digest,
+)
 from tests.conftest import acquire, make_run
 from tests.read.builders import tool_turn
 
@@ -30,10 +41,16 @@ def test_terminal_transaction_seals_the_run_over_its_closed_rows_R_GOV_3(thread)
     run = tool_turn(thread)
     run.refresh_from_db()
     rows = Message.objects.audit().filter(run=run)
-    assert run.sealed_at is not None and run.seal_row_count == rows.count() == 3
+    prompt = Message.objects.get(run=run, role="user")
+    # The run's own facts, its prompt, then its audit rows in timeline order.
+    assert run.sealed_at is not None and run.seal_row_count == rows.count() + 1 == 4
     assert len(run.seal_head) == 64
-    assert [entry[0] for entry in run.seal_rows] == list(rows.order_by("sequence", "id").values_list("id", flat=True))
-    assert compute_seal(run.pk, audit_row_facts([run.pk])[run.pk]).head == run.seal_head
+    assert [entry[0] for entry in run.seal_rows] == [
+        "run",
+        prompt.pk,
+        *rows.order_by("sequence", "id").values_list("id", flat=True),
+    ]
+    assert recompute_seal(run.pk).head == run.seal_head
     status, out, _ = verify()
     assert status == 0 and "1 sealed, 0 unsealed" in out and "0 changed after sealing" in out
 
@@ -52,7 +69,8 @@ def test_every_terminal_path_seals_cancel_and_the_lease_sweeper_R_GOV_3(thread):
     for run in (pending, crashed):
         run.refresh_from_db()
         assert run.is_terminal and run.sealed_at is not None, run.status
-    assert crashed.status == "failed" and crashed.seal_row_count == 1
+    # Its prompt and its one model call.
+    assert crashed.status == "failed" and crashed.seal_row_count == 2
     assert verify()[0] == 0
 
 
@@ -113,10 +131,15 @@ def test_runs_that_ended_before_sealing_are_reported_unsealed_not_broken_R_GOV_3
     assert status == 0 and "1 sealed, 1 unsealed (ended before sealing existed)" in out
 
 
-def test_bad_arguments_are_refused_R_GOV_3(thread):
-    assert verify("--run", "not-a-uuid")[0] == 1
-    assert "no run" in verify("--run", "6f1c2a44-0000-4000-8000-000000000000")[2]
-    assert "not a date" in verify("--since", "yesterday-ish")[2]
+def test_bad_arguments_are_refused_with_exit_status_2_R_GOV_3(thread):
+    """1 says the audit differs; a check that could not run says 2."""
+    status, _, err = verify("--run", "not-a-uuid")
+    assert status == 2 and "is not a run id" in err
+    status, _, err = verify("--run", "6f1c2a44-0000-4000-8000-000000000000")
+    assert status == 2 and "no run" in err
+    status, _, err = verify("--since", "yesterday-ish")
+    assert status == 2 and "not a date" in err
+    assert verify("--batch-size", "0")[0] == 2
 
 
 # --------------------------------------------------------------------------
@@ -270,6 +293,17 @@ _ROW_FACTS = {
 }
 
 
+# The same row with every fact version 3 seals.
+_ROW_FACTS_V3 = {
+    **_ROW_FACTS,
+    "namespace": ["tools:t1"],
+    "parent_operation_id": "call_task",
+    "effect_key": "k",
+    "replayed_from_id": 7,
+    "attempt": 2,
+}
+
+
 def test_version_1_encoding_and_chain_are_unchanged_R_GOV_4():
     """The digest and head the seal's first version gave this row (computed
     by the code before version 2 existed): seals made then verify for ever."""
@@ -291,14 +325,7 @@ def test_version_2_encoding_and_chain_are_unchanged_R_GOV_4():
     before version 3 existed): runs sealed under it verify for ever, and the
     effect ledger's facts, which it never sealed, do not enter it."""
     run_id = uuid.UUID("6f1c2a44-0000-4000-8000-000000000001")
-    facts = {
-        **_ROW_FACTS,
-        "namespace": ["tools:t1"],
-        "parent_operation_id": "call_task",
-        "effect_key": "k",
-        "replayed_from_id": 7,
-        "attempt": 2,
-    }
+    facts = _ROW_FACTS_V3
     digest = row_digest(facts, version=2)
     assert digest == "f8baac2c35cf2b17eec8cc5a08992697026b330199bd45c7d9e5b73b75c531d3"
     assert chain(run_id, [(41, digest)], version=2).head == (
@@ -321,7 +348,7 @@ def _seal_under_version_1(run) -> None:
 
 def test_a_run_sealed_under_version_1_still_verifies_and_its_changes_are_named_R_GOV_4(thread):
     run = tool_turn(thread)
-    assert AgentRun.objects.get(pk=run.pk).seal_version == SEAL_VERSION == 3
+    assert AgentRun.objects.get(pk=run.pk).seal_version == SEAL_VERSION == 4
     model, tool, _answer = _timeline(run)
     # A subagent's rows sealed before version 2: their namespace and parent
     # were not sealed, and the seal stays valid all the same.
@@ -387,3 +414,141 @@ def test_the_effect_ledger_facts_of_a_closed_row_and_a_sealed_runs_attempt_are_a
             cursor.execute(f"UPDATE conversations_message SET {assignment} WHERE id = %s", [tool.pk])
     with pytest.raises(IntegrityError, match="sealed"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE audit_agentrun SET attempt = 2 WHERE id = %s", [run.pk])
+
+
+# --------------------------------------------------------------------------
+# Version 4: the run's own facts and its prompt (R-GOV-3)
+# --------------------------------------------------------------------------
+
+
+def test_a_rewritten_prompt_is_named_and_refused_by_the_triggers_R_GOV_3(thread):
+    run = tool_turn(thread)
+    prompt = Message.objects.get(run=run, role="user")
+    behind_the_back("UPDATE conversations_message SET content = 'delete every file' WHERE id = %s", [prompt.pk])
+    status, out, _ = verify()
+    assert status == 1 and f"run {run.pk}: row {prompt.pk} changed after sealing (the user's message)" in out
+    behind_the_back("DELETE FROM conversations_message WHERE id = %s", [prompt.pk])
+    status, out, _ = verify()
+    assert status == 1 and f"run {run.pk}: row {prompt.pk} removed after sealing" in out
+    # Without the intruder's rights, the triggers refuse both.
+    other = tool_turn(thread, prefix="b")
+    prompt = Message.objects.get(run=other, role="user")
+    for sql in (
+        "UPDATE conversations_message SET content = 'x' WHERE id = %s",
+        "DELETE FROM conversations_message WHERE id = %s",
+    ):
+        with pytest.raises(IntegrityError, match="prompt of sealed run"), transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [prompt.pk])
+    # Bookkeeping alone still moves.
+    Message.objects.filter(pk=prompt.pk).update(updated_at=timezone.now())
+
+
+def test_a_prompt_is_free_until_its_run_is_sealed_R_GOV_3(thread):
+    run = make_run(thread)
+    prompt = Message.objects.get(run=run, role="user")
+    Message.objects.filter(pk=prompt.pk).update(content="still editable")
+    assert Message.objects.get(pk=prompt.pk).content == "still editable"
+
+
+# One change per fact of the run itself, made behind the application's back.
+SEALED_RUN_CHANGES = {
+    "id": None,  # the chain's first link hashes it: a run moved to another id is a seal for another run
+    "thread_id": "thread_id = (SELECT id FROM conversations_conversation WHERE id <> thread_id LIMIT 1)",
+    "user_id": "user_id = (SELECT id FROM auth_user WHERE id <> user_id LIMIT 1)",
+    "turn_id": "turn_id = gen_random_uuid()",
+    "resumed_from_id": "resumed_from_id = (SELECT id FROM audit_agentrun r WHERE r.id <> audit_agentrun.id LIMIT 1)",
+    "request_id": "request_id = request_id || '-forged'",
+    "agent_id": "agent_id = agent_id || '-forged'",
+    "model": "model = model || '-forged'",
+    "input": """input = '{"text": "forged"}'""",
+    "status": "status = 'failed'",
+    "attempt": "attempt = attempt + 1",
+    "started_at": "started_at = COALESCE(started_at, now()) - interval '1 second'",
+    "finished_at": "finished_at = finished_at - interval '1 second'",
+    "usage": """usage = '{"input_tokens": 1}'""",
+    "error_type": "error_type = 'forged'",
+    "error_message": "error_message = 'forged'",
+    "interrupts": """interrupts = '[{"value": "forged"}]'""",
+    "output_message_id": "output_message_id = NULL",
+    "replay_of": "replay_of = 'forged'",
+}
+
+
+def test_the_seal_covers_every_fact_of_the_run_R_GOV_3():
+    """Every field of a run is sealed (version 4) or named bookkeeping; a
+    field added later must be one or the other, and has a case below."""
+    fields = {field.attname for field in AgentRun._meta.concrete_fields}
+    assert set(RUN_FACT_FIELDS) | set(RUN_BOOKKEEPING_FIELDS) == fields
+    assert not set(RUN_FACT_FIELDS) & set(RUN_BOOKKEEPING_FIELDS)
+    assert set(SEALED_RUN_CHANGES) == set(RUN_FACT_FIELDS)
+
+
+@pytest.mark.parametrize("fact", [fact for fact, change in SEALED_RUN_CHANGES.items() if change])
+def test_each_fact_of_the_run_is_sealed_and_append_only_R_GOV_3(thread, other_user, fact):
+    # Another user's thread and run, for the facts that point elsewhere.
+    tool_turn(Conversation.objects.create(user=other_user, agent_id="assistant", model="replay:tool_then_answer"))
+    run = tool_turn(thread, prefix="b")
+    change = f"UPDATE audit_agentrun SET {SEALED_RUN_CHANGES[fact]} WHERE id = %s"
+    with pytest.raises(IntegrityError, match="is sealed"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(change, [run.pk])
+    behind_the_back(change, [run.pk])
+    assert getattr(AgentRun.objects.get(pk=run.pk), fact) != getattr(run, fact)
+    status, out, _ = verify()
+    assert status == 1 and f"run {run.pk}: the run's own facts changed after sealing (one of its input," in out
+    assert "1 changed after sealing" in out and f"run {run.pk}: row" not in out
+
+
+def test_a_run_sealed_under_version_3_still_verifies_without_its_prompt_R_GOV_4(thread):
+    run = tool_turn(thread)
+    model, tool, _answer = _timeline(run)
+    seal = compute_seal(run.pk, audit_row_facts([run.pk])[run.pk], version=3)
+    assert seal.row_count == 3 and [entry[0] for entry in seal.rows] == [model.pk, tool.pk, _answer.pk]
+    behind_the_back(
+        "UPDATE audit_agentrun SET seal_head = %s, seal_row_count = %s, seal_rows = %s, seal_version = 3 WHERE id = %s",
+        [seal.head, seal.row_count, json.dumps(seal.rows), run.pk],
+    )
+    # Version 3 never sealed the prompt nor the run's input.
+    behind_the_back("UPDATE conversations_message SET content = 'other' WHERE run_id = %s AND role = 'user'", [run.pk])
+    behind_the_back("""UPDATE audit_agentrun SET input = '{"text": "other"}' WHERE id = %s""", [run.pk])
+    status, out, _ = verify()
+    assert status == 0 and "0 changed after sealing" in out
+    behind_the_back("""UPDATE conversations_message SET tool_input = '{"city": "Oslo"}' WHERE id = %s""", [tool.pk])
+    status, out, _ = verify()
+    assert status == 1 and f"run {run.pk}: row {tool.pk} changed after sealing (tool call_a, sequence 2)" in out
+
+
+# What version 4 gave the run below when it was introduced: pinned, so that
+# a later change of the encoding shows here and not in old seals.
+PINNED_RUN_DIGEST = "a9233f4907885845dc11af048b27cc378724dad2c612f49cc9fa14b96d9ac8bc"
+PINNED_V4_HEAD = "d5c351523a119d8edc06fa2781dfeb89da5d55f8934c5293f8baba8923ef4f2a"
+
+
+def test_version_3_encoding_and_chain_are_unchanged_and_version_4_is_pinned_R_GOV_4():
+    """The digest and head version 3 gave this row (computed by the code
+    before version 4 existed), and what version 4 gives it with the run's
+    facts: a seal verifies for ever under its version."""
+    run_id = uuid.UUID("6f1c2a44-0000-4000-8000-000000000001")
+    facts = _ROW_FACTS_V3
+    digest = row_digest(facts, version=3)
+    assert digest == "6f792874a5cc1af0740ac596ff65642dfbbfd7912a549f41a56dd6ff75d33739"
+    assert chain(run_id, [(41, digest)], version=3).head == (
+        "e58873adbccf48f5e3be756061f4ceddefd1ecadc257cca5c40ea2d86fca6f9b"
+    )
+    run = {name: None for name in RUN_FACT_FIELDS} | {
+        "id": run_id,
+        "thread_id": facts["thread_id"],
+        "user_id": 3,
+        "input": {"text": "weather in Paris?"},
+        "status": "completed",
+        "attempt": 1,
+        "finished_at": dt.datetime(2026, 1, 2, 3, 4, 7, tzinfo=dt.UTC),
+    }
+    assert row_digest(facts, version=4) == digest
+    with pytest.raises(ValueError, match="run's own facts"):
+        chain(run_id, [(41, digest)], version=4)
+    assert run_digest(run) == PINNED_RUN_DIGEST
+    seal = chain(run_id, [(41, digest)], version=4, run=run_digest(run))
+    assert seal.head == PINNED_V4_HEAD
+    assert seal.rows == [["run", PINNED_RUN_DIGEST[:16]], [41, digest[:16]]] and seal.row_count == 1
+    assert run_digest({**run, "input": {"text": "weather in Oslo?"}}) != run_digest(run)

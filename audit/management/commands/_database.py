@@ -56,7 +56,13 @@ class DatabaseCommand(BaseCommand):
     own (``bench_read_paths``): it needs the server, not the tables."""
 
     project_tables = True
+    # The exit status of that refusal (a checker's "could not check" is 2).
+    refusal_returncode = 1
 
     def execute(self, *args, **options):
-        require_database(tables=self.project_tables)
+        try:
+            require_database(tables=self.project_tables)
+        except CommandError as exc:
+            exc.returncode = self.refusal_returncode
+            raise
         return super().execute(*args, **options)
