@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -328,16 +328,21 @@ class Config(BaseSettings):
     )
 
     # --- signed digests (R-GOV-5) ---
-    AUDIT_DIGEST_PRIVATE_KEY: str = Field(
+    # The names these two had when digests were first built are still read.
+    AUDIT_SIGNING_KEY: str = Field(
         default="",
+        validation_alias=AliasChoices("AUDIT_SIGNING_KEY", "AUDIT_DIGEST_PRIVATE_KEY"),
         description=(
             "The Ed25519 private key that signs the audit digests, PEM (PKCS#8), e.g. from "
-            "`openssl genpkey -algorithm ed25519`. Or `AUDIT_DIGEST_PRIVATE_KEY_FILE`. Never stored in the "
-            "database. Neither set: no digest is published. See [governance](governance.md#signed-digests)."
+            "`openssl genpkey -algorithm ed25519`. Or `AUDIT_SIGNING_KEY_FILE`. Never stored in the "
+            "database. Neither set: no digest is published. See [governance](governance.md#signed-digests). Its "
+            "first name, `AUDIT_DIGEST_PRIVATE_KEY` (and `_FILE`), is read too."
         ),
     )
-    AUDIT_DIGEST_PRIVATE_KEY_FILE: str = Field(
-        default="", description="A file holding that private key (PEM), instead of `AUDIT_DIGEST_PRIVATE_KEY`."
+    AUDIT_SIGNING_KEY_FILE: str = Field(
+        default="",
+        validation_alias=AliasChoices("AUDIT_SIGNING_KEY_FILE", "AUDIT_DIGEST_PRIVATE_KEY_FILE"),
+        description="A file holding that private key (PEM), instead of `AUDIT_SIGNING_KEY`.",
     )
     AUDIT_DIGEST_DIR: str = Field(
         default="var/digests",

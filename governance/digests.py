@@ -22,7 +22,7 @@ ago (so every terminal transaction that sealed a run in it has committed):
 - ``digest`` = SHA-256 of the signed message (``yuxi-audit-digest/v1`` and
   a newline, then the header's canonical JSON) and the Ed25519
   ``signature`` of that message, by a private key read from the
-  environment or a file (``AUDIT_DIGEST_PRIVATE_KEY[_FILE]``), never from
+  environment or a file (``AUDIT_SIGNING_KEY[_FILE]``), never from
   the database.
 
 The header, digest and signature are stored in the database and appended
@@ -89,16 +89,16 @@ MAX_INTERVALS_PER_CALL = 500
 
 
 def signing_key() -> Ed25519PrivateKey | None:
-    """The private key of ``AUDIT_DIGEST_PRIVATE_KEY`` (PEM text) or
-    ``AUDIT_DIGEST_PRIVATE_KEY_FILE``; None when neither is set. Raises
+    """The private key of ``AUDIT_SIGNING_KEY`` (PEM text) or
+    ``AUDIT_SIGNING_KEY_FILE``; None when neither is set. Raises
     :class:`DigestKeyError` for a key that is not an Ed25519 private key."""
     config = get_config()
-    pem = config.AUDIT_DIGEST_PRIVATE_KEY
-    if not pem and config.AUDIT_DIGEST_PRIVATE_KEY_FILE:
+    pem = config.AUDIT_SIGNING_KEY
+    if not pem and config.AUDIT_SIGNING_KEY_FILE:
         try:
-            pem = Path(config.AUDIT_DIGEST_PRIVATE_KEY_FILE).read_text(encoding="ascii")
+            pem = Path(config.AUDIT_SIGNING_KEY_FILE).read_text(encoding="ascii")
         except (OSError, UnicodeDecodeError) as exc:
-            raise DigestKeyError(f"AUDIT_DIGEST_PRIVATE_KEY_FILE: cannot read it: {exc}") from exc
+            raise DigestKeyError(f"AUDIT_SIGNING_KEY_FILE: cannot read it: {exc}") from exc
     if not pem:
         return None
     try:

@@ -50,7 +50,11 @@ _BYPASS = f"""(
 )"""
 
 # restrict_violation: Django raises IntegrityError.
-_REFUSE = "USING ERRCODE = 'restrict_violation', HINT = 'only purge_payloads and erase_user may change the audit'"
+_REFUSE = (
+    "USING ERRCODE = 'restrict_violation', "
+    "HINT = 'only purge_payloads, erase_user or an audited bypass (governance.bypass.audited_bypass) "
+    "may change the audit'"
+)
 
 _CLOSED_FACTS = """
     (OLD.run_id, OLD.thread_id, OLD.role, OLD.operation_id, OLD.sequence, OLD.execution_status,

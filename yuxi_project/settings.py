@@ -266,7 +266,7 @@ if CONFIG.RETENTION_DAYS is not None:
     }
 # Signed digests (R-GOV-5): every minute the due ones are published; only
 # scheduled when a digest key is set.
-if CONFIG.AUDIT_DIGEST_PRIVATE_KEY or CONFIG.AUDIT_DIGEST_PRIVATE_KEY_FILE:
+if CONFIG.AUDIT_SIGNING_KEY or CONFIG.AUDIT_SIGNING_KEY_FILE:
     CELERY_BEAT_SCHEDULE["publish-digests"] = {
         "task": "governance.publish_digests",
         "schedule": 60.0,

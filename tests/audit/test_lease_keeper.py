@@ -65,9 +65,21 @@ def test_a_write_failing_while_the_lease_runs_out_leaves_the_cause_before_it_exp
         with pytest.raises(AuditWriteFailed):
             await write_with_retry(_unreachable_write)
 
+    def causes_now() -> dict:
+        try:
+            return failure_causes([run.id])
+        finally:
+            connections.close_all()  # this helper thread's own connection
+
     async def renew_once(keeper) -> None:
+        # Until a renewal took the cause back (polled: a loaded machine may
+        # take longer than one TTL to renew), then stop the keeper.
         task = asyncio.create_task(keeper)
-        await asyncio.sleep(0.8)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not task.done():
+            await asyncio.sleep(0.1)
+            if not await asyncio.to_thread(causes_now):
+                break
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

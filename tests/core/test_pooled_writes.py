@@ -178,7 +178,8 @@ def test_the_terminal_transaction_is_made_on_the_loop_in_one_transaction_R_RUN_5
     assert hops == [], "the usual terminal transaction needs no thread"
     assert run.status == "completed" and run.output_message.operation_id == "lc_run--t1"
     stored = AgentRun.objects.get(pk=lease.run_id)
-    assert (stored.status, stored.seal_row_count, stored.lease_expires_at) == ("completed", 1, None)
+    # Sealed over its prompt and its one model call.
+    assert (stored.status, stored.seal_row_count, stored.lease_expires_at) == ("completed", 2, None)
     assert stored.rolled_up_at is not None, "the rollup commits with the run's end"
     row = Message.objects.get(operation_id="lc_run--t1")
     assert row.metadata["state_reconciled"] and row.message_type == Message.Type.TEXT

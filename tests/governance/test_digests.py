@@ -65,7 +65,7 @@ def signer(monkeypatch, tmp_path):
     grace; yields (digest folder, public key file)."""
     key = Ed25519PrivateKey.generate()
     config = get_config()
-    monkeypatch.setattr(config, "AUDIT_DIGEST_PRIVATE_KEY", _pem(key))
+    monkeypatch.setattr(config, "AUDIT_SIGNING_KEY", _pem(key))
     monkeypatch.setattr(config, "AUDIT_DIGEST_DIR", str(tmp_path / "digests"))
     monkeypatch.setattr(config, "AUDIT_DIGEST_INTERVAL_SECONDS", 1)
     monkeypatch.setattr(config, "AUDIT_DIGEST_GRACE_SECONDS", 0)
@@ -244,10 +244,10 @@ def test_a_missing_file_write_is_caught_up_and_the_commands_refuse_bad_input_R_G
         call_command(
             "verify_audit", "--digests", str(folder), "--public-key", str(folder / FILE_NAME), stdout=io.StringIO()
         )
-    monkeypatch.setattr(get_config(), "AUDIT_DIGEST_PRIVATE_KEY", "")
+    monkeypatch.setattr(get_config(), "AUDIT_SIGNING_KEY", "")
     with pytest.raises(CommandError, match="no digest key"):
         call_command("publish_digest", stdout=io.StringIO())
-    monkeypatch.setattr(get_config(), "AUDIT_DIGEST_PRIVATE_KEY", "not a key")
+    monkeypatch.setattr(get_config(), "AUDIT_SIGNING_KEY", "not a key")
     with pytest.raises(CommandError, match="not a PEM private key"):
         call_command("publish_digest", stdout=io.StringIO())
     assert load_public_key(public) is not None and verify_digests(folder, load_public_key(public)).ok
@@ -362,3 +362,16 @@ def test_exit_status_2_when_the_check_cannot_run_and_1_counts_every_difference_R
     status, out, err = verify("--digests", str(folder), "--public-key", public)
     assert status == 1, out + err
     assert "1 run(s) changed after sealing (1 finding(s)); the audit does not match its signed digests" in err, err
+
+
+def test_the_signing_key_settings_have_their_contract_names_and_the_first_names_still_read_R_GOV_5(monkeypatch):
+    from core.config import Config
+
+    monkeypatch.setenv("AUDIT_SIGNING_KEY_FILE", "/etc/yuxi/signing.pem")
+    monkeypatch.setenv("AUDIT_SIGNING_KEY", "pem text")
+    config = Config()
+    assert (config.AUDIT_SIGNING_KEY, config.AUDIT_SIGNING_KEY_FILE) == ("pem text", "/etc/yuxi/signing.pem")
+    monkeypatch.delenv("AUDIT_SIGNING_KEY_FILE")
+    monkeypatch.delenv("AUDIT_SIGNING_KEY")
+    monkeypatch.setenv("AUDIT_DIGEST_PRIVATE_KEY_FILE", "/etc/yuxi/old.pem")
+    assert Config().AUDIT_SIGNING_KEY_FILE == "/etc/yuxi/old.pem"

@@ -2,7 +2,7 @@
 are due (R-GOV-5); Celery beat does the same every minute when a key is
 set.
 
-    export AUDIT_DIGEST_PRIVATE_KEY_FILE=/etc/yuxi/digest-key.pem
+    export AUDIT_SIGNING_KEY_FILE=/etc/yuxi/digest-key.pem
     manage.py publish_digest
 """
 
@@ -18,15 +18,15 @@ from governance.digests import DigestKeyError, publish_digests, signing_key
 class Command(DatabaseCommand):
     help = (
         "Publish the signed digest of every audit interval that ended and has none yet: stored in the database "
-        "and appended to AUDIT_DIGEST_DIR/digests.jsonl. Needs AUDIT_DIGEST_PRIVATE_KEY or "
-        "AUDIT_DIGEST_PRIVATE_KEY_FILE."
+        "and appended to AUDIT_DIGEST_DIR/digests.jsonl. Needs AUDIT_SIGNING_KEY or "
+        "AUDIT_SIGNING_KEY_FILE."
     )
 
     def handle(self, *args, **options):
         try:
             if signing_key() is None:
                 raise CommandError(
-                    "no digest key: set AUDIT_DIGEST_PRIVATE_KEY_FILE (or AUDIT_DIGEST_PRIVATE_KEY) to an Ed25519 "
+                    "no digest key: set AUDIT_SIGNING_KEY_FILE (or AUDIT_SIGNING_KEY) to an Ed25519 "
                     "private key in PEM, e.g. made by `openssl genpkey -algorithm ed25519 -out digest-key.pem`"
                 )
             made = publish_digests()

@@ -85,6 +85,8 @@ class Command(DatabaseCommand):
             failures.append(f"the audit does not match its signed digests ({len(digest_report.problems)} problem(s))")
         if failures:
             raise CommandError("; ".join(failures), returncode=DIFFERS)
+        if digest_report is not None:
+            self.stdout.write(self.style.SUCCESS("the audit matches its seals and its signed digests"))
 
     def _runs(self, run, since, batch_size):
         """The terminal runs to check; raises a usage error (exit 2) for a
@@ -117,7 +119,7 @@ class Command(DatabaseCommand):
             self.stdout.write("no terminal runs to verify")
             return None
         self.stdout.write(
-            f"{report.checked} runs: {report.sealed} sealed, {report.unsealed} unsealed "
+            f"{report.checked} run{'' if report.checked == 1 else 's'}: {report.sealed} sealed, {report.unsealed} unsealed "
             f"(ended before sealing existed), {report.changed} changed after sealing"
         )
         if not report.findings:
