@@ -20,6 +20,22 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
+# The SECRET_KEY of an unconfigured checkout: public, so refused with DEBUG
+# off (yuxi_project.deploy_guard, R-SEC-1).
+INSECURE_SECRET_KEY = "dev-insecure-change-me"
+
+
+def proxy_ssl_header(value: str) -> tuple[str, str] | None:
+    """``SECURE_PROXY_SSL_HEADER`` (``"X-Forwarded-Proto: https"``) as
+    Django's setting wants it (``("HTTP_X_FORWARDED_PROTO", "https")``);
+    None when it is not a header name, a colon and a value."""
+    name, colon, expected = value.partition(":")
+    name, expected = name.strip(), expected.strip()
+    if not colon or not expected or not name or not all(c.isalnum() or c == "-" for c in name):
+        return None
+    return "HTTP_" + name.upper().replace("-", "_"), expected
+
+
 class ConfigError(RuntimeError):
     """An environment variable holds a value the product cannot use."""
 
@@ -74,11 +90,58 @@ class Config(BaseSettings):
         description="The queue of the dispatcher and the lease sweeper, served by its own worker (R-RUN-9).",
     )
     # --- Django ---
-    SECRET_KEY: str = Field(default="dev-insecure-change-me", description="Django's secret key; set it in production.")
+    SECRET_KEY: str = Field(
+        default=INSECURE_SECRET_KEY,
+        description=(
+            "Django's secret key (sessions, CSRF, password reset links): 50 or more random characters, "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`. With `DEBUG` off the web server and "
+            "the workers refuse to start on the default, which is public (R-SEC-1); `bin/quickstart` makes one "
+            "for its checkout in `var/secret_key`."
+        ),
+    )
     DEBUG: bool = Field(default=False, description="Django's debug mode.")
     ALLOWED_HOSTS: Annotated[list[str], NoDecode] = Field(
         default=["127.0.0.1", "localhost", "testserver"],
         description="Host names the web server answers, comma separated.",
+    )
+    # --- HTTPS (R-SEC-1): Django's settings of the same names ---
+    SECURE_SSL_REDIRECT: bool = Field(
+        default=False,
+        description=(
+            "Redirect every plain-HTTP request to HTTPS. Behind a proxy that ends TLS, set "
+            "`SECURE_PROXY_SSL_HEADER` too (or the redirect never ends)."
+        ),
+    )
+    SECURE_PROXY_SSL_HEADER: str = Field(
+        default="",
+        description=(
+            "The header and value by which the reverse proxy says a request came over HTTPS, "
+            "`X-Forwarded-Proto: https`. Only behind a proxy that sets it and drops it from what clients send. "
+            "Unset: a request is HTTPS only when it reached the web server over TLS."
+        ),
+    )
+    SECURE_HSTS_SECONDS: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "`Strict-Transport-Security` max-age on HTTPS responses, in seconds; 0 sends none. Start with 300 and "
+            "raise it to a year (31536000) once every page works over HTTPS: browsers then refuse plain HTTP."
+        ),
+    )
+    SECURE_HSTS_INCLUDE_SUBDOMAINS: bool = Field(
+        default=False, description="Add `includeSubDomains` to `Strict-Transport-Security`."
+    )
+    SECURE_HSTS_PRELOAD: bool = Field(default=False, description="Add `preload` to `Strict-Transport-Security`.")
+    SESSION_COOKIE_SECURE: bool = Field(
+        default=False, description="Send the session cookie (admin, dashboard) over HTTPS only."
+    )
+    CSRF_COOKIE_SECURE: bool = Field(default=False, description="Send the CSRF cookie over HTTPS only.")
+    CSRF_TRUSTED_ORIGINS: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description=(
+            "Origins allowed to send forms and unsafe requests besides the site's own, comma separated, each with "
+            "its scheme: `https://audit.example.com`. Needed when a proxy serves the site under another origin."
+        ),
     )
     # --- models ---
     MODELS: Annotated[list[str], NoDecode] = Field(
@@ -360,11 +423,26 @@ class Config(BaseSettings):
         ),
     )
 
-    @field_validator("ALLOWED_HOSTS", "MODELS", mode="before")
+    @field_validator("ALLOWED_HOSTS", "MODELS", "CSRF_TRUSTED_ORIGINS", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("CSRF_TRUSTED_ORIGINS")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if not origin.startswith(("https://", "http://")) or origin.count("/") != 2:
+                raise ValueError(f"{origin!r}: each origin is a scheme and a host, such as https://audit.example.com")
+        return value
+
+    @field_validator("SECURE_PROXY_SSL_HEADER")
+    @classmethod
+    def _proxy_header(cls, value: str) -> str:
+        if value and proxy_ssl_header(value) is None:
+            raise ValueError("must be a header and its value, such as 'X-Forwarded-Proto: https'")
         return value
 
     @field_validator("BUDGET_TIME_ZONE")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import uuid
 
 import pytest
@@ -25,6 +27,9 @@ def pytest_configure(config):
         raise pytest.UsageError("the tests need Redis: set REDIS_URL=redis://... (bin/test does this)")
     # Test users need no password strength: see tests/hashers.py.
     settings.PASSWORD_HASHERS = ["tests.hashers.OneIterationPBKDF2PasswordHasher"]
+    # The web servers and workers the tests start refuse the public default
+    # key with DEBUG off (R-SEC-1); bin/test sets one, pytest run alone too.
+    os.environ.setdefault("SECRET_KEY", "test-" + secrets.token_hex(32))
 
 
 @pytest.fixture(autouse=True)

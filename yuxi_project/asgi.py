@@ -1,7 +1,8 @@
 """ASGI entry point: ``uvicorn yuxi_project.asgi:application``.
 
-Refuses to start against a database whose schema does not match the code
-(R-SCH-1, :mod:`yuxi_project.schema_guard`)."""
+Refuses to start with unsafe production settings (R-SEC-1,
+:mod:`yuxi_project.deploy_guard`) or against a database whose schema does
+not match the code (R-SCH-1, :mod:`yuxi_project.schema_guard`)."""
 
 import os
 
@@ -11,7 +12,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yuxi_project.settings")
 
 application = get_asgi_application()
 
+from yuxi_project.deploy_guard import ensure_safe_settings  # noqa: E402
 from yuxi_project.schema_guard import ensure_schema_matches  # noqa: E402
+
+ensure_safe_settings()
 
 ensure_schema_matches()
 

@@ -8,8 +8,9 @@ import ssl
 from urllib.parse import parse_qs, urlsplit
 
 import dj_database_url
+from django.utils.csp import CSP
 
-from core.config import BASE_DIR, get_config
+from core.config import BASE_DIR, get_config, proxy_ssl_header
 from core.pool import pool_check_connection
 
 CONFIG = get_config()
@@ -17,6 +18,38 @@ CONFIG = get_config()
 SECRET_KEY = CONFIG.SECRET_KEY
 DEBUG = CONFIG.DEBUG
 ALLOWED_HOSTS = CONFIG.ALLOWED_HOSTS
+
+# HTTPS (R-SEC-1): from the environment; docs/operating.md lists the
+# production set, with which `manage.py check --deploy` passes.
+SECURE_SSL_REDIRECT = CONFIG.SECURE_SSL_REDIRECT
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header(CONFIG.SECURE_PROXY_SSL_HEADER) if CONFIG.SECURE_PROXY_SSL_HEADER else None
+SECURE_HSTS_SECONDS = CONFIG.SECURE_HSTS_SECONDS
+SECURE_HSTS_INCLUDE_SUBDOMAINS = CONFIG.SECURE_HSTS_INCLUDE_SUBDOMAINS
+SECURE_HSTS_PRELOAD = CONFIG.SECURE_HSTS_PRELOAD
+SESSION_COOKIE_SECURE = CONFIG.SESSION_COOKIE_SECURE
+CSRF_COOKIE_SECURE = CONFIG.CSRF_COOKIE_SECURE
+CSRF_TRUSTED_ORIGINS = CONFIG.CSRF_TRUSTED_ORIGINS
+# The scrape and the probes answer over plain HTTP inside the network
+# (Prometheus and the orchestrator reach the pod, not the public name).
+SECURE_REDIRECT_EXEMPT = [r"^(metrics|healthz|readyz)$"]
+
+# Content Security Policy on every page (R-SEC-1): scripts and styles only
+# from this site's static files (the admin, the dashboard's Chart.js, the
+# API docs' Swagger UI are all served from here, no CDN); inline style
+# attributes stay allowed (the timeline's bars and Django's admin set
+# them), inline scripts never.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF, CSP.UNSAFE_INLINE],
+    "img-src": [CSP.SELF, "data:"],
+    "font-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+}
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -47,6 +80,7 @@ MIDDLEWARE = [
     # First, so every line logged for the request carries its id (R-OPS-1).
     "ops.middleware.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     # Serves admin CSS/JS and the vendored chart library from the ASGI
     # process itself (uvicorn has no static file handler).
     "whitenoise.middleware.WhiteNoiseMiddleware",

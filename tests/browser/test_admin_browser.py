@@ -230,3 +230,60 @@ def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, 
         assert errors == []
     finally:
         context.close()
+
+
+# Collects every Content Security Policy violation of a page (R-SEC-1).
+_CSP_WATCH = """
+window.__cspViolations = [];
+document.addEventListener('securitypolicyviolation', e =>
+    window.__cspViolations.push(e.violatedDirective + ' ' + (e.blockedURI || 'inline')));
+"""
+
+
+def test_no_page_breaks_its_content_security_policy_R_SEC_1(web_url, admin_world, browser):
+    """Each page the product serves, with its scripts running (the timeline
+    expands, the live refresh, the dashboard draws its charts, Swagger UI
+    renders the API), under the policy every response carries: nothing is
+    blocked."""
+    staff, run, _resume, live = admin_world
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=web_url)
+    context.add_init_script(_CSP_WATCH)
+    page = context.new_page()
+    reported: list[str] = []
+    page.on("console", lambda message: "Content Security Policy" in message.text and reported.append(message.text))
+
+    def violations(url: str) -> list[str]:
+        return [f"{url}: {v}" for v in page.evaluate("window.__cspViolations")]
+
+    found: list[str] = []
+    try:
+        response = page.goto("/admin/login/?next=/admin/")
+        assert "script-src 'self'" in response.headers["content-security-policy"]
+        found += violations("login")
+        page.fill("#id_username", staff.username)
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_url("**/admin/")
+        found += violations("index")
+        page.goto(f"/admin/audit/agentrun/{run.pk}/change/")
+        page.locator("#yx-timeline tr.yx-detail summary").first.click()
+        found += violations("run")
+        page.goto(f"/admin/audit/agentrun/{live.pk}/change/")
+        assert page.locator(".yx-live").is_visible()
+        found += violations("live run")
+        page.goto(f"/admin/conversations/conversation/{run.thread_id}/timeline/")
+        found += violations("thread timeline")
+        page.goto("/admin/dashboard/")
+        page.wait_for_selector("#yx-dashboard[data-charts-drawn='9']", timeout=15_000)
+        found += violations("dashboard")
+        page.goto("/api/docs")
+        page.wait_for_selector(".swagger-ui .info", timeout=15_000)
+        found += violations("api docs")
+        # The watch itself works: an inline script is blocked and reported.
+        assert reported == [], reported
+        page.evaluate("document.body.appendChild(document.createElement('script')).textContent = 'window.ran = 1'")
+        page.wait_for_function("window.__cspViolations.length > 0", timeout=15_000)
+        assert page.evaluate("window.ran") is None
+    finally:
+        context.close()
+    assert found == [], found
