@@ -15,6 +15,7 @@ from core.db import release_connection
 from core.errors import InvalidInput, NotFound, PermissionDenied
 from costs.schemas import BudgetExceededOut
 from ops.metrics import track_sse
+from yuxi_project.auth import staff_auth
 from yuxi_project.responses import json_response
 
 from . import export, ledger
@@ -95,6 +96,10 @@ def resume_run(request, run_id: uuid.UUID, payload: RunResumeIn):
 STAFF_ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
 
 
+# Staff-only operations: 403 before their parameters are read (yuxi_project.auth.staff_auth).
+AUDIT_STAFF = staff_auth("the audit timeline is for staff")
+
+
 def _require_staff(request) -> None:
     if not getattr(request.auth, "is_staff", False):
         raise PermissionDenied("the audit timeline is for staff")
@@ -111,7 +116,9 @@ def timeline_body(page: selectors.TimelinePage) -> dict:
     }
 
 
-@router.get("/audit/runs/{run_id}/timeline", response={200: TimelineOut, **STAFF_ERRORS}, tags=["audit"])
+@router.get(
+    "/audit/runs/{run_id}/timeline", response={200: TimelineOut, **STAFF_ERRORS}, tags=["audit"], auth=AUDIT_STAFF
+)
 def run_timeline(request, run_id: uuid.UUID, query: Query[TimelineQuery]):
     """Staff only (R-READ-3): the run's model and tool rows by sequence, with
     raw tool output; the newest ``limit`` (≤ 500), ``truncated`` when older
@@ -124,7 +131,9 @@ def run_timeline(request, run_id: uuid.UUID, query: Query[TimelineQuery]):
     return json_response(timeline_body(page))
 
 
-@router.get("/audit/threads/{thread_id}/timeline", response={200: TimelineOut, **STAFF_ERRORS}, tags=["audit"])
+@router.get(
+    "/audit/threads/{thread_id}/timeline", response={200: TimelineOut, **STAFF_ERRORS}, tags=["audit"], auth=AUDIT_STAFF
+)
 def thread_timeline(request, thread_id: uuid.UUID, query: Query[TimelineQuery]):
     """Staff only (R-READ-3): every run of the thread in creation order,
     each run's rows by sequence; the newest ``limit`` (≤ 500) rows."""
@@ -140,7 +149,7 @@ def thread_timeline(request, thread_id: uuid.UUID, query: Query[TimelineQuery]):
 # --------------------------------------------------------------------------
 
 
-@router.get("/audit/runs", response={200: RunListOut, **STAFF_ERRORS}, tags=["audit"])
+@router.get("/audit/runs", response={200: RunListOut, **STAFF_ERRORS}, tags=["audit"], auth=AUDIT_STAFF)
 def list_runs(request, query: Query[RunListQuery]):
     """Staff only (R-ADM-2): runs matching every given filter, newest first,
     keyset-paginated (``before=next_before``), with model-call and
@@ -168,7 +177,13 @@ def _export_doc(what: str) -> dict:
     }
 
 
-@router.get("/audit/runs/export", response=STAFF_ERRORS, tags=["audit"], openapi_extra=_export_doc("The matching runs"))
+@router.get(
+    "/audit/runs/export",
+    response=STAFF_ERRORS,
+    tags=["audit"],
+    auth=AUDIT_STAFF,
+    openapi_extra=_export_doc("The matching runs"),
+)
 def export_runs(request, query: Query[RunListExportQuery]):
     """Staff only (R-ADM-2): the audit of every run matching the filters of
     ``GET /api/audit/runs``, runs in creation order, as JSON lines or CSV."""
@@ -178,7 +193,13 @@ def export_runs(request, query: Query[RunListExportQuery]):
     return export.streaming_response(request, pieces, fmt=query.format, filename=export.export_filename("runs"))
 
 
-@router.get("/audit/runs/{run_id}/export", response=STAFF_ERRORS, tags=["audit"], openapi_extra=_export_doc("The run"))
+@router.get(
+    "/audit/runs/{run_id}/export",
+    response=STAFF_ERRORS,
+    tags=["audit"],
+    auth=AUDIT_STAFF,
+    openapi_extra=_export_doc("The run"),
+)
 def export_run(request, run_id: uuid.UUID, query: Query[ExportQuery]):
     """Staff only (R-ADM-2): the run's audit timeline, every row, as JSON
     lines or CSV (``format=jsonl|csv``), streamed."""
@@ -193,6 +214,7 @@ def export_run(request, run_id: uuid.UUID, query: Query[ExportQuery]):
     "/audit/threads/{thread_id}/export",
     response=STAFF_ERRORS,
     tags=["audit"],
+    auth=AUDIT_STAFF,
     openapi_extra=_export_doc("Every run of the thread"),
 )
 def export_thread(request, thread_id: uuid.UUID, query: Query[ExportQuery]):
@@ -207,7 +229,9 @@ def export_thread(request, thread_id: uuid.UUID, query: Query[ExportQuery]):
     )
 
 
-@router.get("/audit/runs/{run_id}/scenario", response={200: ScenarioOut, **STAFF_ERRORS}, tags=["audit"])
+@router.get(
+    "/audit/runs/{run_id}/scenario", response={200: ScenarioOut, **STAFF_ERRORS}, tags=["audit"], auth=AUDIT_STAFF
+)
 def run_scenario(request, run_id: uuid.UUID):
     """Staff only (R-REPLAY-1): the run's turn (its first run and every
     resume up to this run) as a replay scenario that the replay model

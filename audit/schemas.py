@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from ninja import Field, Schema
 
+from conversations.schemas import IsoDateTime
+
 
 class TurnInput(Schema):
     text: str = Field(..., min_length=1, max_length=100_000)
@@ -220,8 +222,8 @@ class RunFilterQuery(Schema):
     model: str | None = Field(None, max_length=200, description="Configured model name (`replay:plain_answer`).")
     agent: str | None = Field(None, max_length=100, description="Agent id.")
     user: str | None = Field(None, max_length=150, description="Username, or numeric user id.")
-    from_: datetime | None = Field(None, alias="from", description="Created at or after (ISO 8601; naive = UTC).")
-    to: datetime | None = Field(None, description="Created before (ISO 8601; naive = UTC).")
+    from_: IsoDateTime | None = Field(None, alias="from", description="Created at or after (ISO 8601; naive = UTC).")
+    to: IsoDateTime | None = Field(None, description="Created before (ISO 8601; naive = UTC).")
     tool: str | None = Field(None, max_length=200, description="A tool row of this tool name.")
     tool_status: ExecutionStatus | None = Field(
         None, description="A tool row in this status (with `tool`: the same row)."

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
-from typing import Any, Literal
+from datetime import date, datetime
+from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
+from pydantic import BeforeValidator
 
 from governance.payloads import payload_note
 
@@ -28,6 +29,20 @@ class ThreadOut(Schema):
 class ErrorDetail(Schema):
     code: str
     message: str
+
+
+def _not_a_number(value: Any) -> Any:
+    """Refuse a number where a date is expected: pydantic would read ``0``
+    or ``"1700000000"`` as seconds since 1970 (``to=0``: a 1970 window)."""
+    text = str(value).strip() if isinstance(value, int | float | str) else None
+    if text is not None and text.lstrip("+-").replace(".", "", 1).isdigit():
+        raise ValueError("must be an ISO 8601 date (YYYY-MM-DD) or time, not a number")
+    return value
+
+
+# Dates and times of query parameters: ISO 8601 only.
+IsoDate = Annotated[date, BeforeValidator(_not_a_number)]
+IsoDateTime = Annotated[datetime, BeforeValidator(_not_a_number)]
 
 
 class ErrorOut(Schema):

@@ -7,27 +7,28 @@ inclusive) and ``tz`` (IANA zone the days are counted in, default UTC).
 
 from __future__ import annotations
 
-from datetime import date
 from typing import Literal
 
 from ninja import Field, Query, Router, Schema
 
-from conversations.schemas import ErrorOut
+from conversations.schemas import ErrorOut, IsoDate
 from core.errors import PermissionDenied
 from costs import selectors as cost_selectors
+from yuxi_project.auth import staff_auth
 
 from . import selectors
 from .schemas import CostsOut, FeedbackOut, ModelsOut, OverviewOut, TimeseriesOut, ToolsOut
 
-router = Router(tags=["dashboard"])
+# Staff only: 403 before a parameter is read (yuxi_project.auth.staff_auth).
+router = Router(tags=["dashboard"], auth=staff_auth("the dashboard is for staff"))
 
 ERRORS = {401: ErrorOut, 403: ErrorOut, 422: ErrorOut}
 FEEDBACK_PAGE_MAX = 200
 
 
 class WindowIn(Schema):
-    from_day: date | None = Field(None, alias="from")
-    to_day: date | None = Field(None, alias="to")
+    from_day: IsoDate | None = Field(None, alias="from")
+    to_day: IsoDate | None = Field(None, alias="to")
     tz: str = "UTC"
 
 
