@@ -15,6 +15,7 @@ from core.db import release_connection
 from core.errors import InvalidInput, NotFound, PermissionDenied
 from costs.schemas import BudgetExceededOut
 from ops.metrics import track_sse
+from yuxi_project.api_types import EVENT_ID_SCHEMA
 from yuxi_project.auth import staff_auth
 from yuxi_project.responses import json_response
 
@@ -300,8 +301,8 @@ _SSE_DOC = {
             "in": "header",
             "name": "Last-Event-ID",
             "required": False,
-            "schema": {"type": "string"},
-            "description": "The last event id the client received: the stream resumes after it.",
+            "schema": EVENT_ID_SCHEMA,
+            "description": "The last event id the client received (digits): the stream resumes after it.",
         }
     ],
 }

@@ -3,15 +3,23 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from ninja import Field, Schema
+from pydantic import WithJsonSchema
 
-from conversations.schemas import IsoDateTime
+from yuxi_project.api_types import USD_AMOUNT_SCHEMA, Cursor, IsoDateTime, comma_list_pattern
 
 
 class TurnInput(Schema):
-    text: str = Field(..., min_length=1, max_length=100_000)
+    text: str = Field(
+        ...,
+        min_length=1,
+        max_length=100_000,
+        description="The user's message: not only white space.",
+        # Documents the service's check (``input.text must not be empty``).
+        json_schema_extra={"pattern": r"\S"},
+    )
 
 
 class RunIn(Schema):
@@ -137,7 +145,7 @@ class RunOut(Schema):
 
 class TimelineQuery(Schema):
     limit: int = Field(500, ge=1, le=500, description="At most 500 rows per page.")
-    before: str | None = Field(None, max_length=500, description="`next_before` of the newer page.")
+    before: Cursor | None = Field(None, description="`next_before` of the newer page.")
 
 
 class TimelineItemOut(Schema):
@@ -210,28 +218,42 @@ class TimelineOut(Schema):
 RunStatus = Literal["pending", "running", "cancel_requested", "completed", "failed", "cancelled", "interrupted"]
 ExecutionStatus = Literal["running", "completed", "failed", "interrupted", "abandoned", "rejected"]
 
+#: ``failed,cancelled``: the schema names the statuses; the server's own
+#: check answers an unknown one with the allowed list (``parse_statuses``).
+RunStatusList = Annotated[
+    str,
+    Field(max_length=200),
+    WithJsonSchema({"type": "string", "maxLength": 200, "pattern": comma_list_pattern(get_args(RunStatus))}),
+]
+
 
 class RunFilterQuery(Schema):
     """Run filters of the staff run list and export (R-ADM-2). Every filter
     is optional; given ones must all match."""
 
-    status: str | None = Field(
-        None, max_length=200, description="A run status, or several separated by commas (`failed,cancelled`)."
+    status: RunStatusList | None = Field(
+        None, description="A run status, or several separated by commas (`failed,cancelled`)."
     )
     error_type: str | None = Field(None, max_length=100, description="Exact error type (`model_error`, …).")
     model: str | None = Field(None, max_length=200, description="Configured model name (`replay:plain_answer`).")
     agent: str | None = Field(None, max_length=100, description="Agent id.")
     user: str | None = Field(None, max_length=150, description="Username, or numeric user id.")
     from_: IsoDateTime | None = Field(None, alias="from", description="Created at or after (ISO 8601; naive = UTC).")
-    to: IsoDateTime | None = Field(None, description="Created before (ISO 8601; naive = UTC).")
+    to: IsoDateTime | None = Field(
+        None, description="Created before (ISO 8601; naive = UTC); after `from` (else 422, `field: from`)."
+    )
     tool: str | None = Field(None, max_length=200, description="A tool row of this tool name.")
     tool_status: ExecutionStatus | None = Field(
         None, description="A tool row in this status (with `tool`: the same row)."
     )
     rejected: bool | None = Field(None, description="true: has a rejected approval; false: has none.")
     min_duration_ms: int | None = Field(None, ge=0, le=10**12, description="Run duration at least this, in ms.")
-    min_cost_usd: Decimal | None = Field(
-        None, ge=0, max_digits=18, decimal_places=9, description="Run cost at least this, in USD (where recorded)."
+    min_cost_usd: Annotated[Decimal, WithJsonSchema(USD_AMOUNT_SCHEMA)] | None = Field(
+        None,
+        ge=0,
+        max_digits=18,
+        decimal_places=9,
+        description="Run cost at least this, in USD (a decimal string, where recorded).",
     )
     q: str | None = Field(
         None,
@@ -248,7 +270,7 @@ class RunFilterQuery(Schema):
 
 class RunListQuery(RunFilterQuery):
     limit: int = Field(50, ge=1, le=200, description="At most 200 runs per page.")
-    before: str | None = Field(None, max_length=500, description="`next_before` of the previous page.")
+    before: Cursor | None = Field(None, description="`next_before` of the previous page.")
 
 
 class ExportQuery(Schema):

@@ -1,18 +1,39 @@
 from __future__ import annotations
 
 import uuid
-from datetime import date, datetime
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Literal
 
 from ninja import Field, Schema
-from pydantic import BeforeValidator
 
+from audit import catalogue
 from governance.payloads import payload_note
+from yuxi_project.api_types import Cursor
+
+
+def _enum_of(names) -> Callable[[dict], None]:
+    """Name the allowed values in the OpenAPI document, read when the document
+    is built (the models come from settings). The server keeps its own check,
+    whose 422 lists them too (``unknown_agent``, ``unknown_model``)."""
+
+    def extra(schema: dict) -> None:
+        for branch in schema.get("anyOf", [schema]):
+            if branch.get("type") == "string":
+                branch["enum"] = list(names())
+
+    return extra
 
 
 class ThreadIn(Schema):
-    agent_id: str = Field(..., min_length=1, max_length=100)
-    model: str | None = Field(None, min_length=1, max_length=200)
+    agent_id: str = Field(..., min_length=1, max_length=100, json_schema_extra=_enum_of(lambda: catalogue.AGENTS))
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="A chat model (default: the first configured one).",
+        json_schema_extra=_enum_of(catalogue.available_models),
+    )
     title: str = Field("", max_length=200)
 
 
@@ -29,20 +50,6 @@ class ThreadOut(Schema):
 class ErrorDetail(Schema):
     code: str
     message: str
-
-
-def _not_a_number(value: Any) -> Any:
-    """Refuse a number where a date is expected: pydantic would read ``0``
-    or ``"1700000000"`` as seconds since 1970 (``to=0``: a 1970 window)."""
-    text = str(value).strip() if isinstance(value, int | float | str) else None
-    if text is not None and text.lstrip("+-").replace(".", "", 1).isdigit():
-        raise ValueError("must be an ISO 8601 date (YYYY-MM-DD) or time, not a number")
-    return value
-
-
-# Dates and times of query parameters: ISO 8601 only.
-IsoDate = Annotated[date, BeforeValidator(_not_a_number)]
-IsoDateTime = Annotated[datetime, BeforeValidator(_not_a_number)]
 
 
 class ErrorOut(Schema):
@@ -180,7 +187,7 @@ class HistoryPageOut(Schema):
 
 class HistoryQuery(Schema):
     limit: int = Field(50, ge=1, le=200)
-    before: str | None = Field(None, max_length=500)
+    before: Cursor | None = Field(None, description="`next_before` of the newer page.")
 
 
 class MemoryQuery(Schema):

@@ -11,9 +11,10 @@ from typing import Literal
 
 from ninja import Field, Query, Router, Schema
 
-from conversations.schemas import ErrorOut, IsoDate
+from conversations.schemas import ErrorOut
 from core.errors import PermissionDenied
 from costs import selectors as cost_selectors
+from yuxi_project.api_types import DashboardDay, time_zone_schema
 from yuxi_project.auth import staff_auth
 
 from . import selectors
@@ -22,14 +23,32 @@ from .schemas import CostsOut, FeedbackOut, ModelsOut, OverviewOut, TimeseriesOu
 # Staff only: 403 before a parameter is read (yuxi_project.auth.staff_auth).
 router = Router(tags=["dashboard"], auth=staff_auth("the dashboard is for staff"))
 
+
+def _time_zone_enum(schema: dict) -> None:
+    schema.update(time_zone_schema())
+
+
 ERRORS = {401: ErrorOut, 403: ErrorOut, 422: ErrorOut}
 FEEDBACK_PAGE_MAX = 200
 
 
 class WindowIn(Schema):
-    from_day: IsoDate | None = Field(None, alias="from")
-    to_day: IsoDate | None = Field(None, alias="to")
-    tz: str = "UTC"
+    """The window (``dashboard.selectors.dashboard_window``): ``from`` and
+    ``to`` inclusive, at most 366 days; JSON Schema cannot relate two
+    parameters, so the descriptions say it and the server answers 422."""
+
+    from_day: DashboardDay | None = Field(
+        None,
+        alias="from",
+        description="First day (inclusive) in `tz`. Default: 29 days before `to`. "
+        "At most 366 days before `to` and not after it (else 422, `field: from` or `to`).",
+    )
+    to_day: DashboardDay | None = Field(
+        None,
+        alias="to",
+        description="Last day (inclusive) in `tz`. Default: today in `tz`, or `from` if that is later.",
+    )
+    tz: str = Field("UTC", description="IANA time zone the days are counted in.", json_schema_extra=_time_zone_enum)
 
 
 def staff_window(request, params: WindowIn) -> selectors.Window:
@@ -45,7 +64,7 @@ def window_out(window: selectors.Window) -> dict:
 
 
 @router.get("/dashboard/overview", response={200: OverviewOut, **ERRORS})
-def overview(request, params: Query[WindowIn]):
+def dashboard_overview(request, params: Query[WindowIn]):
     """Conversations, active users, messages (audit excluded), runs by
     status and token totals of the window."""
     window = staff_window(request, params)
@@ -53,14 +72,14 @@ def overview(request, params: Query[WindowIn]):
 
 
 @router.get("/dashboard/models", response={200: ModelsOut, **ERRORS})
-def models(request, params: Query[WindowIn]):
+def dashboard_models(request, params: Query[WindowIn]):
     """Tokens per model and day; latency p50/p95 (ms) per model."""
     window = staff_window(request, params)
     return {"window": window_out(window), **selectors.models_report(window)}
 
 
 @router.get("/dashboard/tools", response={200: ToolsOut, **ERRORS})
-def tools(request, params: Query[WindowIn]):
+def dashboard_tools(request, params: Query[WindowIn]):
     """Tool executions, successes and failures per tool and per day
     (executions only: rows with ``started_at``)."""
     window = staff_window(request, params)
@@ -68,20 +87,20 @@ def tools(request, params: Query[WindowIn]):
 
 
 @router.get("/dashboard/timeseries", response={200: TimeseriesOut, **ERRORS})
-def timeseries(request, params: Query[WindowIn]):
+def dashboard_timeseries(request, params: Query[WindowIn]):
     """Per day: conversations, messages, runs, tokens, tool executions."""
     window = staff_window(request, params)
     return {"window": window_out(window), "days": selectors.timeseries(window)}
 
 
 class FeedbackQuery(WindowIn):
-    rating: str | None = None
+    rating: Literal["like", "dislike"] | None = Field(None, description="Only likes or only dislikes.")
     limit: int = Field(50, ge=1, le=FEEDBACK_PAGE_MAX)
     offset: int = Field(0, ge=0, le=1_000_000)
 
 
 @router.get("/dashboard/feedback", response={200: FeedbackOut, **ERRORS})
-def feedback(request, params: Query[FeedbackQuery]):
+def dashboard_feedback(request, params: Query[FeedbackQuery]):
     """Likes, dislikes, satisfaction rate and the feedback list (newest
     first, ``limit``/``offset`` paged); feedback on audit rows excluded."""
     window = staff_window(request, params)
@@ -111,7 +130,7 @@ class CostsQuery(WindowIn):
 
 
 @router.get("/dashboard/costs", response={200: CostsOut, **ERRORS})
-def costs(request, params: Query[CostsQuery]):
+def dashboard_costs(request, params: Query[CostsQuery]):
     """Cost (USD, decimal strings) of the model calls that closed in the
     window, in total and per ``model`` (configured name), ``user`` (most
     first) or ``day`` (every day of the window); calls of unknown cost are

@@ -17,9 +17,71 @@ from .auth import api_auth
 from .parser import CheckedJSONParser
 from .responses import RENDERER
 
-api = NinjaAPI(
+API_DESCRIPTION = """\
+Threads, runs, history, live events and feedback for the signed-in user;
+audit timelines, run search and exports, and dashboards for staff.
+
+Authentication: `Authorization: Bearer <token>` (a per-user API token), or
+the Django session cookie. With the session, every `POST` also needs
+Django's CSRF token in the `X-CSRFToken` header, else 403 `csrf_failed`.
+
+Every error answer has one shape, `{"error": {"code", "message", ...}}`,
+also where no operation matched: an unknown path under `/api/` is 404
+`not_found`, a method a path does not offer is 405 `method_not_allowed`
+with the offered methods in `allowed` and in the `Allow` header.
+"""
+
+#: Methods Django's CSRF check applies to (session authentication only).
+UNSAFE_METHODS = ("post", "put", "patch", "delete")
+
+
+#: A query string never carries a NUL character (``parser.check_payload``).
+NO_NUL_PATTERN = r"^[^\u0000]*$"
+
+
+def _without_nul(schema: dict) -> None:
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "string" and not {"pattern", "enum", "format"} & branch.keys():
+            branch["pattern"] = NO_NUL_PATTERN
+
+
+class AuditAPI(NinjaAPI):
+    def get_openapi_schema(self, *, path_prefix=None, path_params=None):
+        """ninja's document, plus two rules that apply before any operation
+        runs, so that no operation's own schema can state them: free text
+        in a query string has no NUL character (the parser refuses one),
+        and every unsafe operation may answer the CSRF check's 403 (it runs
+        in the session authentication)."""
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        error = {"$ref": "#/components/schemas/ErrorOut"}
+        for operations in schema["paths"].values():
+            for method, operation in operations.items():
+                for parameter in operation.get("parameters", []):
+                    if parameter["in"] == "query":
+                        _without_nul(parameter["schema"])
+                if method in UNSAFE_METHODS:
+                    operation["responses"].setdefault(
+                        403,
+                        {
+                            "description": "Session authentication without a valid CSRF token (`csrf_failed`).",
+                            "content": {"application/json": {"schema": error}},
+                        },
+                    )
+        return schema
+
+    def get_openapi_operation_id(self, operation) -> str:
+        """``listRuns`` for ``list_runs``: the view's name in camelCase, the
+        name a generated client gives the call (ninja's default prefixes
+        the Python module: ``audit_api_list_runs``). Names are unique across
+        the routers (tests/read/test_openapi_contract.py)."""
+        head, *rest = operation.view_func.__name__.split("_")
+        return head + "".join(word.capitalize() for word in rest)
+
+
+api = AuditAPI(
     title="Agent run audit API",
     version="1",
+    description=API_DESCRIPTION,
     auth=api_auth,
     docs_url="/docs",
     urls_namespace="api",
@@ -76,6 +138,13 @@ def _http_error(request, exc: HttpError):
         # A body that is not JSON (ninja's "Cannot parse request body") is
         # malformed input like any other: one documented answer, 422 (R-READ-6).
         return api.create_response(request, error_body("invalid_input", str(exc)), status=422)
+    if exc.status_code == 403 and str(exc) == "CSRF check Failed":
+        # ninja's session authentication refusing an unsafe request.
+        return api.create_response(
+            request,
+            error_body("csrf_failed", "the session's CSRF token is missing or wrong (send it as X-CSRFToken)"),
+            status=403,
+        )
     return api.create_response(request, error_body("http_error", str(exc)), status=exc.status_code)
 
 

@@ -132,3 +132,9 @@ def resume_run_of(run: AgentRun, *, decisions: list[dict]) -> AgentRun:
         model=run.model,
         input={"decisions": decisions},
     )
+
+
+def caller_headers(case, world) -> dict:
+    """The case's headers with the token of whom its path is for."""
+    staff_only = case.path.startswith(("/api/audit/", "/api/dashboard/"))
+    return {**(case.headers or {}), **(world["staff"] if staff_only else world["owner"])}

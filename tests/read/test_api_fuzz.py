@@ -17,34 +17,18 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.conftest import bearer
-
-from .builders import tool_turn
+from .builders import caller_headers
 
 schema = schemathesis.openapi.from_wsgi("/api/openapi.json", get_wsgi_application())
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
-@pytest.fixture
-def world(thread, staff_user):
-    """A thread with a finished tool turn, so that half of the generated
-    requests hit real resources (the other half keep random ids: 404s)."""
-    run = tool_turn(thread)
-    return {
-        "ids": {"thread_id": str(thread.id), "run_id": str(run.id), "message_id": run.output_message_id},
-        "owner": bearer(thread.user),
-        "staff": bearer(staff_user),
-    }
-
-
 @pytest.mark.django_db(transaction=True)
 @schema.parametrize()
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-def test_api_answers_documented_responses_only_R_READ_6(case, world):
+def test_api_answers_documented_responses_only_R_READ_6(case, api_world):
     params = case.path_parameters or {}
     if params and hash(repr(sorted(params.items()))) % 2 == 0:
-        case.path_parameters = {name: world["ids"].get(name, value) for name, value in params.items()}
-    staff_only = case.path.startswith(("/api/audit/", "/api/dashboard/"))
-    headers = world["staff"] if staff_only else world["owner"]
-    case.call_and_validate(headers={**(case.headers or {}), **headers}, checks=CHECKS)
+        case.path_parameters = {name: api_world["ids"].get(name, value) for name, value in params.items()}
+    case.call_and_validate(headers=caller_headers(case, api_world), checks=CHECKS)
