@@ -19,7 +19,12 @@ ensure_safe_settings()
 
 ensure_schema_matches()
 
+from core.draining import DrainOnStop  # noqa: E402
 from yuxi_project.runtime import tune_gc  # noqa: E402
+
+# A stop signal ends the live event streams, so that the server's graceful
+# shutdown does not wait for every followed run to end.
+application = DrainOnStop(application)
 
 # The loaded application is long-lived: out of the collector's way.
 tune_gc()

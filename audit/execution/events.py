@@ -54,6 +54,7 @@ from asgiref.sync import sync_to_async
 
 from core.config import get_config
 from core.db import release_connection
+from core.draining import draining
 from core.redis_client import redis_client, stream_key
 
 log = logging.getLogger(__name__)
@@ -326,7 +327,9 @@ async def run_event_stream(
     but whose stream has no terminal event (Redis lost the tail, or the
     worker died) gets one rebuilt from the row, numbered after the last
     event, after one more empty wait so a terminal event still in flight
-    wins. Comments (``: keep-alive``) keep idle connections open.
+    wins. Comments (``: keep-alive``) keep idle connections open. A
+    process that is stopping (:func:`core.draining.draining`) ends the
+    stream after the current wait; the client resumes elsewhere.
 
     Events the stream no longer retains are announced by one ``gap`` event
     before the first retained one, and a run that no longer exists ends the
@@ -346,6 +349,11 @@ async def run_event_stream(
             tail = await client.xrevrange(key, count=1)
             tail_at_start = _sequence_of(tail[0][0]) if tail else 0
         while True:
+            if draining():
+                # The server is stopping: end here; the client reconnects
+                # with its Last-Event-ID (core.draining).
+                yield ": the server is restarting\n\n"
+                return
             entries = []
             if client is not None:
                 answer = await client.xread({key: f"{last}-0"}, count=500, block=block_ms)
