@@ -14,6 +14,7 @@ from django.db import connection
 from audit import ledger
 from audit.ledger.lease import Lease
 from conversations.models import ApiToken, Conversation
+from tests.waiting import WAIT_SECONDS
 
 
 def pytest_configure(config):
@@ -190,7 +191,7 @@ def run_in_a_thread(user, owner: str | None, *, model: str, until) -> tuple:
 
     worker = threading.Thread(target=work)
     worker.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT_SECONDS
     while not until(run):
         assert time.monotonic() < deadline and worker.is_alive(), result
         time.sleep(0.02)

@@ -13,6 +13,7 @@ from django.db import connection
 from langgraph.checkpoint.base import empty_checkpoint
 
 from audit.execution.checkpoint import CHECKPOINTER_APPLICATION_NAME, open_checkpointer, postgres_conninfo
+from tests.waiting import WAIT_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,7 +67,7 @@ def _state_write_blocked(user, db_name, model: str, *, owner: str | None):
         run, worker, result = run_in_a_thread(
             user, owner, model=model, until=lambda run: Message.objects.model_calls().filter(run=run).exists()
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + WAIT_SECONDS
         while True:
             try:
                 holder.execute("LOCK TABLE checkpoints, checkpoint_writes, checkpoint_blobs IN ACCESS EXCLUSIVE MODE")
@@ -523,7 +524,7 @@ def test_a_run_that_ends_while_its_checkpointer_closes_leaves_no_connection_R_RU
             asyncio.run(scenario())
         closed = savers[0].conn.closed
         sessions = [pid for pid in _checkpointer_pids(db_name)]
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + WAIT_SECONDS
         while sessions and time.monotonic() < deadline:
             time.sleep(0.05)
             sessions = _checkpointer_pids(db_name)

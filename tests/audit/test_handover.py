@@ -22,6 +22,7 @@ from conversations.models import Message
 from core.config import get_config
 from core.redis_client import stream_key
 from tests.conftest import run_in_a_thread
+from tests.waiting import WAIT_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -108,7 +109,7 @@ def test_the_stopping_workers_signal_asks_this_process_to_hand_its_runs_over_R_R
         shutdown.install_handover_handler()
         assert shutdown.signal_pool_processes([os.getpid()]) == [], "a process never signals itself"
         os.kill(os.getpid(), shutdown.HANDOVER_SIGNAL)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + WAIT_SECONDS
         while not shutdown.handover_requested():
             assert time.monotonic() < deadline
             time.sleep(0.01)

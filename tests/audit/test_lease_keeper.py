@@ -31,6 +31,7 @@ from audit.models import AgentRun
 from core.config import get_config
 from tests.conftest import make_run
 from tests.e2e.stack import free_port
+from tests.waiting import WAIT_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -125,7 +126,7 @@ def test_a_stopped_drive_that_never_ends_leaves_its_lease_to_expire_R_RUN_7(thre
     worker = threading.Thread(target=lambda: run_execute(run_id=run.id, owner="worker-a"))
     worker.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + WAIT_SECONDS
         while AgentRun.objects.get(pk=run.id).status != "running":
             assert time.monotonic() < deadline
             time.sleep(0.05)

@@ -31,6 +31,7 @@ from audit.execution.runner import run_execute
 from audit.models import AgentRun
 from conversations.models import Conversation, Message
 from tests.conftest import acquire, make_run
+from tests.waiting import WAIT_SECONDS
 
 from .captures import CAPTURES, capture_names, load_capture
 
@@ -173,7 +174,7 @@ def test_cancel_before_the_first_chunk_keeps_the_call_interrupted_with_usage_unk
 
     worker = threading.Thread(target=work)
     worker.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT_SECONDS
     while not Message.objects.filter(run=run, role="tool", execution_status="completed").exists():
         assert time.monotonic() < deadline and worker.is_alive(), result
         time.sleep(0.02)

@@ -20,6 +20,7 @@ from audit.replay.server import make_server
 from conversations.models import Conversation, Message
 from core.config import get_config
 from tests.conftest import make_run
+from tests.waiting import WAIT_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,7 +45,7 @@ def fault_server():
     server = make_server(scenarios, "127.0.0.1", 0)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + WAIT_SECONDS
     while server.base_url is None:
         assert time.monotonic() < deadline
         time.sleep(0.01)

@@ -25,6 +25,7 @@ from audit.ledger.runs import _acquire_checked, run_acquire_with_row
 from audit.models import AgentRun, RunCancelRequest
 from conversations.models import Message
 from tests.conftest import acquire, bearer, make_run, prepared_executed_since, prepared_executions, resume_row_of
+from tests.waiting import WAIT_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -257,7 +258,7 @@ def test_a_run_whose_row_lock_was_waited_for_never_starts_before_the_turn_that_e
             expires_at=clock_read + dt.timedelta(seconds=60),
             now=clock_read,
         )
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + WAIT_SECONDS
         while not holder.execute(
             "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
         ).fetchone():

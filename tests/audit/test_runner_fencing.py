@@ -17,6 +17,7 @@ from audit.execution.recorder import LifecycleRecorder
 from audit.models import AgentRun
 from conversations.models import Message
 from tests.conftest import run_in_a_thread
+from tests.waiting import WAIT_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -150,7 +151,7 @@ def test_a_run_whose_checkpointer_stays_unable_to_write_fails_naming_the_databas
     with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as holder:
         holder.execute("LOCK TABLE checkpoints, checkpoint_writes, checkpoint_blobs IN ACCESS EXCLUSIVE MODE")
         with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres", autocommit=True) as admin:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + WAIT_SECONDS
             while worker.is_alive() and time.monotonic() < deadline:
                 admin.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"

@@ -32,6 +32,7 @@ from audit.replay.server import make_server
 from conversations.models import Conversation, Message
 from core.config import get_config
 from tests.conftest import acquire, make_run
+from tests.waiting import WAIT_SECONDS
 
 # --- the fold, on generated report sequences ----------------------------------------------
 
@@ -173,7 +174,7 @@ def generated_server():
     server = make_server(scenarios, "127.0.0.1", 0)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + WAIT_SECONDS
     while server.base_url is None:
         assert time.monotonic() < deadline
         time.sleep(0.01)

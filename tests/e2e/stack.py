@@ -20,6 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.waiting import WAIT_SECONDS
+
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -83,7 +85,7 @@ class PrivateRedis:
         )
         import redis
 
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + WAIT_SECONDS
         while time.monotonic() < deadline:
             try:
                 redis.Redis(port=self.port, socket_connect_timeout=0.5).ping()
@@ -122,7 +124,7 @@ class Process:
     def output(self) -> str:
         return "".join(self._lines)
 
-    def wait_for_line(self, needle: str, timeout: float = 60.0) -> None:
+    def wait_for_line(self, needle: str, timeout: float = WAIT_SECONDS) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(needle in line for line in self._lines):
@@ -193,7 +195,7 @@ def start_web(name: str, port: int, env: dict[str, str]) -> Process:
         env,
     )
     try:
-        web.wait_for_line("Uvicorn running", timeout=60)
+        web.wait_for_line("Uvicorn running")
     except Exception:
         web.stop()
         raise
@@ -262,7 +264,7 @@ class Stack:
             ],
             {**self.env, **(env or {})},
         )
-        worker.wait_for_line(" ready.", timeout=60)
+        worker.wait_for_line(" ready.")
         self.workers.append(worker)
         return worker
 
@@ -294,7 +296,7 @@ def start_stack(
         **(env or {}),
     }
     replay = start("replay", [sys.executable, "manage.py", "replay_model_server", "--port", str(replay_port)], env)
-    replay.wait_for_line("replay model server listening", timeout=60)
+    replay.wait_for_line("replay model server listening")
     web = start_web("web", web_port, env)
     stack = Stack(env=env, base_url=f"http://127.0.0.1:{web_port}", replay=replay, web=web, workers=[])
     try:
@@ -306,7 +308,7 @@ def start_stack(
     return stack
 
 
-def wait_for_status(client: httpx.Client, run_id: str, statuses: set[str], timeout: float = 60.0) -> dict:
+def wait_for_status(client: httpx.Client, run_id: str, statuses: set[str], timeout: float = WAIT_SECONDS) -> dict:
     """Poll ``GET /api/runs/{id}`` until its status is one of ``statuses``."""
     deadline = time.monotonic() + timeout
     body: dict = {}

@@ -111,7 +111,7 @@ def test_cancel_after_the_first_chunk_stops_the_model_call_R_RUN_6_R_MA_7(stack,
         cancelled = client.post(f"/api/runs/{run_id}/cancel")
         assert cancelled.status_code == 202, cancelled.text
         assert cancelled.json()["status"] == "cancel_requested"
-        body = wait_for_status(client, run_id, TERMINAL, timeout=30)
+        body = wait_for_status(client, run_id, TERMINAL)
 
     assert body["status"] == "cancelled", body
     assert body["error_type"] == "cancelled" and body["output_message_id"] is None
@@ -129,7 +129,7 @@ def test_cancel_after_the_first_chunk_stops_the_model_call_R_RUN_6_R_MA_7(stack,
     assert body["usage"]["unknown_calls"] == 1 and body["usage"]["total_tokens"] == 0
     # The model server saw one request for the run, and the client (the
     # worker) closed that stream before it ended: the call really stopped.
-    stack.replay.wait_for_line("the client closed the stream", timeout=15)
+    stack.replay.wait_for_line("the client closed the stream")
     assert len(_replay_lines(stack, "the client closed the stream")) > closed_before
     assert len(_replay_lines(stack, "scenario=slow_answer")) == requests_before + 1
 
@@ -150,7 +150,7 @@ def test_a_worker_killed_mid_stream_leaves_its_run_to_another_worker_and_the_thr
 
         # The sweeper puts the run back (RUN_RECOVERY=resume, the default);
         # the other worker continues it as attempt 2 and it completes.
-        body = wait_for_status(client, run_id, TERMINAL, timeout=90)
+        body = wait_for_status(client, run_id, TERMINAL)
         assert (body["status"], body["error_type"], body["attempt"]) == ("completed", "", 2), body
         assert body["output_message_id"] is not None
         assert not Message.objects.filter(run_id=run_id, execution_status="running").exists()
@@ -162,7 +162,7 @@ def test_a_worker_killed_mid_stream_leaves_its_run_to_another_worker_and_the_thr
 
         # A second run of the same thread then completes.
         second = _submit(client, thread_id, "sigkill-2")
-        body = wait_for_status(client, second, TERMINAL, timeout=60)
+        body = wait_for_status(client, second, TERMINAL)
         assert body["status"] == "completed", body
         assert body["output_message_id"] is not None
 
@@ -171,7 +171,7 @@ def test_a_model_error_mid_stream_fails_the_run_and_its_row_R_MA_7(stack, user):
     with stack.client(bearer(user)) as client:
         thread_id = _thread(client, "replay:model_error_midstream")
         run_id = _submit(client, thread_id, "midstream-1")
-        body = wait_for_status(client, run_id, TERMINAL, timeout=60)
+        body = wait_for_status(client, run_id, TERMINAL)
     assert body["status"] == "failed", body
     assert body["error_type"] == "model_stream_broken", body
     (row,) = Message.objects.model_calls().filter(run_id=run_id)
@@ -188,8 +188,8 @@ def test_two_runs_in_one_thread_run_in_order_and_keep_their_own_operations_R_RUN
         thread_id = _thread(client, "replay:tool_then_answer")
         first = _submit(client, thread_id, "fifo-1", "Weather in Paris?")
         second = _submit(client, thread_id, "fifo-2", "And again?")
-        first_body = wait_for_status(client, first, TERMINAL, timeout=60)
-        second_body = wait_for_status(client, second, TERMINAL, timeout=60)
+        first_body = wait_for_status(client, first, TERMINAL)
+        second_body = wait_for_status(client, second, TERMINAL)
     assert first_body["status"] == "completed", first_body
     one, two = AgentRun.objects.get(pk=first), AgentRun.objects.get(pk=second)
     # FIFO: the second run started only after the first ended.
@@ -237,10 +237,10 @@ def test_database_unreachable_for_the_worker_fails_the_run_with_audit_write_fail
                     [db, app_name],
                 )
                 try:
-                    worker.wait_for_line("terminal write failed, retrying while the lease lasts", timeout=60)
+                    worker.wait_for_line("terminal write failed, retrying while the lease lasts")
                 finally:
                     admin.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
-            body = wait_for_status(client, run_id, TERMINAL, timeout=60)
+            body = wait_for_status(client, run_id, TERMINAL)
     finally:
         worker.stop()
         stack.workers.remove(worker)

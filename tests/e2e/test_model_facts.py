@@ -57,7 +57,7 @@ def test_a_call_cancelled_before_its_first_chunk_keeps_its_row_R_MA_10(stack, us
         time.sleep(1.0)
         cancelled = client.post(f"/api/runs/{run_id}/cancel")
         assert cancelled.status_code == 202, cancelled.text
-        body = wait_for_status(client, run_id, TERMINAL_STATUSES, timeout=30)
+        body = wait_for_status(client, run_id, TERMINAL_STATUSES)
         timeline = staff.get(f"/api/audit/runs/{run_id}/timeline").json()["items"]
 
     assert body["status"] == "cancelled", body
@@ -74,7 +74,7 @@ def test_a_call_cancelled_before_its_first_chunk_keeps_its_row_R_MA_10(stack, us
         ("model", "interrupted"),
     ], "the timeline shows the call"
     # The replay server saw the second request and its client went away.
-    stack.replay.wait_for_line("the client closed the stream", timeout=15)
+    stack.replay.wait_for_line("the client closed the stream")
 
 
 def test_running_usage_totals_are_stored_as_the_final_totals_R_MA_11(stack, user):
@@ -82,7 +82,7 @@ def test_running_usage_totals_are_stored_as_the_final_totals_R_MA_11(stack, user
     with stack.client(bearer(user)) as client:
         thread_id = create_thread(client, "replay:usage_cumulative")
         run_id = _submit(client, thread_id, "cumulative-1", "hello")
-        body = wait_for_status(client, run_id, TERMINAL_STATUSES, timeout=60)
+        body = wait_for_status(client, run_id, TERMINAL_STATUSES)
     assert body["status"] == "completed", body
     (row,) = Message.objects.model_calls().filter(run_id=run_id)
     assert row.usage == {"input_tokens": 100, "output_tokens": 12, "total_tokens": 112}
@@ -98,7 +98,7 @@ def _restart_replay(stack) -> None:
         [sys.executable, "-c", f"from audit.replay.server import serve; serve('127.0.0.1', {port})"],
         stack.env,
     )
-    stack.replay.wait_for_line("replay model server listening", timeout=60)
+    stack.replay.wait_for_line("replay model server listening")
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_a_model_server_outage_mid_batch_is_ridden_out_by_retries_R_RUN_12(outag
         time.sleep(3.0)
         _restart_replay(stack)
         down_for = time.monotonic() - killed_at
-        bodies = [wait_for_status(client, run_id, TERMINAL_STATUSES, timeout=120) for run_id in runs]
+        bodies = [wait_for_status(client, run_id, TERMINAL_STATUSES) for run_id in runs]
 
     outcomes = Counter((b["status"], b["error_type"]) for b in bodies)
     rows = list(Message.objects.model_calls().filter(run_id__in=runs))

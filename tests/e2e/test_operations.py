@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from audit.models import AgentRun
 from conversations.models import Message
 from tests.conftest import bearer
+from tests.waiting import WAIT_SECONDS
 
 from .stack import PrivateRedis, Stack, create_thread, start_stack, wait_for_status
 
@@ -142,11 +143,11 @@ def test_metrics_after_completed_failed_and_cancelled_runs_agree_with_the_databa
         assert client.post(f"/api/runs/{busy}/cancel").status_code == 202
         runs += [queued, busy]
         for run_id in runs:
-            wait_for_status(client, run_id, {"completed", "failed", "cancelled", "interrupted"}, timeout=90)
+            wait_for_status(client, run_id, {"completed", "failed", "cancelled", "interrupted"})
 
     # The terminal counts land after commit; give the last one a moment
     # (a loaded 2-core machine needs several).
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT_SECONDS
     while True:
         after = scrape(stack)
         if summed(after, "yuxi_runs_finished_total") - summed(before, "yuxi_runs_finished_total") >= len(runs):
@@ -192,7 +193,7 @@ def test_metrics_after_completed_failed_and_cancelled_runs_agree_with_the_databa
     # modules may have left runs of their own behind in the shared test
     # database, so the figure is compared with the table, not with 0.)
     # A sweeper may end such a leftover between the two reads: read again.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + WAIT_SECONDS
     while True:
         gauge = summed(scrape(stack), "yuxi_runs_active")
         holding = AgentRun.objects.filter(
@@ -204,7 +205,7 @@ def test_metrics_after_completed_failed_and_cancelled_runs_agree_with_the_databa
         time.sleep(0.2)
     assert not AgentRun.objects.filter(pk__in=runs, status__in=AgentRun.ACTIVE_STATUSES).exists()
     # The stream is closed.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + WAIT_SECONDS
     while summed(scrape(stack), "yuxi_sse_streams_open") != 0:
         assert time.monotonic() < deadline, "the closed event stream is still counted open"
         time.sleep(0.2)
@@ -227,7 +228,7 @@ def test_json_log_lines_carry_run_thread_request_and_worker_ids_R_OPS_1(ops_stac
                 found.append(json.loads(line))
         return found
 
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + WAIT_SECONDS
     while True:
         worker_lines = json_lines(stack.workers[0])
         in_run = [line for line in worker_lines if line.get("run_id") == run_id]

@@ -75,7 +75,7 @@ def test_a_researcher_run_nests_its_subagent_calls_and_counts_them_once_R_SUB_1(
     with stack.client(bearer(user)) as client, stack.client(bearer(staff_user)) as staff:
         thread_id = create_thread(client, "replay:researcher_fact_check", agent_id="researcher")
         run_id = _submit(client, thread_id, "researcher-1")
-        body = wait_for_status(client, run_id, TERMINAL, timeout=90)
+        body = wait_for_status(client, run_id, TERMINAL)
         assert body["status"] == "completed", body
 
         rows = _assert_nested(run_id, "call_task_fact_check")
@@ -122,7 +122,7 @@ def test_cancel_while_the_subagent_streams_leaves_nothing_running_R_SUB_1_R_RUN_
         streaming = _wait_for_subagent_streaming(run_id)
         cancelled = client.post(f"/api/runs/{run_id}/cancel")
         assert cancelled.status_code == 202, cancelled.text
-        body = wait_for_status(client, run_id, TERMINAL, timeout=30)
+        body = wait_for_status(client, run_id, TERMINAL)
 
     assert body["status"] == "cancelled", body
     assert not Message.objects.filter(run_id=run_id, execution_status="running").exists()
@@ -148,7 +148,7 @@ def test_a_worker_killed_inside_the_subagent_leaves_the_run_to_another_worker_R_
         stack.workers.remove(victim)
         assert stack.workers, "another worker (with the sweeper) stays up"
         # Continued by the other worker (RUN_RECOVERY=resume, the default).
-        body = wait_for_status(client, run_id, TERMINAL, timeout=120)
+        body = wait_for_status(client, run_id, TERMINAL)
 
     assert (body["status"], body["error_type"], body["attempt"]) == ("completed", "", 2), body
     assert not Message.objects.filter(run_id=run_id, execution_status="running").exists()

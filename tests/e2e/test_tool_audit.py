@@ -16,6 +16,7 @@ from audit.models import AgentRun
 from conversations.models import Message
 from core.config import get_config
 from tests.conftest import bearer
+from tests.waiting import WAIT_SECONDS
 
 from .stack import TERMINAL_STATUSES as TERMINAL
 from .stack import create_thread as _thread
@@ -292,7 +293,7 @@ def test_cancel_during_a_tool_leaves_no_running_tool_row_R_TA_6_R_RUN_6(stack, u
         )
         assert submitted.status_code == 202, submitted.text
         run_id = submitted.json()["run_id"]
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + WAIT_SECONDS
         while not Message.objects.filter(run_id=run_id, operation_id="call_lookup_slow").running().exists():
             assert time.monotonic() < deadline, "the tool never started"
             time.sleep(0.05)

@@ -69,7 +69,7 @@ def test_lone_surrogates_in_the_answer_complete_R_RUN_11(stack, user):
     with stack.client(bearer(user)) as client:
         run_id = submit(client, create_thread(client, "replay:unstorable_surrogates"), "emoji")
         started = time.monotonic()
-        run = wait_for_status(client, run_id, TERMINAL_STATUSES, timeout=30)
+        run = wait_for_status(client, run_id, TERMINAL_STATUSES)
         assert run["status"] == "completed", run
         assert time.monotonic() - started < 15
     row = Message.objects.model_calls().get(run_id=run_id)
@@ -113,7 +113,7 @@ def test_a_refused_terminal_write_fails_the_run_at_once_with_its_cause_R_RUN_11(
         refused_completion(thread_id)
         run_id = submit(client, thread_id, "hi")
         started = time.monotonic()
-        run = wait_for_status(client, run_id, TERMINAL_STATUSES, timeout=30)
+        run = wait_for_status(client, run_id, TERMINAL_STATUSES)
         elapsed = time.monotonic() - started
         print(f"\nrefused terminal write: run ended {run['status']} ({run['error_type']}) after {elapsed:.2f} s")
         # Not the sweeper (it would say lease_expired after the 6 s lease).
@@ -124,7 +124,7 @@ def test_a_refused_terminal_write_fails_the_run_at_once_with_its_cause_R_RUN_11(
         assert AgentRun.objects.get(pk=run_id).lease_expires_at is None
         # The thread is not blocked: its next turn runs at once.
         following = submit(client, thread_id, "again")
-        assert wait_for_status(client, following, TERMINAL_STATUSES, timeout=30)["error_type"] != "lease_expired"
+        assert wait_for_status(client, following, TERMINAL_STATUSES)["error_type"] != "lease_expired"
 
 
 def test_reconnect_to_a_trimmed_stream_gets_a_gap_with_the_state_R_EVT_2(stack, user):

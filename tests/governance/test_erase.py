@@ -28,6 +28,7 @@ from conversations.models import Conversation, Message, MessageFeedback
 from core.config import get_config
 from governance.models import GovernanceAction, RunReseal
 from tests.conftest import make_run
+from tests.waiting import WAIT_SECONDS
 
 from .helpers import verify
 
@@ -67,7 +68,7 @@ def marker_model(tmp_path, monkeypatch):
     server = make_server(load_scenarios(scenarios), "127.0.0.1", 0)
     thread = threading.Thread(target=server.run, name="replay-marker", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + WAIT_SECONDS
     while server.base_url is None:
         assert thread.is_alive() and time.monotonic() < deadline
         time.sleep(0.01)

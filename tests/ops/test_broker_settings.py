@@ -59,7 +59,7 @@ def test_the_workers_consumer_starts_without_mingle_and_gossip_R_RUN_9():
         env,
     )
     try:
-        worker.wait_for_line(" ready.", timeout=90)
+        worker.wait_for_line(" ready.")
     finally:
         worker.stop()
     text = worker.output()

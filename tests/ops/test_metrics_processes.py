@@ -14,6 +14,7 @@ import time
 from prometheus_client.parser import text_string_to_metric_families
 
 from ops import exposition
+from tests.waiting import WAIT_SECONDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -70,7 +71,7 @@ def test_open_streams_of_a_killed_process_stop_counting_and_its_counters_stay_R_
         # Ended but not yet reaped by its parent (a zombie): it serves
         # nothing either.
         alive.send_signal(signal.SIGKILL)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + WAIT_SECONDS
         while not _zombie(alive.pid):
             assert time.monotonic() < deadline, "the process never ended"
             time.sleep(0.05)
