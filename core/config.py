@@ -317,8 +317,9 @@ class Config(BaseSettings):
         default="",
         description=(
             "One existing, empty directory shared by the web and every worker process of one host, so `/metrics` "
-            "adds up every process (live gauges of processes that are gone are dropped at each scrape). Unset: "
-            "each process's own values only."
+            "adds up every process (at each scrape the live gauges of processes that are gone are dropped and "
+            "their counters and histograms summed into one archive file per type). Unset: each process's own "
+            "values only."
         ),
     )
     LOG_FORMAT: Literal["plain", "json"] = Field(

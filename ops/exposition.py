@@ -20,9 +20,7 @@ import it.
 
 from __future__ import annotations
 
-import glob
 import logging
-import os
 
 from django.db import connection, transaction
 from django.db.models import Count, Exists, Min, OuterRef, Q
@@ -31,6 +29,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, mult
 from prometheus_client.core import GaugeMetricFamily
 
 from audit.models import AgentRun
+from ops.metric_files import compact_dead_processes, forget_dead_processes, scrape_lock
 from ops.metrics import multiprocess_dir
 
 log = logging.getLogger(__name__)
@@ -97,53 +96,26 @@ def queue_figures() -> dict[str, float]:
     return figures
 
 
-def forget_dead_processes(path: str) -> list[int]:
-    """Drop the live gauges (``yuxi_sse_streams_open``) of processes of this
-    host that are gone, however they ended (killed, crashed, a prefork child
-    replaced): ``prometheus_client`` keeps a dead process's file, so its
-    open streams would be counted for ever. Counters and histograms of dead
-    processes stay: what they counted did happen.
-
-    ``path`` is the multiprocess directory; its processes must be of this
-    host's process namespace (one directory per host or container, as
-    ``PROMETHEUS_MULTIPROC_DIR`` is documented). Returns the pids forgotten.
-    Implements R-OPS-1.
-    """
-    dead = set()
-    for name in glob.glob(os.path.join(path, "gauge_live*_*.db")):
-        pid = os.path.basename(name)[: -len(".db")].rsplit("_", 1)[1]
-        if pid.isdigit() and not _alive(int(pid)):
-            dead.add(int(pid))
-    for pid in dead:
-        multiprocess.mark_process_dead(pid, path)
-    return sorted(dead)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it exists
-        return True
-    try:  # a zombie (ended, not yet reaped by its parent) serves nothing
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def render() -> bytes:
     """The Prometheus text exposition of every process (multiprocess mode)
     or of this process, plus the database gauges. In multiprocess mode the
-    live gauges of processes that are gone are dropped first
-    (:func:`forget_dead_processes`)."""
-    registry = CollectorRegistry(auto_describe=True)
-    if path := multiprocess_dir():
+    files of processes that ended are tidied first (live gauges dropped,
+    counters and histograms summed into the archive:
+    :mod:`ops.metric_files`), and the files are merged once, under the
+    shared scrape lock."""
+    # auto_describe off: on, registering a collector without describe()
+    # runs its collect() once more (the whole merge, the database query).
+    registry = CollectorRegistry(auto_describe=False)
+    path = multiprocess_dir()
+    if path:
         forget_dead_processes(path)
+        try:
+            compact_dead_processes(path)
+        except OSError as exc:
+            log.warning("metrics: the files of ended processes were not compacted: %s", exc)
         multiprocess.MultiProcessCollector(registry)
     registry.register(QueueCollector())
-    output = generate_latest(registry)
-    if not multiprocess_dir():
-        output = generate_latest(REGISTRY) + output
-    return output
+    if not path:
+        return generate_latest(REGISTRY) + generate_latest(registry)
+    with scrape_lock(path):
+        return generate_latest(registry)

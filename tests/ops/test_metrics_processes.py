@@ -68,6 +68,9 @@ def test_open_streams_of_a_killed_process_stop_counting_and_its_counters_stay_R_
         killed.wait(30)
         assert _scrape(tmp_path, monkeypatch) == {"yuxi_sse_streams_open": 1, "yuxi_sse_streams_total": 3}
         assert not list(tmp_path.glob(f"gauge_live*_{killed.pid}.db")), "the dead process's live gauge is gone"
+        # Its counters are kept in the archive, not in a file of its own.
+        assert not list(tmp_path.glob(f"counter_{killed.pid}.db"))
+        assert (tmp_path / "counter_archive.db").exists()
         # Ended but not yet reaped by its parent (a zombie): it serves
         # nothing either.
         alive.send_signal(signal.SIGKILL)
