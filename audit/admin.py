@@ -16,7 +16,7 @@ import orjson
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import DecimalField, OuterRef, Subquery, Sum
-from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -41,6 +41,19 @@ from .reads import search, selectors
 from .schemas import RunFilterQuery
 from .templatetags.yx_admin import time_html
 from .timeline_html import rows_html
+
+# The characters of each payload of a timeline row (content, declared tool
+# calls, tool input, raw tool output) that the run page carries; the rest
+# loads from the payload view when the row is expanded (issue 37: a
+# 1,000,000-character tool result was inlined twice, in full).
+PAYLOAD_PREVIEW_CHARS = 2000
+# The parts of a row the payload view serves, and their display dict keys.
+PAYLOAD_PARTS = {
+    "content": "content",
+    "tool_calls": "tool_calls_json",
+    "tool_input": "tool_input_json",
+    "raw_output": "raw_output_json",
+}
 
 # Minimum width of a waterfall bar, in percent of the run's span, so that
 # a 1 ms call stays visible next to a 30 s one.
@@ -608,6 +621,11 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
                 name="audit_agentrun_export",
             ),
             path(
+                "<uuid:run_id>/payload/<int:row_id>/<str:part>/",
+                self.admin_site.admin_view(self.payload_view),
+                name="audit_agentrun_payload",
+            ),
+            path(
                 "<uuid:run_id>/replay/",
                 self.admin_site.admin_view(self.replay_view),
                 name="audit_agentrun_replay",
@@ -645,6 +663,28 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
             raise Http404("unknown export format")
         pieces = export.render(export.records(export.run_rows(run.pk)), fmt)
         return export.streaming_response(request, pieces, fmt=fmt, filename=export.export_filename("run", run.pk))
+
+    def payload_view(self, request, run_id, row_id, part):
+        """One payload of one audit row of the run, whole, as plain text:
+        ``part`` is ``content``, ``tool_calls``, ``tool_input`` or
+        ``raw_output`` (JSON parts indented as on the run page). The run
+        page carries the first :data:`PAYLOAD_PREVIEW_CHARS` characters
+        and fetches the rest from here when a row is expanded (R-ADM-1,
+        issue 37). Staff who may view runs only (raw tool output is staff
+        data, R-READ-5)."""
+        if part not in PAYLOAD_PARTS:
+            raise Http404("unknown payload part")
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        row = Message.objects.filter(pk=row_id, run_id=run_id, operation_id__isnull=False).first()
+        if row is None:
+            raise Http404("row not found")
+        item = visible(selectors.timeline_item(row, include_raw_output=True))
+        text = item["content"] if part == "content" else _pretty(item[part])
+        response = HttpResponse(text or "", content_type="text/plain; charset=utf-8")
+        # Staff data: not kept by shared caches.
+        response["Cache-Control"] = "private, no-store"
+        return response
 
     def replay_view(self, request, run_id):
         """POST: ask for a replay of the run's turn (R-REPLAY-2); a worker
@@ -725,6 +765,8 @@ def timeline_page_context(
         r["tool_calls_json"] = _pretty(r["tool_calls"])
         r["tool_input_json"] = _pretty(r["tool_input"])
         r["raw_output_json"] = _pretty(r.get("raw_output"))
+        for part, key in PAYLOAD_PARTS.items():
+            r[key], r[f"{part}_cut"] = _preview(r[key], run_id=r["run_id"], row_id=r["id"], part=part)
         r["usage_text"] = _usage_text(r["usage"])
         # cost_usd is already the API's decimal string here (R-COST-1).
         closed_model_call = r["kind"] == "model" and r["status"] != "running"
@@ -840,6 +882,17 @@ def _pretty(value) -> str | None:
         return orjson.dumps(value, default=str, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
     except orjson.JSONEncodeError:
         return json.dumps(value, ensure_ascii=False, indent=2, default=str)
+
+
+def _preview(text: str | None, *, run_id, row_id: int, part: str) -> tuple[str | None, dict | None]:
+    """``text`` cut to its first :data:`PAYLOAD_PREVIEW_CHARS` characters,
+    and, when cut, ``{shown, total, url}``: characters shown, characters in
+    all (both as text with thousands separators) and the payload view's
+    URL of the whole text (issue 37)."""
+    if not text or len(text) <= PAYLOAD_PREVIEW_CHARS:
+        return text, None
+    url = reverse("admin:audit_agentrun_payload", args=[run_id, row_id, part])
+    return text[:PAYLOAD_PREVIEW_CHARS], {"shown": f"{PAYLOAD_PREVIEW_CHARS:,}", "total": f"{len(text):,}", "url": url}
 
 
 def _usage_text(usage: dict | None) -> str:

@@ -76,6 +76,16 @@ def _clock(value: dt.datetime, zone: dt.tzinfo) -> str:
     return local_time(value, zone).isoformat(timespec="microseconds")[11:26]
 
 
+def _cut(cut: dict, part: str, number) -> str:
+    """The note under a payload cut to its preview, with the link to the
+    whole text (issue 37); ``static/audit/timeline.js`` loads it in place
+    when the row is expanded."""
+    return (
+        f'<p class="yx-cut">first {number(cut["shown"])} of {number(cut["total"])} characters · '
+        f'<a class="yx-full" href="{_value(cut["url"])}" data-yx-full="{part}">whole text</a></p>'
+    )
+
+
 def rows_html(rows: list[dict], *, show_run: bool) -> list[str]:
     """The HTML of each timeline row (display dicts of
     :func:`audit.admin.timeline_page_context`, nested): its main row and
@@ -168,15 +178,23 @@ def rows_html(rows: list[dict], *, show_run: bool) -> list[str]:
         parts.append("\n              ")
         if content:
             parts.append(f'<h4>content</h4><pre class="yx-pre">{v(content)}</pre>')
+            if r["content_cut"]:
+                parts.append(_cut(r["content_cut"], "content", number))
         parts.append("\n              ")
         if r["tool_calls_json"]:
             parts.append(f'<h4>declared tool calls</h4><pre class="yx-pre yx-declared">{v(r["tool_calls_json"])}</pre>')
+            if r["tool_calls_cut"]:
+                parts.append(_cut(r["tool_calls_cut"], "tool_calls", number))
         parts.append("\n              ")
         if r["tool_input_json"]:
             parts.append(f'<h4>tool input</h4><pre class="yx-pre">{v(r["tool_input_json"])}</pre>')
+            if r["tool_input_cut"]:
+                parts.append(_cut(r["tool_input_cut"], "tool_input", number))
         parts.append("\n              ")
         if r["raw_output_json"]:
             parts.append(f'<h4>raw tool output</h4><pre class="yx-pre yx-raw">{v(r["raw_output_json"])}</pre>')
+            if r["raw_output_cut"]:
+                parts.append(_cut(r["raw_output_cut"], "raw_output", number))
         parts.append("\n              ")
         if r["effect_key"]:
             # The effect ledger's identity of this tool execution, and the

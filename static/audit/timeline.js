@@ -3,6 +3,9 @@
 // (R-ADM-1): re-fetch the timeline fragment, keep expanded rows expanded,
 // and bring the run's status, usage, duration and finish time in the page
 // header up to date from the fragment's hidden copies (data-yx-live).
+// A payload longer than the page's preview (issue 37) loads whole from the
+// admin's payload view when its row is expanded (a.yx-full beside the
+// preview), and again from memory after a live refresh.
 (function () {
   "use strict";
   var PERIOD_MS = 2000;
@@ -21,6 +24,41 @@
       button.textContent = (shut ? "▸" : "▾") + button.textContent.slice(1);
     });
   }
+
+  // Whole payloads already fetched, by URL: a live refresh brings the
+  // previews back and must not fetch them again.
+  var whole = {};
+
+  function showWhole(link, text) {
+    var note = link.closest(".yx-cut");
+    var pre = note && note.previousElementSibling;
+    if (!pre || pre.tagName !== "PRE") return;
+    pre.textContent = text;
+    note.textContent = "whole text: " + text.length.toLocaleString("en-US") + " characters";
+  }
+
+  function loadWhole(details) {
+    details.querySelectorAll("a.yx-full[data-yx-full]").forEach(function (link) {
+      var url = link.getAttribute("href");
+      if (whole[url] !== undefined) { showWhole(link, whole[url]); return; }
+      if (link.dataset.yxLoading) return;
+      link.dataset.yxLoading = "1";
+      link.textContent = "loading the whole text…";
+      fetch(url, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+        .then(function (response) { return response.ok ? response.text() : Promise.reject(response.status); })
+        .then(function (text) { whole[url] = text; showWhole(link, text); })
+        .catch(function () {
+          delete link.dataset.yxLoading;
+          link.textContent = "whole text (could not load: open it here)";
+        });
+    });
+  }
+
+  // "toggle" does not bubble: listen in the capture phase.
+  document.addEventListener("toggle", function (event) {
+    var details = event.target;
+    if (details.matches && details.matches("details.yx-details") && details.open) loadWhole(details);
+  }, true);
 
   document.addEventListener("click", function (event) {
     var button = event.target.closest && event.target.closest("button[data-yx-toggle]");
@@ -65,6 +103,7 @@
             retitle(current.dataset.runTitle, next.dataset.runTitle);
             applyCollapsed(next);
             current.replaceWith(next);
+            next.querySelectorAll("details.yx-details[open]").forEach(loadWhole);
             next.querySelectorAll(".yx-run-live [data-yx-live]").forEach(function (fresh) {
               document.querySelectorAll("[data-yx-live='" + fresh.dataset.yxLive + "']").forEach(function (shown) {
                 if (!shown.closest(".yx-run-live")) shown.innerHTML = fresh.innerHTML;

@@ -70,6 +70,10 @@ def _row(i: int, **overrides) -> dict:
         "effect_key": None,
         "replayed_from": None,
         "attempt": 1,
+        "content_cut": None,
+        "tool_calls_cut": None,
+        "tool_input_cut": None,
+        "raw_output_cut": None,
     }
     row.update(overrides)
     return row
@@ -91,6 +95,18 @@ VARIED = [
     _row(12, label=mark_safe("<i>safe</i>"), operation_id="", status="running", finished_at=None),
     _row(13, kind="tool", effect_key="9f<&>" + "0" * 59, attempt=2),
     _row(14, kind="tool", effect_key="a" * 64, replayed_from=1_234_567, attempt=3),
+    # Payloads cut to their preview, each with the link to its whole text (issue 37).
+    _row(
+        15,
+        kind="tool",
+        content="y" * 2000,
+        content_cut={"shown": 2000, "total": 1_000_000, "url": "/admin/x/?a=1&b=<2>"},
+        tool_input_json='{"q": "<x>"}',
+        tool_input_cut={"shown": 2000, "total": 12_345, "url": "/t"},
+        raw_output_json="{}",
+        raw_output_cut={"shown": 2000, "total": 1_000_123, "url": "/r"},
+    ),
+    _row(16, tool_calls_json="[]", tool_calls_cut={"shown": 2000, "total": 2001, "url": "/c"}),
 ]
 
 
