@@ -114,6 +114,18 @@ def test_run_page_shows_every_status_kind_waterfall_and_turn_R_ADM_1(client, sta
     assert 'data-live="0"' in html
 
 
+def test_run_page_shows_the_timeline_above_the_field_sets_R_ADM_1(client, staff_user, small_run):
+    """The timeline is what the page is read for: at the top, not below
+    the run's fields (issue 37)."""
+    client.force_login(staff_user)
+    html = client.get(run_page(small_run)).content.decode()
+    timeline = html.index('id="yx-timeline-title"')
+    assert html.count('id="yx-timeline"') == 1
+    assert timeline < html.index('<fieldset class="module aligned')
+    assert timeline < html.index(" field-status_display")
+    assert html.index('id="yx-timeline"') < html.index('id="yx-replays-title"')
+
+
 def test_live_run_page_refreshes_itself_R_ADM_1(client, staff_user, thread):
     run = big_run(thread, rows=4, status=AgentRun.Status.RUNNING)
     client.force_login(staff_user)
