@@ -736,13 +736,17 @@ def timeline_page_context(
     live: bool = False,
     refresh_url: str = "",
     show_run: bool = False,
+    by_run: bool = False,
     extra: dict | None = None,
 ) -> dict:
     """Template context of ``admin/audit/timeline.html`` for one timeline
     page. ``read_page(before)`` returns a :class:`selectors.TimelinePage`
     (``before`` is the ``?before=`` cursor or ``None``); a malformed cursor
     shows the newest page. ``live`` turns on the self-refresh (newest page
-    only); ``show_run`` adds a run column (thread timelines)."""
+    only); ``show_run`` adds a run column. ``by_run`` (thread timelines)
+    groups the rows by run, each run on its own waterfall axis, the newest
+    :data:`RUN_GROUPS_OPEN` runs open and older ones collapsed
+    (``timeline_groups``, issue 37)."""
     before = request.GET.get("before") or None
     try:
         page = read_page(before)
@@ -751,11 +755,14 @@ def timeline_page_context(
     now = timezone.now()
     # HTML cannot carry U+0000 or lone surrogates: show the escaped form (R-RUN-11).
     rows = [visible(selectors.timeline_item(row, include_raw_output=True)) for row in page.items]
-    starts = [r["started_at"] for r in rows if r["started_at"]]
-    ends = [r["finished_at"] or (now if live else r["started_at"]) for r in rows if r["started_at"]]
-    t0 = min(starts, default=None)
-    span = max((max(ends) - t0).total_seconds(), 0.001) if t0 and ends else None
+    # One waterfall axis per run when grouped: on one axis for the whole
+    # thread, a 40-turn thread's calls were 1-2 px bars (issue 37).
+    axes: dict = {}
+    for r in rows:
+        axes.setdefault(r["run_id"] if by_run else None, []).append(r)
+    axes = {key: _axis(of_axis, now, live) for key, of_axis in axes.items()}
     for row, r in zip(page.items, rows, strict=True):
+        t0, span = axes[r["run_id"] if by_run else None]
         r["status_badge"] = status_badge(r["status"])
         # The configured model name (``replay:...``), as everywhere else.
         r["label"] = r["tool_name"] if r["kind"] == "tool" else getattr(row, "run_model", None) or "model call"
@@ -777,11 +784,13 @@ def timeline_page_context(
         if show_run:
             r["run_url"] = reverse("admin:audit_agentrun_change", args=[r["run_id"]])
     rows = nest_timeline_rows(rows)
+    groups = run_groups(rows) if by_run else None
     return {
         **(extra or {}),
         "timeline_rows": rows,
         # Values escaped by rows_html, as the template would have.
-        "timeline_rows_html": mark_safe("".join(rows_html(rows, show_run=show_run))),  # noqa: S308
+        "timeline_rows_html": "" if by_run else mark_safe("".join(rows_html(rows, show_run=show_run))),  # noqa: S308
+        "timeline_groups": groups,
         "timeline_truncated": page.truncated,
         "timeline_older_url": f"{base_url}?before={page.next_before}" if page.next_before else None,
         "timeline_newest_url": base_url if before else None,
@@ -790,6 +799,42 @@ def timeline_page_context(
         "timeline_limit": selectors.TIMELINE_MAX_ROWS,
         "timeline_show_run": show_run,
     }
+
+
+#: Runs of a thread timeline shown open; older runs are collapsed.
+RUN_GROUPS_OPEN = 3
+
+
+def run_groups(rows: list[dict]) -> list[dict]:
+    """The rows of a thread timeline page (nested, in display order) by
+    run, in the page's order (oldest run first), each ``{run_id, run_url,
+    short_id, status_badge, model, created, duration, calls, open,
+    rows_html}``: ``calls`` counts the run's rows on this page, ``open`` is
+    true for the newest :data:`RUN_GROUPS_OPEN` runs. One query reads the
+    runs (R-ADM-1, issue 37)."""
+    by_run: dict = {}
+    for r in rows:
+        by_run.setdefault(r["run_id"], []).append(r)
+    runs = AgentRun.objects.only("id", "status", "model", "created_at", "started_at", "finished_at").in_bulk(by_run)
+    groups = []
+    for index, (run_id, of_run) in enumerate(by_run.items()):
+        run = runs.get(run_id)
+        groups.append(
+            {
+                "run_id": run_id,
+                "run_url": reverse("admin:audit_agentrun_change", args=[run_id]),
+                "short_id": str(run_id)[:8],
+                "status_badge": status_badge(run.status if run else None),
+                "model": run.model if run else "",
+                "created": time_html(run.created_at) if run else "—",
+                "duration": duration_text(run.started_at, run.finished_at if run.is_terminal else None) if run else "—",
+                "calls": len(of_run),
+                "open": index >= len(by_run) - RUN_GROUPS_OPEN,
+                # Values escaped by rows_html, as the template would have.
+                "rows_html": mark_safe("".join(rows_html(of_run, show_run=False))),  # noqa: S308
+            }
+        )
+    return groups
 
 
 _INDENT_EM = 1.4
@@ -901,6 +946,16 @@ def _usage_text(usage: dict | None) -> str:
     parts = [f"{usage.get(k)} {label}" for k, label in (("input_tokens", "in"), ("output_tokens", "out")) if k in usage]
     total = usage.get("total_tokens")
     return " / ".join(parts) + (f" = {total}" if total is not None else "")
+
+
+def _axis(rows: list[dict], now: dt.datetime, live: bool) -> tuple[dt.datetime | None, float | None]:
+    """The waterfall axis of ``rows``: its start and its span in seconds
+    (None, None when no row started)."""
+    starts = [r["started_at"] for r in rows if r["started_at"]]
+    ends = [r["finished_at"] or (now if live else r["started_at"]) for r in rows if r["started_at"]]
+    t0 = min(starts, default=None)
+    span = max((max(ends) - t0).total_seconds(), 0.001) if t0 and ends else None
+    return t0, span
 
 
 def _bar(row: dict, t0: dt.datetime | None, span: float | None, now: dt.datetime, live: bool) -> dict | None:

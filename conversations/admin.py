@@ -166,7 +166,7 @@ class ConversationAdmin(ActionCheckboxMixin, admin.ModelAdmin):
                 request,
                 lambda before: audit_selectors.thread_timeline(thread_id=thread.pk, before=before),
                 base_url=reverse("admin:conversations_conversation_timeline", args=[thread.pk]),
-                show_run=True,
+                by_run=True,
             ),
         }
         return TemplateResponse(request, self.thread_timeline_template, context)
