@@ -181,3 +181,45 @@ def awkward_run(thread, *, start: dt.datetime | None = None) -> AgentRun:
     AgentRun.objects.filter(pk=run.pk).update(output_message=answer)
     run.output_message = answer
     return run
+
+
+BIG_RESULT = 1_000_000
+
+
+def big_result_run(thread, *, results: int = 1) -> tuple[AgentRun, list[Message]]:
+    """A completed run whose ``results`` tool calls each returned a
+    1,000,000-character result (kept twice: content and raw output)."""
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    run = AgentRun.objects.create(
+        request_id=f"big-result-{uuid.uuid4().hex}",
+        thread=thread,
+        user=thread.user,
+        agent_id=thread.agent_id,
+        model=thread.model,
+        status=AgentRun.Status.COMPLETED,
+        started_at=start,
+        finished_at=start + dt.timedelta(seconds=10),
+    )
+    rows = []
+    for i in range(results):
+        text = f"result {i} <&> " + "x" * (BIG_RESULT - 20) + "THE END"
+        op = f"call_big_{i}"
+        rows.append(
+            Message.objects.create(
+                thread=thread,
+                run=run,
+                role=Message.Role.TOOL,
+                message_type=Message.Type.TOOL_AUDIT,
+                operation_id=op,
+                sequence=i + 1,
+                execution_status=Message.ExecutionStatus.COMPLETED,
+                started_at=start + dt.timedelta(seconds=i),
+                finished_at=start + dt.timedelta(seconds=i, milliseconds=500),
+                duration_ms=500,
+                tool_name="fetch_page",
+                tool_input={"url": "https://example.com/" + "p" * 3000},
+                content=text,
+                metadata={"raw_output": {"type": "tool", "tool_call_id": op, "content": text}},
+            )
+        )
+    return run, rows

@@ -14,7 +14,8 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.models import AgentRun
-from tests.admin.builders import STATUSES, big_run
+from conversations.models import Conversation
+from tests.admin.builders import BIG_RESULT, STATUSES, big_result_run, big_run
 from tests.dashboard.world import build_world
 
 from .conftest import SCREENSHOTS
@@ -287,3 +288,65 @@ def test_no_page_breaks_its_content_security_policy_R_SEC_1(web_url, admin_world
     finally:
         context.close()
     assert found == [], found
+
+
+@pytest.mark.parametrize(
+    "viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["1280", "390"]
+)
+def test_big_payload_loads_on_expand_and_a_thread_is_grouped_by_run_R_ADM_1(
+    web_url, django_user_model, user, browser, viewport
+):
+    """Issue 37: the run page's timeline starts above the fold; a
+    1,000,000-character tool result loads whole when its row is expanded
+    (a static script, under the CSP); a thread's timeline is one group per
+    run, the newest three open."""
+    staff = django_user_model.objects.create_user(
+        username="browser-staff", password=PASSWORD, is_staff=True, is_superuser=True
+    )
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:tool_then_answer")
+    first = timezone.now() - dt.timedelta(days=1)
+    for k in range(5):
+        big_run(thread, rows=6, start=first + dt.timedelta(hours=k))
+    run, (row,) = big_result_run(thread)
+    name = str(viewport["width"])
+    context = browser.new_context(viewport=viewport, base_url=web_url)
+    context.add_init_script(_CSP_WATCH)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto("/admin/login/?next=/admin/")
+        page.fill("#id_username", staff.username)
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_url("**/admin/")
+
+        page.goto(f"/admin/audit/agentrun/{run.pk}/change/")
+        assert page.locator("#yx-timeline-title").bounding_box()["y"] < viewport["height"] / 2
+        details = page.locator(f"#yx-timeline tr.yx-detail[data-id='{row.pk}']")
+        content = details.locator("pre.yx-pre").first
+        assert content.evaluate("e => e.textContent.length") == 2000
+        details.locator("summary").click()
+        page.wait_for_function(
+            "id => document.querySelector(`tr.yx-detail[data-id='${id}'] .yx-cut`).textContent.startsWith('whole')",
+            arg=str(row.pk),
+            timeout=15_000,
+        )
+        assert content.evaluate("e => e.textContent.length") == BIG_RESULT
+        assert content.evaluate("e => e.textContent.endsWith('THE END')")
+        assert details.locator(".yx-cut").first.inner_text() == "whole text: 1,000,000 characters"
+        page.screenshot(path=SCREENSHOTS / f"run-big-payload-{name}.png", full_page=False)
+
+        page.goto(f"/admin/conversations/conversation/{thread.pk}/timeline/")
+        groups = page.locator("#yx-timeline details.yx-run-group")
+        assert groups.count() == 6
+        assert page.locator("#yx-timeline details.yx-run-group[open]").count() == 3
+        assert not groups.first.locator("tr.yx-row").first.is_visible()
+        assert groups.last.locator("tr.yx-row").first.is_visible()
+        groups.first.locator(":scope > summary").click()
+        assert groups.first.locator("tr.yx-row").first.is_visible()
+        page.screenshot(path=SCREENSHOTS / f"thread-timeline-{name}.png", full_page=True)
+        assert page.evaluate("window.__cspViolations") == []
+        assert errors == []
+    finally:
+        context.close()
