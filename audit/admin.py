@@ -809,9 +809,12 @@ def run_groups(rows: list[dict]) -> list[dict]:
     """The rows of a thread timeline page (nested, in display order) by
     run, in the page's order (oldest run first), each ``{run_id, run_url,
     short_id, status_badge, model, created, duration, calls, open,
-    rows_html}``: ``calls`` counts the run's rows on this page, ``open`` is
-    true for the newest :data:`RUN_GROUPS_OPEN` runs. One query reads the
-    runs (R-ADM-1, issue 37)."""
+    rows_html, rows_url}``: ``calls`` counts the run's rows on this page,
+    ``open`` is true for the newest :data:`RUN_GROUPS_OPEN` runs. Only
+    those carry their rows (``rows_html``); a collapsed run carries the URL
+    of its timeline fragment (``rows_url``), which ``static/audit/timeline.js``
+    loads when it is opened, so that the page's weight is that of the runs
+    shown. One query reads the runs (R-ADM-1, issue 37)."""
     by_run: dict = {}
     for r in rows:
         by_run.setdefault(r["run_id"], []).append(r)
@@ -819,6 +822,7 @@ def run_groups(rows: list[dict]) -> list[dict]:
     groups = []
     for index, (run_id, of_run) in enumerate(by_run.items()):
         run = runs.get(run_id)
+        is_open = index >= len(by_run) - RUN_GROUPS_OPEN
         groups.append(
             {
                 "run_id": run_id,
@@ -829,9 +833,10 @@ def run_groups(rows: list[dict]) -> list[dict]:
                 "created": time_html(run.created_at) if run else "—",
                 "duration": duration_text(run.started_at, run.finished_at if run.is_terminal else None) if run else "—",
                 "calls": len(of_run),
-                "open": index >= len(by_run) - RUN_GROUPS_OPEN,
+                "open": is_open,
                 # Values escaped by rows_html, as the template would have.
-                "rows_html": mark_safe("".join(rows_html(of_run, show_run=False))),  # noqa: S308
+                "rows_html": mark_safe("".join(rows_html(of_run, show_run=False))) if is_open else None,  # noqa: S308
+                "rows_url": None if is_open else reverse("admin:audit_agentrun_timeline", args=[run_id]),
             }
         )
     return groups

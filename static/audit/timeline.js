@@ -5,7 +5,8 @@
 // header up to date from the fragment's hidden copies (data-yx-live).
 // A payload longer than the page's preview (issue 37) loads whole from the
 // admin's payload view when its row is expanded (a.yx-full beside the
-// preview), and again from memory after a live refresh.
+// preview), and again from memory after a live refresh. A thread's
+// timeline loads the rows of a collapsed run when it is opened.
 (function () {
   "use strict";
   var PERIOD_MS = 2000;
@@ -54,10 +55,37 @@
     });
   }
 
+  // A collapsed run of a thread's timeline carries no rows: opening it
+  // loads the run's timeline fragment (its own waterfall axis) in place.
+  function loadRunRows(group) {
+    var holder = group.querySelector(".yx-run-rows[data-yx-rows-url]");
+    if (!holder || holder.dataset.yxLoading) return;
+    holder.dataset.yxLoading = "1";
+    fetch(holder.dataset.yxRowsUrl, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+      .then(function (response) { return response.ok ? response.text() : Promise.reject(response.status); })
+      .then(function (html) {
+        var box = document.createElement("div");
+        box.innerHTML = html;
+        var rows = box.querySelector(".yx-scroll");
+        if (!rows) return Promise.reject("no rows");
+        var truncated = box.querySelector(".yx-truncated");
+        if (truncated) holder.parentNode.insertBefore(truncated, holder);
+        holder.replaceWith(rows);
+        var timeline = document.getElementById("yx-timeline");
+        if (timeline) applyCollapsed(timeline);
+      })
+      .catch(function () {
+        delete holder.dataset.yxLoading;
+        holder.firstChild.nodeValue = "The run's calls could not be loaded (close and open to retry); they are on ";
+      });
+  }
+
   // "toggle" does not bubble: listen in the capture phase.
   document.addEventListener("toggle", function (event) {
     var details = event.target;
-    if (details.matches && details.matches("details.yx-details") && details.open) loadWhole(details);
+    if (!details.matches || !details.open) return;
+    if (details.matches("details.yx-details")) loadWhole(details);
+    else if (details.matches("details.yx-run-group")) loadRunRows(details);
   }, true);
 
   document.addEventListener("click", function (event) {
