@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Case, Exists, F, IntegerField, OuterRef, Q, QuerySet, Value, When
 from django.utils import timezone
 
 from audit.models import AgentRun
@@ -75,12 +75,47 @@ def closed_runs(*, after: tuple[datetime | None, uuid.UUID | None], horizon: dat
     ).order_by("finished_at", "id")
 
 
-def run_audit_rows(run: AgentRun) -> QuerySet[Message]:
-    """A run's audit rows by sequence, annotated with ``declared_by_run_id``
-    (served by index ``message_run_sequence_idx``)."""
+# The columns a span is made of (otel_export.spans); content columns only
+# when content is exported. A column read by the spans but left out here
+# would be fetched again per row by Django: keep the two in step.
+SPAN_COLUMNS = (
+    "id",
+    "run_id",
+    "role",
+    "operation_id",
+    "started_at",
+    "finished_at",
+    "created_at",
+    "sequence",
+    "execution_status",
+    "usage",
+    "cost_usd",
+    "metadata",
+    "tool_name",
+    "declared_by_id",
+    "namespace",
+    "parent_operation_id",
+)
+CONTENT_COLUMNS = ("content", "tool_calls", "tool_input")
+
+
+def runs_audit_rows(run_ids: list[uuid.UUID], *, content: bool) -> QuerySet[Message]:
+    """The audit rows of several runs in one query (R-OTEL-1, issue 38):
+    the runs in the order of ``run_ids``, each run's rows by sequence (nulls
+    last) then id, annotated with
+    ``declared_by_run_id``. Only :data:`SPAN_COLUMNS` are read, plus
+    :data:`CONTENT_COLUMNS` with ``content``. The index
+    ``message_run_sequence_idx`` finds the rows; the runs' order is a sort
+    of one page of rows."""
+    columns = SPAN_COLUMNS + (CONTENT_COLUMNS if content else ())
+    position = Case(
+        *(When(run_id=run_id, then=Value(index)) for index, run_id in enumerate(run_ids)),
+        output_field=IntegerField(),
+    )
     return (
         Message.objects.audit()
-        .filter(run=run)
+        .filter(run_id__in=run_ids)
+        .only(*columns)
         .annotate(declared_by_run_id=F("declared_by__run_id"))
-        .order_by(F("sequence").asc(nulls_last=True), "id")
+        .order_by(position, F("sequence").asc(nulls_last=True), "id")
     )

@@ -8,7 +8,8 @@ export_otel`` and the beat task ``otel_export.export``:
    a second one returns at once with ``busy``);
 2. compute the horizon (:func:`otel_export.selectors.export_horizon`);
 3. read closed runs after the cursor in ``(finished_at, id)`` order, pages
-   of :data:`RUN_PAGE` runs, and turn each into spans
+   of :data:`RUN_PAGE` runs, the audit rows of a page in one query
+   (:func:`otel_export.selectors.runs_audit_rows`), and turn each run into spans
    (:class:`otel_export.spans.SpanFactory`);
 4. send the spans in requests of at most ``OTEL_EXPORT_BATCH_SPANS`` spans
    with the SDK's OTLP/HTTP exporter; after each request the receiver
@@ -33,12 +34,14 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import attrgetter
 
 import requests
 from django.db import connection
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan
@@ -48,7 +51,7 @@ from opentelemetry.util.re import parse_env_headers
 from core.config import get_config
 
 from .models import ExportCursor
-from .selectors import closed_runs, export_horizon, run_audit_rows
+from .selectors import closed_runs, export_horizon, runs_audit_rows
 from .spans import SdkDisabled, SpanFactory
 
 log = logging.getLogger(__name__)
@@ -56,8 +59,11 @@ log = logging.getLogger(__name__)
 __all__ = ["CursorMoved", "ExportNotConfigured", "ReceiverError", "SdkDisabled", "export_closed_runs"]
 
 DEFAULT_CURSOR = "otlp"
-# Runs read per query; each run's rows are read by a query of their own.
+# Runs read per query; the rows of a page of runs are read by one query
+# more, fetched ROW_CHUNK rows at a time (issue 38: a query per run made
+# the export 15 times slower than reading the same rows in one).
 RUN_PAGE = 100
+ROW_CHUNK = 2000
 
 
 class ExportNotConfigured(RuntimeError):
@@ -269,26 +275,30 @@ def _export(
                 result.caught_up = True
                 break
             stop = False
-            for run in page:
-                if run.has_open_rows:
-                    # Cannot happen through the services (the terminal
-                    # transaction closes every row); never pass it silently.
-                    result.waiting_for = f"run {run.id} is {run.status} but has running audit rows"
-                    log.warning("OpenTelemetry export waits: %s", result.waiting_for)
-                    stop = True
-                    break
-                for span in factory.run_spans(run, run_audit_rows(run).iterator(chunk_size=500)):
-                    pending.append(span)
-                    unaccounted_spans += 1
-                    if len(pending) >= batch_spans:
+            # Closed at the end of the page, read or not (the rest of its rows are not needed).
+            with closing(
+                _rows_by_run(page, runs_audit_rows([run.id for run in page], content=factory.content))
+            ) as rows_of:
+                for run, rows in rows_of:
+                    if run.has_open_rows:
+                        # Cannot happen through the services (the terminal
+                        # transaction closes every row); never pass it silently.
+                        result.waiting_for = f"run {run.id} is {run.status} but has running audit rows"
+                        log.warning("OpenTelemetry export waits: %s", result.waiting_for)
+                        stop = True
+                        break
+                    for span in factory.run_spans(run, rows):
+                        pending.append(span)
+                        unaccounted_spans += 1
+                        if len(pending) >= batch_spans:
+                            flush()
+                    completed.append((run.finished_at, run.id))
+                    scan = (run.finished_at, run.id)
+                    if not pending:  # its last span was in an accepted request
                         flush()
-                completed.append((run.finished_at, run.id))
-                scan = (run.finished_at, run.id)
-                if not pending:  # its last span was in an accepted request
-                    flush()
-                if deadline is not None and time.monotonic() >= deadline:
-                    stop = True
-                    break
+                    if deadline is not None and time.monotonic() >= deadline:
+                        stop = True
+                        break
             if stop:
                 break
         flush()
@@ -297,6 +307,21 @@ def _export(
         result.caught_up = False
         log.warning("OpenTelemetry export stopped, cursor kept at %s: %s", position, exc)
     return result
+
+
+def _rows_by_run(runs: list, rows: QuerySet) -> Iterator[tuple]:
+    """``(run, its rows)`` for each of ``runs`` in order, from ``rows``
+    ordered as ``runs`` (:func:`otel_export.selectors.runs_audit_rows`),
+    read lazily in chunks of :data:`ROW_CHUNK`: a run's rows must be read
+    before the next pair is asked for. A run without rows gets none."""
+    groups = groupby(rows.iterator(chunk_size=ROW_CHUNK), key=attrgetter("run_id"))
+    current = next(groups, None)
+    for run in runs:
+        if current is not None and current[0] == run.id:
+            yield run, current[1]
+            current = next(groups, None)
+        else:
+            yield run, iter(())
 
 
 def exporter_lock_key(cursor_name: str) -> int:

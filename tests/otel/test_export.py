@@ -510,3 +510,26 @@ def test_spans_follow_the_current_genai_conventions_R_OTEL_2(user, replay_models
         span = _spans_of(receiver, run)
         assert span[row.operation_id].attributes["error.type"] == expected
         assert span["run"].attributes["error.type"] == run.error_type != "failed"
+
+
+@pytest.mark.parametrize("content", [False, True])
+def test_a_page_of_runs_costs_the_queries_of_one_run_R_OTEL_1(user, replay_models, export_config, receiver, content):
+    """Issue 38: each run's rows were read by a query (a named cursor) of
+    their own, 15 times slower than reading them in one. The rows of a page
+    of runs are one query, with only the columns the spans need: a column
+    the spans read but the query left out would cost a query per row."""
+    from django.test.utils import CaptureQueriesContext
+
+    export_config.OTEL_EXPORT_CONTENT = content
+
+    def queries_of_a_pass(cursor_name: str, runs: int) -> int:
+        with CaptureQueriesContext(connection) as queries:
+            result = export_closed_runs(receiver=exporter(receiver), cursor_name=cursor_name)
+        assert result.runs == runs and result.requests == 1
+        return len(queries)
+
+    execute(user, "tool_then_answer", "Weather 0?")
+    one = queries_of_a_pass("one", 1)
+    for i in (1, 2):
+        execute(user, "tool_then_answer", f"Weather {i}?")
+    assert queries_of_a_pass("three", 3) == one
