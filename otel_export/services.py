@@ -311,7 +311,7 @@ def _export(
 
 def _rows_by_run(runs: list, rows: QuerySet) -> Iterator[tuple]:
     """``(run, its rows)`` for each of ``runs`` in order, from ``rows``
-    ordered as ``runs`` (:func:`otel_export.selectors.runs_audit_rows`),
+    grouped by run in the same order (:func:`otel_export.selectors.runs_audit_rows`),
     read lazily in chunks of :data:`ROW_CHUNK`: a run's rows must be read
     before the next pair is asked for. A run without rows gets none."""
     groups = groupby(rows.iterator(chunk_size=ROW_CHUNK), key=attrgetter("run_id"))
