@@ -11,6 +11,9 @@ figures, never by timed assertions).
   LangGraph's own checkpointer, ``bench_run_overhead``;
 - :mod:`benchmarks.seal`: what the seal adds to the terminal transaction
   (R-GOV-3), ``bench_seal``;
+- :mod:`benchmarks.otel_export`: the OpenTelemetry export against the same
+  rows read and sent without the product (R-OTEL-1, issue 38),
+  ``bench_otel_export``;
 - :mod:`benchmarks.read_paths`: every read endpoint over a large audit
   against its best SQL (R-READ-1, R-ADM-1, R-ADM-2, R-DASH-1),
   ``bench_read_paths``;

@@ -9,7 +9,8 @@ kept here.
 
 This module is pure: it turns the benchmarks' result objects
 (:class:`benchmarks.audit_writes.BenchResult`, :class:`benchmarks.run_overhead.
-RunOverheadResult`, :class:`benchmarks.seal.SealBench`, the
+RunOverheadResult`, :class:`benchmarks.seal.SealBench`,
+:class:`benchmarks.otel_export.OtelExportBench`, the
 :class:`benchmarks.read_paths.Endpoint` list) into :class:`PerformanceRow`
 values and renders the page; it runs nothing and touches no database. The
 command (:mod:`benchmarks.management.commands.performance_report`) runs the
@@ -45,6 +46,11 @@ BASELINES = {
         "bare graph. Memory: the same process's first sample after warm-up."
     ),
     "bench_seal": "the same terminal transaction (run_finish) on the same kind of run with the seal switched off.",
+    "bench_otel_export": (
+        "the same runs and audit rows read with psycopg (one statement per page of runs, one for their rows), "
+        "made into spans with the same names, parents, attributes and links by a bare SDK tracer and sent by "
+        "the same SDK OTLP/HTTP exporter to the same in-process receiver (issue 38)."
+    ),
     "bench_read_paths": (
         "the best SQL for the same answer (hand-written, or the statements the endpoint ran), its EXPLAIN "
         "ANALYZE execution time (median of 3); the ratio is the endpoint's p50 over HTTP to it. The p95 targets are "
@@ -253,6 +259,22 @@ def seal_rows(result, reproduce: str) -> list[PerformanceRow]:
             f"{_ms(result.without_seal.median_ms)} without the seal",
             result.ratio_median,
             reproduce,
+        )
+    ]
+
+
+def otel_export_rows(result, reproduce: str) -> list[PerformanceRow]:
+    """Rows of a :class:`benchmarks.otel_export.OtelExportBench`: the
+    export's spans per second against the same work with psycopg (target
+    ≥ 0.5x, issue 38)."""
+    return [
+        row(
+            f"OpenTelemetry export, spans per second ({result.rows_per_run} audit rows per run), median",
+            f"{result.product_median:.0f} spans/s",
+            f"{result.baseline_median:.0f} spans/s",
+            result.ratio_median,
+            reproduce,
+            target=Target(0.5, at_most=False),
         )
     ]
 

@@ -136,6 +136,7 @@ TINY = {
     "rounds": 1,
     "runs": 1,
     "seal_runs": 4,
+    "otel_runs": 2,
     "read_rows": 1000,
     "read_rounds": 1,
     "read_repeat": 1,
@@ -152,6 +153,7 @@ FIGURES = (
     "the audit alone (product − kept checkpointer)",
     "worker RSS after",
     "terminal transaction with the seal (10 audit rows), median",
+    "OpenTelemetry export, spans per second",
     "read (1,000 rows): run timeline",
     "read (1,000 rows): thread timeline",
     "read (1,000 rows): history, recent turns",
@@ -173,7 +175,13 @@ def test_performance_report_prints_every_figure_and_leaves_the_database_as_it_wa
     figures = [_cells(line)[0] for line in _table_lines(page)]
     for figure in FIGURES:
         assert any(f.startswith(figure) for f in figures), figure
-    for command in ("bench_audit_writes", "bench_run_overhead", "bench_seal", "bench_read_paths --rows 1000"):
+    for command in (
+        "bench_audit_writes",
+        "bench_run_overhead",
+        "bench_seal",
+        "bench_otel_export",
+        "bench_read_paths --rows 1000",
+    ):
         assert f"`manage.py {command}" in page, command
     assert list(AgentRun.objects.all()) == [finished_run]
     assert not Message.objects.exclude(run=finished_run).exists()
@@ -192,7 +200,11 @@ def test_performance_report_writes_the_page_and_skips_benchmarks(tmp_path):
     target = tmp_path / "performance.md"
     out = io.StringIO()
     call_command(
-        "performance_report", **TINY, skip=["run_overhead", "bench_read_paths", "seal"], write=str(target), stdout=out
+        "performance_report",
+        **TINY,
+        skip=["run_overhead", "bench_read_paths", "seal", "otel_export"],
+        write=str(target),
+        stdout=out,
     )
     page = target.read_text(encoding="utf-8")
     figures = [_cells(line)[0] for line in _table_lines(page)]
@@ -205,7 +217,8 @@ def test_performance_report_writes_the_page_and_skips_benchmarks(tmp_path):
     ("options", "message"),
     [
         ({"skip": ["dashboard"]}, "--skip takes"),
-        ({"skip": ["audit_writes", "run_overhead", "seal", "read_paths"]}, "no benchmark"),
+        ({"skip": ["audit_writes", "run_overhead", "seal", "otel_export", "read_paths"]}, "no benchmark"),
+        ({"otel_runs": 0}, "--otel-runs must be at least 1"),
         ({"writes": 1}, "--writes must be at least 2"),
         ({"read_rows": 10}, "--read-rows must be at least 1000"),
         ({"writers": "1,16"}, "--writers takes"),
