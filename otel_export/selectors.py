@@ -63,7 +63,8 @@ def closed_runs(*, after: tuple[datetime | None, uuid.UUID | None], horizon: dat
     """Terminal runs after the cursor position ``(finished_at, run id)`` that
     finished before ``horizon``, in ``(finished_at, id)`` order, each
     annotated with ``has_open_rows`` (a running audit row: the run is not
-    closed yet). Index ``run_finished_idx`` serves the order and range."""
+    closed yet) and ``has_earlier_runs`` (its thread has a run created
+    before it). Index ``run_finished_idx`` serves the order and range."""
     finished_at, run_id = after
     runs = AgentRun.objects.filter(
         status__in=AgentRun.TERMINAL_STATUSES, finished_at__isnull=False, finished_at__lt=horizon
@@ -72,6 +73,11 @@ def closed_runs(*, after: tuple[datetime | None, uuid.UUID | None], horizon: dat
         runs = runs.filter(Q(finished_at__gt=finished_at) | Q(finished_at=finished_at, id__gt=run_id))
     return runs.annotate(
         has_open_rows=Exists(Message.objects.filter(run=OuterRef("pk")).running()),
+        # Whether a chat span's rebuilt input leaves earlier turns out
+        # (R-OTEL-2, otel_export.spans); index run_thread_created_idx.
+        has_earlier_runs=Exists(
+            AgentRun.objects.filter(thread_id=OuterRef("thread_id"), created_at__lt=OuterRef("created_at"))
+        ),
     ).order_by("finished_at", "id")
 
 

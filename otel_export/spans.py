@@ -33,6 +33,8 @@ the tracer also applies its attribute checks and limits.
 Message content and tool payloads are attributes only when ``content`` is
 on (setting ``OTEL_EXPORT_CONTENT``); every payload string longer than
 ``max_chars`` is cut and ends with a ``…[truncated N of M chars]`` marker.
+A ``chat`` span's input messages are rebuilt from the run's rows
+(:class:`_Conversation`, R-OTEL-2): the audit stores no request.
 
 Text PostgreSQL cannot hold (a NUL, a lone surrogate, R-RUN-11) is in the
 spans as the admin shows it (R-RUN-13): every span name, string attribute
@@ -51,6 +53,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -259,28 +262,32 @@ class SpanFactory:
         yield self._run_span(run, trace_id)
         # A subagent's calls are children of the tool call that spawned it
         # (R-SUB-1); its key is only known once the run's tool rows are.
-        waiting: list[Message] = []
+        waiting: list[tuple[Message, _InputMessages | None]] = []
         tool_rows: dict[str, int] = {}
+        conversation = _Conversation(run, self.max_chars) if self.content else None
         for row in rows:
+            # What a model call was sent is known only from the rows before
+            # it, read in sequence order here (R-OTEL-2).
+            sent = conversation.record(row) if conversation is not None else None
             if row.role == Message.Role.TOOL:
                 tool_rows[row.operation_id] = row.pk
             if row.parent_operation_id:
-                waiting.append(row)
+                waiting.append((row, sent))
             else:
-                yield self._row_span(run, row, root)
-        for row in waiting:
+                yield self._row_span(run, row, root, sent)
+        for row, sent in waiting:
             spawner = tool_rows.get(row.parent_operation_id)
             parent = (
                 SpanContext(trace_id, row_span_id(spawner), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
                 if spawner is not None
                 else root
             )
-            yield self._row_span(run, row, parent)
+            yield self._row_span(run, row, parent, sent)
 
-    def _row_span(self, run: AgentRun, row: Message, parent: SpanContext) -> ReadableSpan:
+    def _row_span(self, run: AgentRun, row: Message, parent: SpanContext, sent: _InputMessages | None) -> ReadableSpan:
         if row.role == Message.Role.TOOL:
             return self._tool_span(run, row, parent)
-        return self._model_span(run, row, parent)
+        return self._model_span(run, row, parent, sent)
 
     # -- one span each ------------------------------------------------------
 
@@ -346,7 +353,7 @@ class SpanFactory:
             end=run.finished_at or start,
         )
 
-    def _model_span(self, run: AgentRun, row: Message, root: SpanContext) -> ReadableSpan:
+    def _model_span(self, run: AgentRun, row: Message, root: SpanContext, sent: _InputMessages | None) -> ReadableSpan:
         provider, model = provider_and_model(run.model)
         metadata = row.metadata or {}
         attributes: dict[str, Any] = {
@@ -368,6 +375,11 @@ class SpanFactory:
             attributes["yuxi.usage.unknown"] = True
         _set_cost(attributes, row)
         if self.content:
+            if sent is not None:
+                attributes["gen_ai.input.messages"] = _json(sent.messages)
+                attributes["yuxi.input.messages.omitted"] = sent.omitted
+                if sent.dropped:
+                    attributes["yuxi.input.messages.dropped"] = sent.dropped
             attributes["gen_ai.output.messages"] = _json([self._output_message(row)])
         return self._span(
             name=f"chat {model}",
@@ -429,20 +441,7 @@ class SpanFactory:
 
     def _output_message(self, row: Message) -> dict[str, Any]:
         """A model row's answer in the GenAI ``gen_ai.output.messages`` shape."""
-        parts: list[dict[str, Any]] = []
-        if row.content:
-            parts.append({"type": "text", "content": truncate(row.content, self.max_chars)})
-        for call in row.tool_calls or []:
-            if not isinstance(call, dict):
-                continue
-            arguments = call.get("args")
-            # Measured and cut as the original's JSON; `_json` escapes the cut text once.
-            raw = json.dumps(arguments, ensure_ascii=False, default=str, sort_keys=True)
-            if len(raw) > self.max_chars:
-                arguments = truncate(raw, self.max_chars)
-            parts.append({"type": "tool_call", "id": call.get("id"), "name": call.get("name"), "arguments": arguments})
-        finish = (row.metadata or {}).get("finish_reason") or ("tool_call" if row.tool_calls else "stop")
-        return {"role": "assistant", "parts": parts, "finish_reason": str(finish)}
+        return output_message(row, self.max_chars)
 
     def _row_status(self, row: Message, attributes: dict[str, Any]) -> Status:
         if row.execution_status in _ROW_ERRORS:
@@ -491,6 +490,147 @@ class SpanFactory:
         finished = self._collect.finished.pop()
         assert finished.context.span_id == span_id and finished.context.trace_id == trace_id
         return finished
+
+
+def output_message(row: Message, max_chars: int) -> dict[str, Any]:
+    """A model row's answer in the GenAI ``gen_ai.output.messages`` shape:
+    its text and each tool call, every payload cut at ``max_chars``."""
+    parts: list[dict[str, Any]] = []
+    if row.content:
+        parts.append({"type": "text", "content": truncate(row.content, max_chars)})
+    for call in row.tool_calls or []:
+        if not isinstance(call, dict):
+            continue
+        arguments = call.get("args")
+        # Measured and cut as the original's JSON; `_json` escapes the cut text once.
+        raw = json.dumps(arguments, ensure_ascii=False, default=str, sort_keys=True)
+        if len(raw) > max_chars:
+            arguments = truncate(raw, max_chars)
+        parts.append({"type": "tool_call", "id": call.get("id"), "name": call.get("name"), "arguments": arguments})
+    finish = (row.metadata or {}).get("finish_reason") or ("tool_call" if row.tool_calls else "stop")
+    return {"role": "assistant", "parts": parts, "finish_reason": str(finish)}
+
+
+# --------------------------------------------------------------------------
+# Input messages, rebuilt from the rows (R-OTEL-2)
+# --------------------------------------------------------------------------
+
+#: How many times ``max_chars`` the text of one chat span's input messages
+#: may hold in all; older messages of the run beyond it are dropped (and
+#: counted), as each payload string is cut at ``max_chars``.
+INPUT_BUDGET = 4
+
+#: What a rebuilt ``gen_ai.input.messages`` never holds, as
+#: ``yuxi.input.messages.omitted`` names it.
+OMITTED_SYSTEM = "system_instructions"  # the agent's system prompt: never stored
+OMITTED_EARLIER_RUNS = "earlier_runs"  # the thread's earlier turns, or the run a resume continues
+OMITTED_SUBAGENT_INPUT = "subagent_input"  # a subagent's task, when its spawning call has no description
+
+
+@dataclass
+class _InputMessages:
+    messages: list[dict[str, Any]]
+    omitted: list[str]
+    dropped: int
+
+
+class _Conversation:
+    """What each model call of one run was sent, rebuilt from the run's
+    audit rows (R-OTEL-2, issue 37): the audit keeps a fingerprint of each
+    request (``metadata.request``), never the request. A model call at the
+    root was sent the turn's input (the run's ``input.text``) and, in
+    sequence order, every earlier completed model answer of the run and
+    every tool result; a subagent's call (R-SUB-1) its task (the
+    ``description`` argument of the ``task`` call that spawned it) and the
+    earlier rows of its own namespace. What the rows cannot tell is named in
+    ``omitted``: the system prompt, the thread's earlier runs at the root
+    (when it has any: the ``has_earlier_runs`` annotation of
+    :func:`otel_export.selectors.closed_runs`; without it they are assumed),
+    a subagent's task its spawning call does not give. Each payload string is cut at ``max_chars``; when the
+    messages' text exceeds :data:`INPUT_BUDGET` × ``max_chars``, the oldest
+    messages of the run are dropped first (the turn's input is kept) and
+    their number given as ``dropped``."""
+
+    def __init__(self, run: AgentRun, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self.turn: list[dict[str, Any]] = []
+        text = (run.input or {}).get("text")
+        if isinstance(text, str):
+            self.turn.append(_text_message("user", text, max_chars))
+        self.omitted = [OMITTED_SYSTEM]
+        if getattr(run, "has_earlier_runs", True):
+            self.omitted.append(OMITTED_EARLIER_RUNS)
+        # namespace (as a tuple) -> the messages so far, each with its text size
+        self.history: dict[tuple, list[tuple[dict[str, Any], int]]] = {}
+        # tool call id -> the task a subagent spawned by it starts from
+        self.tasks: dict[str, dict[str, Any]] = {}
+
+    def record(self, row: Message) -> _InputMessages | None:
+        """Take ``row`` (the run's rows in sequence order); for a model row,
+        return what its call was sent."""
+        namespace = tuple(str(part) for part in row.namespace or ())
+        history = self.history.setdefault(namespace, [])
+        if row.role == Message.Role.TOOL:
+            task = (row.tool_input or {}).get("description") if isinstance(row.tool_input, dict) else None
+            if isinstance(task, str):
+                self.tasks[row.operation_id] = _text_message("user", task, self.max_chars)
+            message = {
+                "role": "tool",
+                "parts": [
+                    {
+                        "type": "tool_call_response",
+                        "id": row.operation_id,
+                        "response": truncate(row.content or "", self.max_chars),
+                    }
+                ],
+            }
+            history.append((message, min(len(row.content or ""), self.max_chars)))
+            return None
+        sent = self._sent(namespace, history, self.tasks.get(row.parent_operation_id or ""))
+        if row.execution_status == Message.ExecutionStatus.COMPLETED:
+            # A call that failed is asked again with the same messages: its
+            # answer was never sent back.
+            answer = output_message(row, self.max_chars)
+            answer.pop("finish_reason", None)
+            history.append((answer, _text_size(answer)))
+        return sent
+
+    def _sent(
+        self, namespace: tuple, history: list[tuple[dict[str, Any], int]], task: dict[str, Any] | None
+    ) -> _InputMessages:
+        if not namespace:
+            first, omitted = self.turn, list(self.omitted)
+        else:
+            # A subagent starts from its task alone, with a system prompt of
+            # its own: nothing of the run's turn.
+            first = [task] if task else []
+            omitted = [OMITTED_SYSTEM] + ([] if task else [OMITTED_SUBAGENT_INPUT])
+        budget = INPUT_BUDGET * self.max_chars - sum(_text_size(m) for m in first)
+        kept: list[dict[str, Any]] = []
+        for message, size in reversed(history):
+            if kept and size > budget:
+                break
+            kept.append(message)
+            budget -= size
+        kept.reverse()
+        return _InputMessages(messages=first + kept, omitted=omitted, dropped=len(history) - len(kept))
+
+
+def _text_message(role: str, text: str, max_chars: int) -> dict[str, Any]:
+    return {"role": role, "parts": [{"type": "text", "content": truncate(text, max_chars)}]}
+
+
+def _text_size(message: dict[str, Any]) -> int:
+    """Characters of a message's payloads, as cut."""
+    size = 0
+    for part in message["parts"]:
+        for key in ("content", "response"):
+            if isinstance(part.get(key), str):
+                size += len(part[key])
+        if "arguments" in part:
+            arguments = part["arguments"]
+            size += len(arguments) if isinstance(arguments, str) else len(json.dumps(arguments, default=str))
+    return size
 
 
 # The conventions' ``error.type`` when nothing more precise is known.

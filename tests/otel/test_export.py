@@ -533,3 +533,134 @@ def test_a_page_of_runs_costs_the_queries_of_one_run_R_OTEL_1(user, replay_model
     for i in (1, 2):
         execute(user, "tool_then_answer", f"Weather {i}?")
     assert queries_of_a_pass("three", 3) == one
+
+
+def _sent_requests(monkeypatch) -> list[list[dict]]:
+    """The messages of every chat request the replay model server receives
+    (it runs in a thread of this process), in order."""
+    from audit.replay import server
+
+    received: list[list[dict]] = []
+    turn_index = server.turn_index
+
+    def recording(messages):
+        received.append(json.loads(json.dumps(messages)))
+        return turn_index(messages)
+
+    monkeypatch.setattr(server, "turn_index", recording)
+    return received
+
+
+def _comparable_sent(message: dict) -> tuple:
+    """An OpenAI chat message as the GenAI shape below compares it."""
+    if message["role"] == "tool":
+        return ("tool", message["tool_call_id"], message["content"])
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        content = "".join(block.get("text", "") for block in content)
+    calls = tuple(
+        (call["id"], call["function"]["name"], json.loads(call["function"]["arguments"]))
+        for call in message.get("tool_calls") or []
+    )
+    return (message["role"], content, calls)
+
+
+def _comparable_span(message: dict) -> tuple:
+    parts = message["parts"]
+    if message["role"] == "tool":
+        (part,) = parts
+        assert part["type"] == "tool_call_response"
+        return ("tool", part["id"], part["response"])
+    text = "".join(p["content"] for p in parts if p["type"] == "text")
+    calls = tuple((p["id"], p["name"], p["arguments"]) for p in parts if p["type"] == "tool_call")
+    return (message["role"], text, calls)
+
+
+def test_chat_spans_carry_the_input_messages_rebuilt_from_the_rows_R_OTEL_2(
+    user, replay_models, export_config, receiver, monkeypatch
+):
+    """Issue 37: a chat span carried its answer but not what the model was
+    sent. The audit keeps no request (only its fingerprint): the turn's
+    input and the run's earlier answers and tool results are rebuilt from
+    the rows; what they cannot give (the system prompt, the thread's earlier
+    turns) is named in ``yuxi.input.messages.omitted``. Checked against the
+    requests the model server really received."""
+    export_config.OTEL_EXPORT_CONTENT = True
+    sent = _sent_requests(monkeypatch)
+    first = execute(user, "two_tools_then_answer", "Weather in Paris, in Fahrenheit?")
+    second = make_run(Conversation.objects.get(pk=first.thread_id), text="And in Kelvin?")
+    run_execute(run_id=second.id, owner="in-process")
+    second.refresh_from_db()
+    assert (first.status, second.status) == ("completed", "completed")
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 2
+
+    calls = [
+        (run, row)
+        for run in (first, second)
+        for row in Message.objects.model_calls().filter(run=run).order_by("sequence")
+    ]
+    assert len(calls) == len(sent) == 6
+    for (run, row), request in zip(calls, sent, strict=True):
+        span = _spans_of(receiver, run)[row.operation_id]
+        rebuilt = json.loads(span.attributes["gen_ai.input.messages"])
+        conversation = [m for m in request if m["role"] != "system"]
+        # What was sent, but for the earlier turn of the thread: exactly the rebuilt messages.
+        assert [_comparable_span(m) for m in rebuilt] == [
+            _comparable_sent(m) for m in conversation[len(conversation) - len(rebuilt) :]
+        ]
+        assert rebuilt[0]["role"] == "user" and rebuilt[0]["parts"][0]["content"] == run.input["text"]
+        omitted = span.attributes["yuxi.input.messages.omitted"]
+        if run == first:
+            assert len(rebuilt) == len(conversation)  # nothing of this turn left out
+            assert omitted == ["system_instructions"]
+        else:
+            assert len(rebuilt) < len(conversation)  # the first turn was sent too
+            assert omitted == ["system_instructions", "earlier_runs"]
+        assert "yuxi.input.messages.dropped" not in span.attributes
+
+    # Bounded as the output messages are: every payload cut at the limit,
+    # the oldest messages of the run dropped (and counted) past 4 times it;
+    # the turn's input always first.
+    export_config.OTEL_EXPORT_MAX_PAYLOAD_CHARS = 10
+    assert export_closed_runs(receiver=exporter(receiver), cursor_name="short").runs == 2
+    last = calls[2][1]
+    span = _spans_of(receiver, first)[last.operation_id]
+    rebuilt = json.loads(span.attributes["gen_ai.input.messages"])
+    assert rebuilt[0]["parts"][0]["content"] == "Weather in…[truncated 22 of 32 chars]"
+    assert span.attributes["yuxi.input.messages.dropped"] + len(rebuilt) == 5
+    assert span.attributes["yuxi.input.messages.dropped"] > 0
+    for message in rebuilt:
+        for part in message["parts"]:
+            text = part.get("content") or part.get("response") or ""
+            assert len(text.partition("…[truncated")[0]) <= 10
+
+
+def test_chat_spans_carry_no_input_messages_with_content_off_R_OTEL_2(user, replay_models, export_config, receiver):
+    run = execute(user, "tool_then_answer")
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 1
+    for span in _spans_of(receiver, run).values():
+        assert not [key for key in span.attributes if key.startswith(("gen_ai.input", "yuxi.input"))]
+
+
+def test_a_subagents_chat_spans_start_from_its_task_R_OTEL_2_R_SUB_1(
+    user, replay_models, export_config, receiver, monkeypatch
+):
+    """A subagent is sent its task (the ``task`` call's description) and
+    its own earlier answers and tool results, nothing of the run's turn:
+    checked against the requests the model server received."""
+    export_config.OTEL_EXPORT_CONTENT = True
+    sent = _sent_requests(monkeypatch)
+    thread = Conversation.objects.create(user=user, agent_id="researcher", model="replay:researcher_fact_check")
+    run = make_run(thread, text="Check the retention policy")
+    run_execute(run_id=run.id, owner="in-process")
+    assert AgentRun.objects.get(pk=run.pk).status == "completed"
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 1
+
+    spans = _spans_of(receiver, run)
+    calls = list(Message.objects.model_calls().filter(run=run).order_by("sequence"))
+    assert len(calls) == len(sent) and any(row.namespace for row in calls)
+    for row, request in zip(calls, sent, strict=True):
+        span = spans[row.operation_id]
+        rebuilt = json.loads(span.attributes["gen_ai.input.messages"])
+        assert [_comparable_span(m) for m in rebuilt] == [_comparable_sent(m) for m in request if m["role"] != "system"]
+        assert span.attributes["yuxi.input.messages.omitted"] == ["system_instructions"]
