@@ -14,7 +14,9 @@ by their lifecycles, ``run_finish``), then, in alternating rounds:
   tracer (random ids, no text escaping), sent in requests of the same size
   by the same SDK exporter.
 
-Both send to one in-process OTLP/HTTP receiver that answers 200 without
+The baseline carries no message content: with ``OTEL_EXPORT_CONTENT`` on
+the product does more (its command says so), and the target (≥ 0.5x) is
+for content off, the default. Both send to one in-process OTLP/HTTP receiver that answers 200 without
 decoding. The figure is spans per second of each (spans sent / wall time of
 the pass). A benchmark, not a test: it prints figures and asserts nothing.
 Creates a throw-away user, threads and runs and deletes them at the end.

@@ -10,6 +10,7 @@ from django.db import connection
 from audit.ledger.handover import dispatch_held
 from audit.management.commands._database import DatabaseCommand
 from benchmarks.otel_export import bench_otel_export
+from core.config import get_config
 
 
 class Command(DatabaseCommand):
@@ -42,4 +43,9 @@ class Command(DatabaseCommand):
         out(f"  product (export_closed_runs):            {result.product_median:8.0f}")
         out(f"  baseline (psycopg, one statement/page):  {result.baseline_median:8.0f}")
         out(f"  ratio product / baseline: {result.ratio_median:.2f}x (target >= 0.5x)")
+        if get_config().OTEL_EXPORT_CONTENT:
+            out(
+                "  OTEL_EXPORT_CONTENT is on: the product's spans carry message content and tool payloads, "
+                "the baseline's none (the target is set with content off)"
+            )
         out("its runs were deleted and the dashboard's rollups of the days it ran recomputed (rebuild_rollups)")
