@@ -664,3 +664,34 @@ def test_a_subagents_chat_spans_start_from_its_task_R_OTEL_2_R_SUB_1(
         rebuilt = json.loads(span.attributes["gen_ai.input.messages"])
         assert [_comparable_span(m) for m in rebuilt] == [_comparable_sent(m) for m in request if m["role"] != "system"]
         assert span.attributes["yuxi.input.messages.omitted"] == ["system_instructions"]
+
+
+def test_a_resumes_chat_spans_name_the_interrupted_run_as_left_out_R_OTEL_2(
+    user, replay_models, export_config, receiver, monkeypatch
+):
+    """A resume has no turn input of its own: its calls were sent the
+    interrupted run's messages, then its own rows. The rebuilt input is the
+    resume's rows, the tail of what was sent, and names ``earlier_runs``."""
+    export_config.OTEL_EXPORT_CONTENT = True
+    sent = _sent_requests(monkeypatch)
+    interrupted = execute(user, "approval_send_email", "Mail Bob")
+    resume, _ = ledger.run_resume(
+        user=user, run_id=interrupted.id, request_id=uuid.uuid4().hex, decisions=[{"type": "approve"}]
+    )
+    run_execute(run_id=resume.id, owner="in-process")
+    assert export_closed_runs(receiver=exporter(receiver)).runs == 2
+
+    calls = [
+        (run, row)
+        for run in (interrupted, resume)
+        for row in Message.objects.model_calls().filter(run=run).order_by("sequence")
+    ]
+    assert len(calls) == len(sent) and calls[-1][0] == resume
+    for (run, row), request in zip(calls, sent, strict=True):
+        span = _spans_of(receiver, run)[row.operation_id]
+        rebuilt = json.loads(span.attributes["gen_ai.input.messages"])
+        conversation = [_comparable_sent(m) for m in request if m["role"] != "system"]
+        assert rebuilt and [_comparable_span(m) for m in rebuilt] == conversation[len(conversation) - len(rebuilt) :]
+        if run == resume:
+            assert rebuilt[0]["role"] == "tool" and len(rebuilt) < len(conversation)
+            assert span.attributes["yuxi.input.messages.omitted"] == ["system_instructions", "earlier_runs"]
