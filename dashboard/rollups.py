@@ -298,14 +298,35 @@ def feedback_changed(
         )
 
 
-def mark_terminal_runs() -> int:
+#: Runs marked per transaction by :func:`mark_terminal_runs`.
+MARK_BATCH = 5000
+
+
+def mark_terminal_runs(*, batch: int = MARK_BATCH) -> int:
     """Mark every terminal run not marked yet as rolled up (the first step
-    of a rebuild, whose day batches then count them). Returns how many."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE audit_agentrun SET rolled_up_at = now() WHERE rolled_up_at IS NULL AND status IN ({TERMINAL})"
-        )
-        return cursor.rowcount
+    of a rebuild, whose day batches then count them). Returns how many.
+
+    Locks the runs in id order, ``batch`` runs per transaction, as the
+    other writers of many runs do (a payload purge, an erasure): one
+    whole-table ``UPDATE`` locked them in the order it read them, and a
+    purge locking its batch in id order deadlocked with it (issue 38). A
+    run a concurrent terminal write marks meanwhile is left to it. Call it
+    outside a transaction (R-DASH-1)."""
+    from django.db import transaction
+
+    lock = " FOR NO KEY UPDATE" if connection.vendor == "postgresql" else ""
+    marked = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE audit_agentrun SET rolled_up_at = CURRENT_TIMESTAMP WHERE id IN ("
+                f"SELECT id FROM audit_agentrun WHERE rolled_up_at IS NULL AND status IN ({TERMINAL})"
+                f" ORDER BY id LIMIT %s{lock})",
+                [batch],
+            )
+            marked += cursor.rowcount
+            if cursor.rowcount < batch:
+                return marked
 
 
 def rebuild_day(day: dt.date) -> None:
@@ -440,8 +461,7 @@ def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
     from django.db import transaction
     from django.utils import timezone
 
-    with transaction.atomic():
-        marked = mark_terminal_runs()
+    marked = mark_terminal_runs()
     if marked and connection.vendor == "postgresql":
         # The dashboard reads the runs not rolled up yet through their
         # partial index; with the statistics of before the marking the
