@@ -28,7 +28,7 @@ Turn keys: ``text``, ``tool_calls``, ``usage`` (with optional
 ``prompt_tokens_details`` / ``completion_tokens_details``), ``usage_mode``,
 ``chunk_delay_ms``, ``chunk_chars``, ``http_status`` + ``error_message``,
 ``fail_after_chunks``, ``stall_after_chunks``, ``connect_error_times``,
-``fail_before_first_chunk`` (see :class:`Turn`). Validation is strict: unknown keys and wrongly typed
+``fail_before_first_chunk``, ``text_if_rejected`` (see :class:`Turn`). Validation is strict: unknown keys and wrongly typed
 values are rejected, and every problem is reported as :class:`ScenarioError`
 naming the file.
 
@@ -178,6 +178,10 @@ class Turn(_Strict):
       replay plays a call that was cut off by a cancel this way, and
       cancels the run once it has the text (R-REPLAY-2).
     - ``fail_before_first_chunk``: see :class:`FailBeforeFirstChunk`.
+    - ``text_if_rejected``: the answer text played instead of ``text`` when
+      a tool result the request sends since the last assistant message is
+      a human's rejection (:data:`REJECTION_PREFIX`, R-TA-5): a scenario
+      that asks for approval then answers truthfully either way.
 
     The requests of a turn are counted per distinct request: the scenario,
     the turn and the request's messages (a client's retry re-sends the same
@@ -201,6 +205,7 @@ class Turn(_Strict):
     connect_error_times: int = Field(default=0, ge=0)
     fail_before_first_chunk: FailBeforeFirstChunk | None = None
     stall_after_chunks: int | None = Field(default=None, ge=1)
+    text_if_rejected: str | None = None
 
     @model_validator(mode="after")
     def _check_shape(self) -> Turn:
@@ -217,6 +222,7 @@ class Turn(_Strict):
                     "stall_after_chunks",
                     "usage_mode",
                     "fail_before_first_chunk",
+                    "text_if_rejected",
                 )
                 if key in self.model_fields_set
             ]
@@ -226,12 +232,29 @@ class Turn(_Strict):
             raise ValueError("error_message needs http_status")
         elif self.text is None and not self.tool_calls:
             raise ValueError("a turn needs text, tool_calls or http_status")
+        elif self.text_if_rejected is not None and self.text is None:
+            raise ValueError("text_if_rejected replaces text: the turn needs text too")
+        return self
+
+    def played(self, *, rejected: bool) -> Turn:
+        """The turn as played: with ``text_if_rejected`` as its text when
+        ``rejected`` (a tool result of the request is a rejection) and the
+        turn has one; else the turn itself."""
+        if rejected and self.text_if_rejected is not None:
+            return self.model_copy(update={"text": self.text_if_rejected})
         return self
 
     @property
     def finish_reason(self) -> str:
         """``"tool_calls"`` when the turn declares tool calls, else ``"stop"``."""
         return "tool_calls" if self.tool_calls else "stop"
+
+
+REJECTION_PREFIX = "User rejected the tool call"
+"""How the content of the tool result a rejected call gets begins: the
+wording of LangChain's ``HumanInTheLoopMiddleware`` for a ``reject``
+decision, with or without a reason (R-TA-5). An OpenAI tool message has
+no status, so the text is all the server can tell a rejection by."""
 
 
 SUBAGENT_SEPARATOR = "/"

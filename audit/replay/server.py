@@ -43,7 +43,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Send
 
-from .scenarios import USAGE_MODE_HEADER, Scenario, Turn, Usage, load_scenarios, scenario_turns
+from .scenarios import REJECTION_PREFIX, USAGE_MODE_HEADER, Scenario, Turn, Usage, load_scenarios, scenario_turns
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +138,22 @@ def turn_index(messages: list[dict[str, Any]]) -> int:
     message, all assistant messages count."""
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     return sum(1 for m in messages[last_user + 1 :] if m.get("role") == "assistant")
+
+
+def rejected_since_last_answer(messages: list[dict[str, Any]]) -> bool:
+    """True when a ``tool`` message after the last ``assistant`` message of
+    ``messages`` (OpenAI chat messages) is a human's rejection of the call
+    (its text begins with :data:`REJECTION_PREFIX`, R-TA-5)."""
+    last_assistant = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    for message in messages[last_assistant + 1 :]:
+        if message.get("role") != "tool":
+            continue
+        content = message.get("content")
+        if isinstance(content, list):  # content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if isinstance(content, str) and content.startswith(REJECTION_PREFIX):
+            return True
+    return False
 
 
 def _request_digest(scenario: str, index: int, messages: list[dict[str, Any]]) -> str:
@@ -370,7 +386,7 @@ def build_app(scenarios: dict[str, Scenario]) -> Starlette:
                 f"Replay scenario '{name}' has {len(turns)} turn(s); the request asks for turn {index + 1}.",
                 code="scenario_exhausted",
             )
-        turn = turns[index]
+        turn = turns[index].played(rejected=rejected_since_last_answer(messages))
         failing = turn.fail_before_first_chunk
         if turn.connect_error_times or failing is not None:
             digest = _request_digest(name, index, messages)

@@ -224,9 +224,11 @@ def test_approval_reject_records_a_rejected_row_that_is_no_execution_R_TA_5_R_RE
     assert not (_workspace(thread_id, stack) / "outbox").exists()
     assert Message.objects.tool_executions().filter(thread_id=thread_id).count() == 0
     assert Message.objects.filter(thread_id=thread_id, message_type=Message.Type.TOOL_AUDIT).count() == 1
-    # The resume run answers and binds its own output.
+    # The resume run answers and binds its own output, which does not say
+    # the email was sent (issue 37).
     resume_run = AgentRun.objects.get(pk=done["run_id"])
     assert resume_run.output_message.run_id == resume_run.id
+    assert resume_run.output_message.content.startswith("The email was not sent")
 
 
 def test_approval_edit_runs_the_tool_with_the_reviewed_arguments_R_TA_5(stack, user):

@@ -101,6 +101,7 @@ def test_bundled_scenarios_say_what_the_other_tests_rely_on():
         {"to": "ops@example.com", "subject": "Report", "body": "All good"},
     )
     assert scenarios["approval_send_email"].turns[1].text == "The email was sent."
+    assert scenarios["approval_send_email"].turns[1].text_if_rejected.startswith("The email was not sent")
     lookup = scenarios["large_lookup"].turns[0].tool_calls[0]
     assert lookup.arguments == {"query": "retention policy", "size": 20000}
 
@@ -628,3 +629,93 @@ def test_fail_before_first_chunk_answers_its_status_with_retry_after_then_plays_
         lines = [line for line in response.iter_lines() if line]
     assert json.loads(lines[0].removeprefix("data: "))["choices"][0]["delta"]["role"] == "assistant"
     assert lines[-1] == "data: [DONE]"
+
+
+# --- a turn that answers a rejection differently (R-TA-5, issue 37) -----------------
+
+
+def _approval_history(tool_content: str) -> list[dict]:
+    return [
+        {"role": "user", "content": "Email the ops team that all is good."},
+        {
+            "role": "assistant",
+            "content": "I will send the report.",
+            "tool_calls": [
+                {"id": "call_email_1", "type": "function", "function": {"name": "send_email", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_email_1", "content": tool_content},
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_rejected_call_gets_the_turns_text_if_rejected_R_TA_5(client, stream):
+    def answer(tool_content):
+        messages = _approval_history(tool_content)
+        if not stream:
+            return (
+                client.chat.completions.create(model="approval_send_email", messages=messages)
+                .choices[0]
+                .message.content
+            )
+        chunks = client.chat.completions.create(model="approval_send_email", messages=messages, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    rejected = "The email was not sent: the request to send it was rejected."
+    assert answer("Email queued for ops@example.com") == "The email was sent."
+    assert answer("User rejected the tool call for `send_email` with reason: not today") == rejected
+    assert (
+        answer("User rejected the tool call for `send_email` with id call_email_1. The tool was not executed.")
+        == rejected
+    )
+
+
+def test_the_demo_scenario_says_the_email_was_not_sent_after_a_rejection_through_langchain_R_TA_5(base_url):
+    """The approval demo's agent shape (LangChain's human-in-the-loop
+    middleware, whose wording the server recognises) against the bundled
+    scenario: approve says sent, reject says not sent."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langchain_core.tools import tool
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    @tool
+    def send_email(to: str, subject: str, body: str) -> str:
+        """Send an email."""
+        return f"sent to {to}"
+
+    def final_answer(decision: dict) -> str:
+        with httpx.Client() as http:
+            model = ChatOpenAI(
+                model="approval_send_email", base_url=base_url, api_key="x", max_retries=0, http_client=http
+            )
+            agent = create_agent(
+                model,
+                tools=[send_email],
+                middleware=[HumanInTheLoopMiddleware(interrupt_on={"send_email": True})],
+                checkpointer=InMemorySaver(),
+            )
+            config = {"configurable": {"thread_id": "t"}}
+            first = agent.invoke({"messages": [HumanMessage("Email the ops team that all is good.")]}, config)
+            assert first["__interrupt__"], first
+            done = agent.invoke(Command(resume={"decisions": [decision]}), config)
+        return done["messages"][-1].content
+
+    assert final_answer({"type": "approve"}) == "The email was sent."
+    assert final_answer({"type": "reject", "message": "not today"}) == (
+        "The email was not sent: the request to send it was rejected."
+    )
+    assert final_answer({"type": "reject"}) == "The email was not sent: the request to send it was rejected."
+
+
+@pytest.mark.parametrize(
+    ("turn", "problem"),
+    [
+        ({"tool_calls": [{"id": "c", "name": "t"}], "text_if_rejected": "no"}, "needs text too"),
+        ({"http_status": 500, "text_if_rejected": "no"}, "cannot also give text_if_rejected"),
+    ],
+)
+def test_text_if_rejected_is_validated(turn, problem):
+    with pytest.raises(ValueError, match=problem):
+        Scenario.model_validate({"name": "x", "turns": [turn]})
