@@ -28,13 +28,14 @@ from conversations.models import Message
 from core.errors import InvalidInput
 from core.storable import visible, visible_fields
 from costs.selectors import run_cost, usd_text
+from dashboard.selectors import models_used
 from yuxi_project.admin_rows import ActionCheckboxMixin
 from yuxi_project.paginator import EstimatingPaginator
 
 from . import export
 from .agents.researcher import RESEARCHER_TOOL_NAMES
 from .agents.tools import ASSISTANT_TOOLS
-from .catalogue import AGENTS, available_models
+from .catalogue import AGENTS
 from .execution.rerun import replay_request
 from .models import AgentRun
 from .reads import search, selectors
@@ -89,13 +90,19 @@ class AgentFilter(admin.SimpleListFilter):
 
 
 class ModelFilter(admin.SimpleListFilter):
-    """Models from the configured model list (no ``SELECT DISTINCT``)."""
+    """Models the audit's runs used (:func:`dashboard.selectors.models_used`,
+    no ``SELECT DISTINCT`` over the runs table), not every model a thread
+    could use (issue 37); any other name works in the URL (``?model=``)."""
 
     title = "model"
     parameter_name = "model"
 
     def lookups(self, request, model_admin):
-        return [(name, name) for name in available_models()]
+        names = models_used()
+        # A model asked for in the URL stays selectable, even one no run used.
+        if self.value() and self.value() not in names:
+            names.append(self.value())
+        return [(name, name) for name in names]
 
     def queryset(self, request, queryset):
         return queryset.filter(model=self.value()) if self.value() else queryset

@@ -40,13 +40,35 @@ from conversations.models import Conversation, Message, MessageFeedback
 from core.errors import InvalidInput
 
 from . import facts
-from .models import RUN_STATUS_COLUMNS
+from .models import RUN_STATUS_COLUMNS, RollupDay
 
 DEFAULT_DAYS = 30
 MAX_DAYS = 366
 EARLIEST_DAY = dt.date(1970, 1, 1)
 LATEST_DAY = dt.date(9000, 12, 31)
 UNKNOWN_MODEL = "unknown"
+
+
+def models_used() -> list[str]:
+    """The configured model names (``Run.model``) of the counted runs in the
+    audit, sorted: the model filter of the run list lists these, not every
+    model a thread could use (issue 37). Replays are left out: each runs
+    under a model name of its own (R-REPLAY-2).
+
+    One query and no ``SELECT DISTINCT`` over the runs table: the models of
+    the rolled-up runs come from the per-day rollups (one row per UTC day ×
+    model × agent × tool, thousands where the runs are millions), those of
+    the runs not rolled up yet — active ones, a few — through the partial
+    index of unmarked runs (``run_not_rolled_up_idx``)."""
+    rolled_up = RollupDay.objects.order_by().values_list("model", flat=True).distinct()
+    not_yet = (
+        AgentRun.objects.counted()
+        .filter(rolled_up_at__isnull=True)
+        .order_by()
+        .values_list("model", flat=True)
+        .distinct()
+    )
+    return sorted(rolled_up.union(not_yet))
 
 
 @dataclass(frozen=True)
