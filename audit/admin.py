@@ -462,9 +462,9 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
 
     @admin.display(description="created", ordering="created_at")
     def created_display(self, run):
-        # The list drops the year (width at 1280 px); the tooltip has the
-        # exact ISO time, the run page the whole date.
-        return time_html(run.created_at, form="short")
+        # The one form of every admin time (issue 37); it wraps between
+        # date and time to fit 1280 px.
+        return time_html(run.created_at)
 
     @admin.display(description="created")
     def created_full(self, run):

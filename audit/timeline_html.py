@@ -143,9 +143,7 @@ def rows_html(rows: list[dict], *, show_run: bool) -> list[str]:
                 f'<br><span class="yx-quiet">under <code>{v(r["parent_operation_id"])}</code> (on another page)</span>'
             )
         started, finished = r["started_at"], r["finished_at"]
-        parts.append(
-            f'</td>\n        <td class="yx-num yx-started">{v(time_html(started, date=False, zone=zone))}</td>\n'
-        )
+        parts.append(f'</td>\n        <td class="yx-num yx-started">{v(time_html(started, zone=zone))}</td>\n')
         bar = r["bar"]
         if bar:
             end = _clock(finished, zone) if finished else "…"

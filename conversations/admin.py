@@ -22,7 +22,7 @@ from audit.admin import cost_of, cost_text, status_badge, timeline_page_context
 from audit.models import AgentRun
 from audit.reads import search as audit_search
 from audit.reads import selectors as audit_selectors
-from audit.templatetags.yx_admin import time_html
+from audit.templatetags.yx_admin import time_column, time_html
 from core.storable import visible, visible_fields
 from governance.payloads import payload_note
 from yuxi_project.admin_rows import ActionCheckboxMixin
@@ -46,7 +46,7 @@ class ConversationAdmin(ActionCheckboxMixin, admin.ModelAdmin):
     thread's audit timeline."""
 
     thread_timeline_template = "admin/conversations/conversation/timeline.html"
-    list_display = ("short_id", "title", "user", "agent_id", "model", "status", "cost", "created_at")
+    list_display = ("short_id", "title", "user", "agent_id", "model", "status", "cost", "created_display")
     list_filter = ("status", ("created_at", admin.DateFieldListFilter))
     list_select_related = ("user",)
     search_fields = ("id",)  # replaced by get_search_results: exact matches only
@@ -55,8 +55,10 @@ class ConversationAdmin(ActionCheckboxMixin, admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER  # one COUNT per filter option
     paginator = EstimatingPaginator
     raw_id_fields = ("user",)
-    readonly_fields = ("id", "history", "timeline_link", "created_at", "updated_at")
-    fields = ("id", "user", "agent_id", "model", "title", "status", "timeline_link", "history", "created_at")
+    readonly_fields = ("id", "history", "timeline_link", "created_display", "updated_display")
+    fields = ("id", "user", "agent_id", "model", "title", "status", "timeline_link", "history", "created_display")
+    created_display = time_column("created_at", "created")
+    updated_display = time_column("updated_at", "updated")
 
     def has_add_permission(self, request):
         # Threads are created through the API by their owner.
@@ -217,6 +219,9 @@ class MessageAdmin(ActionCheckboxMixin, admin.ModelAdmin):
     paginator = EstimatingPaginator
     ordering = ("-id",)
     raw_id_fields = ("thread", "run", "declared_by")
+    # Times are shown by time_column, in the admin's one form (issue 37):
+    # the fields themselves are left out of the form.
+    exclude = ("started_at", "finished_at", "created_at", "updated_at")
     readonly_fields = (
         "thread",
         "run",
@@ -225,8 +230,8 @@ class MessageAdmin(ActionCheckboxMixin, admin.ModelAdmin):
         "operation_id",
         "sequence",
         "execution_status",
-        "started_at",
-        "finished_at",
+        "started_display",
+        "finished_display",
         "duration_ms",
         "usage",
         "tool_calls",
@@ -236,9 +241,13 @@ class MessageAdmin(ActionCheckboxMixin, admin.ModelAdmin):
         "workspace_file",
         "payload",
         "metadata",
-        "created_at",
-        "updated_at",
+        "created_full",
+        "updated_display",
     )
+    started_display = time_column("started_at", "started")
+    finished_display = time_column("finished_at", "finished")
+    created_full = time_column("created_at", "created")
+    updated_display = time_column("updated_at", "updated")
 
     @admin.display(description="payload")
     def payload(self, message):
@@ -305,7 +314,7 @@ class MessageAdmin(ActionCheckboxMixin, admin.ModelAdmin):
 
     @admin.display(description="created", ordering="id")
     def created_display(self, message):
-        return time_html(message.created_at, form="short")
+        return time_html(message.created_at)
 
     @admin.display(description="run")
     def run_short(self, message):
@@ -318,7 +327,7 @@ class MessageAdmin(ActionCheckboxMixin, admin.ModelAdmin):
 
 @admin.register(MessageFeedback)
 class MessageFeedbackAdmin(admin.ModelAdmin):
-    list_display = ("id", "rating", "user", "message_excerpt", "on_audit_row", "reason", "created_at")
+    list_display = ("id", "rating", "user", "message_excerpt", "on_audit_row", "reason", "created_display")
     list_filter = ("rating", ("created_at", admin.DateFieldListFilter))
     list_select_related = ("user", "message")
     show_full_result_count = False
@@ -326,6 +335,7 @@ class MessageFeedbackAdmin(admin.ModelAdmin):
     paginator = EstimatingPaginator
     raw_id_fields = ("message", "user")
     ordering = ("-created_at",)
+    created_display = time_column("created_at", "created")
 
     def has_add_permission(self, request):
         return False
@@ -344,12 +354,14 @@ class ApiTokenAdmin(admin.ModelAdmin):
     """Per-user API tokens. The plaintext is shown once, when issued; only
     its digest is stored."""
 
-    list_display = ("prefix", "user", "name", "created_at", "last_used_at")
+    list_display = ("prefix", "user", "name", "created_display", "last_used_display")
     list_select_related = ("user",)
     raw_id_fields = ("user",)
     search_fields = ("prefix", "user__username")
-    fields = ("user", "name", "prefix", "created_at", "last_used_at")
-    readonly_fields = ("prefix", "created_at", "last_used_at")
+    fields = ("user", "name", "prefix", "created_display", "last_used_display")
+    readonly_fields = ("prefix", "created_display", "last_used_display")
+    created_display = time_column("created_at", "created")
+    last_used_display = time_column("last_used_at", "last used")
 
     def has_change_permission(self, request, obj=None):
         return obj is None and super().has_change_permission(request, obj)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from audit.templatetags.yx_admin import time_column
+
 from .budgets import period_start
 from .models import Budget
 from .selectors import spent_usd, usd_text
@@ -13,12 +15,13 @@ from .selectors import spent_usd, usd_text
 
 @admin.register(Budget)
 class BudgetAdmin(admin.ModelAdmin):
-    list_display = ("who", "limit_usd", "period", "spent_this_period", "updated_at")
+    list_display = ("who", "limit_usd", "period", "spent_this_period", "updated_display")
     list_filter = ("period",)
     raw_id_fields = ("user",)
     search_fields = ("user__username",)
     list_select_related = ("user",)
     fields = ("user", "limit_usd", "period")
+    updated_display = time_column("updated_at", "updated")
 
     @admin.display(description="user", ordering="user__username")
     def who(self, budget):

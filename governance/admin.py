@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from audit.templatetags.yx_admin import time_column
+
 from .models import GovernanceAction, RunReseal
 
 
 class RunResealInline(admin.TabularInline):
     model = RunReseal
-    fields = ("run", "previous_head", "previous_row_count", "previous_verified", "head", "row_count", "created_at")
+    fields = ("run", "previous_head", "previous_row_count", "previous_verified", "head", "row_count", "created_display")
     readonly_fields = fields
+    created_display = time_column("created_at", "created")
     raw_id_fields = ("run",)
     extra = 0
     can_delete = False
@@ -34,8 +37,8 @@ class GovernanceActionAdmin(admin.ModelAdmin):
         "runs_resealed",
         "runs_skipped",
         "files_deleted",
-        "started_at",
-        "finished_at",
+        "started_display",
+        "finished_display",
     )
     list_filter = ("kind", "status")
     readonly_fields = (
@@ -48,11 +51,13 @@ class GovernanceActionAdmin(admin.ModelAdmin):
         "runs_resealed",
         "runs_skipped",
         "files_deleted",
-        "started_at",
-        "finished_at",
+        "started_display",
+        "finished_display",
         "note",
     )
     fields = readonly_fields
+    started_display = time_column("started_at", "started")
+    finished_display = time_column("finished_at", "finished")
     inlines = (RunResealInline,)
     show_full_result_count = False
 

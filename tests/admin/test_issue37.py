@@ -1,5 +1,6 @@
 """What the admin screenshots of issue 37 showed, each as a test: the
-model filter lists the models the audit used, not every bundled scenario."""
+model filter lists the models the audit used, not every bundled scenario;
+every time of the admin takes one form, with its zone."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from django.urls import reverse
 
 from audit.catalogue import available_models
 from audit.models import AgentRun
-from conversations.models import Conversation
+from conversations.models import ApiToken, Conversation, Message, MessageFeedback
+from costs.models import Budget
 from dashboard import selectors
 from dashboard.rollups import run_roll_up
 
@@ -51,3 +53,65 @@ def test_the_model_filter_lists_only_models_the_audit_used_issue_37(client, staf
     # A model asked for in the URL stays selectable though no run used it.
     html = client.get(url, {"model": "replay:slow_answer"}).content.decode()
     assert _model_filter_choices(html) == ["replay:plain_answer", "replay:slow_answer"]
+
+
+# One form for every time, with its zone: "2026-11-30 06:23:41.517 UTC".
+ONE_FORM = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC$")
+# Django's own forms ("Dec. 4, 2026, 1:05 p.m.", "Nov. 30, 2026").
+DJANGO_FORM = re.compile(
+    r"\b(a\.m\.|p\.m\.|midnight|noon)|\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.? \d{1,2}, \d{4}"
+)
+
+
+def _times(html: str) -> list[str]:
+    return re.findall(r"<time [^>]*>([^<]*)</time>", html)
+
+
+def test_every_admin_list_and_page_shows_times_in_one_form_with_the_zone_issue_37(client, staff_user, user):
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    run = big_run(thread, rows=4)
+    answer = Message.objects.filter(run=run).order_by("id").first()
+    ordinary = Message.objects.create(thread=thread, role="assistant", content="hello", run=run)
+    feedback = MessageFeedback.objects.create(message=ordinary, user=user, rating="like")
+    token, _ = ApiToken.objects.issue(user=user, name="t")
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=run.started_at)
+    budget = Budget.objects.create(user=user, limit_usd=5, period="day")
+    client.force_login(staff_user)
+
+    pages = {
+        "run list": reverse("admin:audit_agentrun_changelist"),
+        "run page": reverse("admin:audit_agentrun_change", args=[run.pk]),
+        "thread list": reverse("admin:conversations_conversation_changelist"),
+        "thread page": reverse("admin:conversations_conversation_change", args=[thread.pk]),
+        "thread timeline": reverse("admin:conversations_conversation_timeline", args=[thread.pk]),
+        "message list": reverse("admin:conversations_message_changelist"),
+        "audit row page": reverse("admin:conversations_message_change", args=[answer.pk]),
+        "message page": reverse("admin:conversations_message_change", args=[ordinary.pk]),
+        "feedback list": reverse("admin:conversations_messagefeedback_changelist"),
+        "token list": reverse("admin:conversations_apitoken_changelist"),
+        "budget list": reverse("admin:costs_budget_changelist"),
+        "dashboard": reverse("admin-dashboard") + f"?from={run.created_at.date()}&to={run.created_at.date()}",
+    }
+    expected_times = {
+        "run list": 1,
+        "run page": 3,
+        "thread list": 1,
+        "thread page": 1,
+        "thread timeline": 4,
+        "message list": 5,
+        "audit row page": 4,
+        "message page": 2,
+        "feedback list": 1,
+        "token list": 2,
+        "budget list": 1,
+        "dashboard": 1,
+    }
+    for name, url in pages.items():
+        response = client.get(url)
+        assert response.status_code == 200, name
+        html = response.content.decode()
+        times = _times(html)
+        assert len(times) >= expected_times[name], (name, times)
+        assert all(ONE_FORM.match(t) for t in times), (name, times)
+        assert not DJANGO_FORM.search(html), (name, DJANGO_FORM.search(html).group(0))
+    assert feedback.pk and budget.pk

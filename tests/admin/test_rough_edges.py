@@ -202,11 +202,13 @@ def test_times_show_milliseconds_with_iso_8601_to_copy_R_ADM_1(client, staff_use
     client.force_login(staff_user)
     html = client.get(reverse("admin:audit_agentrun_change", args=[run.pk])).content.decode()
     iso = started.isoformat(timespec="microseconds")
-    assert f'<time datetime="{iso}" title="{iso}">2026-11-30 06:23:41.517</time>' in html  # run field
-    assert f'<time datetime="{iso}" title="{iso}">06:23:41.517</time>' in html  # timeline row
+    # One form everywhere, with its zone (issue 37): run field and timeline row.
+    shown = f'<time datetime="{iso}" title="{iso}">2026-11-30 06:23:41.517 UTC</time>'
+    assert html.count(shown) >= 2
+    assert f'<td class="yx-num yx-started">{shown}</td>' in html  # timeline row
     assert "a.m." not in html and "p.m." not in html
     listing = client.get(reverse("admin:audit_agentrun_changelist")).content.decode()
-    assert re.search(r'<time datetime="[^"]+" title="[^"]+">\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}</time>', listing)
+    assert re.search(r'<time datetime="[^"]+" title="[^"]+">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC</time>', listing)
 
 
 def test_unknown_api_paths_and_methods_answer_json_R_READ_6(client, user, other_user, thread):
