@@ -54,8 +54,19 @@ class ConversationAdmin(ActionCheckboxMixin, admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # one COUNT per filter option
     paginator = EstimatingPaginator
-    raw_id_fields = ("user",)
-    readonly_fields = ("id", "history", "timeline_link", "created_display", "updated_display")
+    # Who owns a thread, and which agent and model its runs used, are facts
+    # of the audit (issue 37): shown, never changed here. Title and status
+    # stay the owner's settings.
+    readonly_fields = (
+        "id",
+        "user",
+        "agent_id",
+        "model",
+        "history",
+        "timeline_link",
+        "created_display",
+        "updated_display",
+    )
     fields = ("id", "user", "agent_id", "model", "title", "status", "timeline_link", "history", "created_display")
     created_display = time_column("created_at", "created")
     updated_display = time_column("updated_at", "updated")
@@ -327,6 +338,11 @@ class MessageAdmin(ActionCheckboxMixin, admin.ModelAdmin):
 
 @admin.register(MessageFeedback)
 class MessageFeedbackAdmin(admin.ModelAdmin):
+    """Users' likes and dislikes, read-only (issue 37): feedback is the
+    user's own word, given through the API, and its rollup deltas are
+    written by ``conversations.services`` only; an edit or delete here
+    would change the audit and leave the dashboard's counts behind."""
+
     list_display = ("id", "rating", "user", "message_excerpt", "on_audit_row", "reason", "created_display")
     list_filter = ("rating", ("created_at", admin.DateFieldListFilter))
     list_select_related = ("user", "message")
@@ -338,6 +354,12 @@ class MessageFeedbackAdmin(admin.ModelAdmin):
     created_display = time_column("created_at", "created")
 
     def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
     @admin.display(description="message")

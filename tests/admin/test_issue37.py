@@ -1,6 +1,7 @@
 """What the admin screenshots of issue 37 showed, each as a test: the
 model filter lists the models the audit used, not every bundled scenario;
-every time of the admin takes one form, with its zone."""
+every time of the admin takes one form, with its zone; a thread's owner
+and users' feedback cannot be changed."""
 
 from __future__ import annotations
 
@@ -115,3 +116,48 @@ def test_every_admin_list_and_page_shows_times_in_one_form_with_the_zone_issue_3
         assert all(ONE_FORM.match(t) for t in times), (name, times)
         assert not DJANGO_FORM.search(html), (name, DJANGO_FORM.search(html).group(0))
     assert feedback.pk and budget.pk
+
+
+def test_a_post_cannot_change_a_threads_owner_agent_or_model_issue_37(client, staff_user, user, other_user):
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer", title="a")
+    client.force_login(staff_user)
+    url = reverse("admin:conversations_conversation_change", args=[thread.pk])
+    page = client.get(url).content.decode()
+    assert 'name="user"' not in page and 'name="model"' not in page and 'name="agent_id"' not in page
+    response = client.post(
+        url,
+        {
+            "user": other_user.pk,
+            "agent_id": "researcher",
+            "model": "replay:slow_answer",
+            "title": "renamed",
+            "status": "archived",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    thread.refresh_from_db()
+    assert (thread.user_id, thread.agent_id, thread.model) == (user.pk, "assistant", "replay:plain_answer")
+    assert (thread.title, thread.status) == ("renamed", "archived")
+
+
+def test_feedback_is_read_only_in_the_admin_issue_37(client, staff_user, user, other_user):
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    answer = Message.objects.create(thread=thread, role="assistant", content="hello")
+    feedback = MessageFeedback.objects.create(message=answer, user=user, rating="like", reason="good")
+    client.force_login(staff_user)
+    url = reverse("admin:conversations_messagefeedback_change", args=[feedback.pk])
+    page = client.get(url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'name="rating"' not in html and 'name="user"' not in html and 'name="reason"' not in html
+    changed = client.post(url, {"message": answer.pk, "user": other_user.pk, "rating": "dislike", "reason": "x"})
+    assert changed.status_code == 403
+    deleted = client.post(reverse("admin:conversations_messagefeedback_delete", args=[feedback.pk]), {"post": "yes"})
+    assert deleted.status_code == 403
+    bulk = client.post(
+        reverse("admin:conversations_messagefeedback_changelist"),
+        {"action": "delete_selected", "_selected_action": [feedback.pk], "post": "yes"},
+    )
+    assert bulk.status_code in (200, 302)
+    feedback.refresh_from_db()
+    assert (feedback.user_id, feedback.rating, feedback.reason) == (user.pk, "like", "good")
