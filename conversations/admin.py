@@ -344,6 +344,10 @@ class MessageFeedbackAdmin(admin.ModelAdmin):
     would change the audit and leave the dashboard's counts behind."""
 
     list_display = ("id", "rating", "user", "message_excerpt", "on_audit_row", "reason", "created_display")
+
+    class Media:
+        css = {"all": ("audit/timeline.css",)}
+
     list_filter = ("rating", ("created_at", admin.DateFieldListFilter))
     list_select_related = ("user", "message")
     show_full_result_count = False
@@ -366,9 +370,18 @@ class MessageFeedbackAdmin(admin.ModelAdmin):
     def message_excerpt(self, feedback):
         return visible(feedback.message.content[:80])
 
-    @admin.display(description="on audit row (not counted)", boolean=True)
+    @admin.display(description="on audit row (not counted)")
     def on_audit_row(self, feedback):
-        return feedback.message.message_type != Message.Type.TEXT
+        """A marker only where the feedback is on an audit row, which the
+        dashboard does not count (R-READ-4); ordinary feedback, the normal
+        case, gets a neutral dash, not the red cross of a boolean column
+        (issue 37)."""
+        if feedback.message.message_type == Message.Type.TEXT:
+            return "—"
+        return format_html(
+            '<span class="yx-badge yx-on-audit-row" title="{}">audit row</span>',
+            "Feedback on an audit row: not counted in the dashboard",
+        )
 
 
 @admin.register(ApiToken)

@@ -1,7 +1,8 @@
 """What the admin screenshots of issue 37 showed, each as a test: the
 model filter lists the models the audit used, not every bundled scenario;
 every time of the admin takes one form, with its zone; a thread's owner
-and users' feedback cannot be changed."""
+and users' feedback cannot be changed; only feedback on an audit row is
+marked in the feedback list."""
 
 from __future__ import annotations
 
@@ -161,3 +162,22 @@ def test_feedback_is_read_only_in_the_admin_issue_37(client, staff_user, user, o
     assert bulk.status_code in (200, 302)
     feedback.refresh_from_db()
     assert (feedback.user_id, feedback.rating, feedback.reason) == (user.pk, "like", "good")
+
+
+def test_only_feedback_on_an_audit_row_is_marked_in_the_feedback_list_issue_37(client, staff_user, user):
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    run = big_run(thread, rows=2)
+    audit_row = Message.objects.filter(run=run).order_by("id").first()
+    answer = Message.objects.create(thread=thread, role="assistant", content="hello")
+    normal = MessageFeedback.objects.create(message=answer, user=user, rating="like")
+    on_audit = MessageFeedback.objects.create(message=audit_row, user=user, rating="dislike")
+    client.force_login(staff_user)
+    html = client.get(reverse("admin:conversations_messagefeedback_changelist")).content.decode()
+
+    def cell(feedback):
+        [row] = [r for r in re.findall(r"<tr>.*?</tr>", html, re.S) if f"/{feedback.pk}/change/" in r]
+        return re.search(r'<td class="field-on_audit_row">(.*?)</td>', row, re.S).group(1)
+
+    assert cell(normal) == "—"
+    assert "audit row" in cell(on_audit) and "yx-on-audit-row" in cell(on_audit)
+    assert "icon-no.svg" not in html and "icon-yes.svg" not in html
