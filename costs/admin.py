@@ -17,7 +17,9 @@ from .selectors import spent_usd, usd_text
 class BudgetAdmin(admin.ModelAdmin):
     list_display = ("who", "limit_usd", "period", "spent_this_period", "updated_display")
     list_filter = ("period",)
-    raw_id_fields = ("user",)
+    # A searchable user picker (the User admin searches usernames and
+    # emails), not a raw id to look up elsewhere (issue 37).
+    autocomplete_fields = ("user",)
     search_fields = ("user__username",)
     list_select_related = ("user",)
     fields = ("user", "limit_usd", "period")

@@ -111,3 +111,21 @@ def test_budget_admin_validates_like_the_command_R_COST_3(client, staff_user, us
     assert second_default.status_code == 200 and Budget.objects.count() == 2
     listing = client.get(reverse("admin:costs_budget_changelist")).content.decode()
     assert "(default for every user without one)" in listing
+
+
+def test_budget_admin_picks_the_user_by_name_not_by_raw_id_issue_37(client, staff_user, user, other_user):
+    client.force_login(staff_user)
+    page = client.get(reverse("admin:costs_budget_add")).content.decode()
+    assert "vForeignKeyRawIdAdminField" not in page
+    assert 'class="admin-autocomplete' in page and 'name="user"' in page
+    found = client.get(
+        reverse("admin:autocomplete"),
+        {"term": user.username, "app_label": "costs", "model_name": "budget", "field_name": "user"},
+    )
+    assert found.status_code == 200
+    assert [r["text"] for r in found.json()["results"]] == [user.username]
+    assert (
+        client.post(reverse("admin:costs_budget_add"), {"user": user.pk, "limit_usd": "2", "period": "day"}).status_code
+        == 302
+    )
+    assert Budget.objects.get().user == user
