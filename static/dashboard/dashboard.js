@@ -24,7 +24,7 @@
 
   function start() {
     var node = document.getElementById("yx-dashboard-data");
-    if (!node || !window.Chart) return;
+    if (!node || !window.Chart || !window.yxPalette) return;
     var data = JSON.parse(node.textContent);
     window.Chart.defaults.color = cssVar("--body-fg", "#333");
     window.Chart.defaults.borderColor = cssVar("--hairline-color", "#ddd");
@@ -47,11 +47,16 @@
     });
 
     var tokenRows = data.models.tokens_by_model_day;
+    var costRows = data.costs.by_model_day;
     var models = Array.from(new Set(tokenRows.map(function (r) { return r.model; })));
+    // One colour per model, the same in the token and the cost chart, and
+    // distinct however many models there are (palette.js, issue 37).
+    var modelColour = window.yxPalette.byName(
+      tokenRows.map(function (r) { return r.model; }).concat(costRows.map(function (r) { return r.model; })));
     draw("chart-tokens", {
       type: "bar",
-      data: { labels: days, datasets: models.map(function (model, i) {
-        return { label: model, backgroundColor: PALETTE[i % PALETTE.length], data: days.map(function (day) {
+      data: { labels: days, datasets: models.map(function (model) {
+        return { label: model, backgroundColor: modelColour[model], data: days.map(function (day) {
           return tokenRows.filter(function (r) { return r.model === model && r.day === day; })
             .reduce(function (sum, r) { return sum + r.total_tokens; }, 0);
         }) };
@@ -60,12 +65,11 @@
     });
 
     // Cost (R-COST-2): USD arrive as decimal strings.
-    var costRows = data.costs.by_model_day;
     var costModels = Array.from(new Set(costRows.map(function (r) { return r.model; })));
     draw("chart-cost", {
       type: "bar",
-      data: { labels: days, datasets: costModels.map(function (model, i) {
-        return { label: model, backgroundColor: PALETTE[i % PALETTE.length], data: days.map(function (day) {
+      data: { labels: days, datasets: costModels.map(function (model) {
+        return { label: model, backgroundColor: modelColour[model], data: days.map(function (day) {
           return costRows.filter(function (r) { return r.model === model && r.day === day; })
             .reduce(function (sum, r) { return sum + parseFloat(r.total_usd || "0"); }, 0);
         }) };

@@ -38,6 +38,7 @@ def test_static_files_are_served_by_the_asgi_server_R_ADM_1(web_url):
             "/static/vendor/chartjs/chart.umd.min.js",
             "/static/audit/timeline.css",
             "/static/dashboard/dashboard.js",
+            "/static/dashboard/palette.js",
         ):
             assert client.get(path).status_code == 200, path
 
@@ -222,6 +223,16 @@ def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, 
         assert len(painted) == 9 and all(n > 0 for n in painted), painted
         # Cost by model and day and by user are charts too (R-COST-2).
         assert page.locator("#chart-cost[data-drawn='1']").count() == 1
+        # Each model has its own colour, the same in the token and the cost
+        # chart, and the palette never repeats (issue 37).
+        colours = page.evaluate(
+            """() => ['chart-tokens', 'chart-cost'].map(id => Object.fromEntries(
+                 Chart.getChart(document.getElementById(id)).data.datasets.map(d => [d.label, d.backgroundColor])))"""
+        )
+        tokens, cost = colours
+        assert len(tokens) >= 2 and len(set(tokens.values())) == len(tokens), tokens
+        assert all(cost[model] == tokens[model] for model in cost if model in tokens), colours
+        assert page.evaluate("() => new Set([...Array(60).keys()].map(yxPalette.colour)).size") == 60
         assert page.locator("[data-figure='cost']").count() == 1
         # The world's 3 ordinary messages; its 7 audit rows and the big runs'
         # audit rows are not messages (R-READ-4).
