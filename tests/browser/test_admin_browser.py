@@ -39,6 +39,8 @@ def test_static_files_are_served_by_the_asgi_server_R_ADM_1(web_url):
             "/static/audit/timeline.css",
             "/static/dashboard/dashboard.js",
             "/static/dashboard/palette.js",
+            "/static/audit/scroll.css",
+            "/static/audit/scroll.js",
         ):
             assert client.get(path).status_code == 200, path
 
@@ -125,11 +127,7 @@ def test_staff_reads_a_run_timeline_and_the_dashboard_R_ADM_1_R_DASH_1(web_url, 
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     try:
-        page.goto("/admin/login/?next=/admin/")
-        page.fill("#id_username", staff.username)
-        page.fill("#id_password", PASSWORD)
-        page.click("input[type=submit]")
-        page.wait_for_url("**/admin/")
+        _sign_in(page, staff)
         assert page.locator("#yx-dashboard-link").is_visible()
 
         # The run list: counts per run, status badges, filters. At 1280 px
@@ -301,6 +299,14 @@ def test_no_page_breaks_its_content_security_policy_R_SEC_1(web_url, admin_world
     assert found == [], found
 
 
+def _sign_in(page, staff) -> None:
+    page.goto("/admin/login/?next=/admin/")
+    page.fill("#id_username", staff.username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url("**/admin/")
+
+
 @pytest.mark.parametrize(
     "viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["1280", "390"]
 )
@@ -326,11 +332,7 @@ def test_big_payload_loads_on_expand_and_a_thread_is_grouped_by_run_R_ADM_1(
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     try:
-        page.goto("/admin/login/?next=/admin/")
-        page.fill("#id_username", staff.username)
-        page.fill("#id_password", PASSWORD)
-        page.click("input[type=submit]")
-        page.wait_for_url("**/admin/")
+        _sign_in(page, staff)
 
         page.goto(f"/admin/audit/agentrun/{run.pk}/change/")
         assert page.locator("#yx-timeline-title").bounding_box()["y"] < viewport["height"] / 2
@@ -362,5 +364,56 @@ def test_big_payload_loads_on_expand_and_a_thread_is_grouped_by_run_R_ADM_1(
         page.screenshot(path=SCREENSHOTS / f"thread-timeline-{name}.png", full_page=True)
         assert page.evaluate("window.__cspViolations") == []
         assert errors == []
+    finally:
+        context.close()
+
+
+def _hint(page, selector: str) -> dict:
+    """Whether the first box matching ``selector`` overflows, and the
+    hint its ``::before`` shows (``none`` when there is none)."""
+    return page.evaluate(
+        """(selector) => { const box = document.querySelector(selector);
+             const before = getComputedStyle(box, '::before');
+             return {overflows: box.scrollWidth > box.clientWidth + 1, marked: box.hasAttribute('data-yx-overflows'),
+                     hint: before.content, shown: before.display !== 'none' && before.content !== 'none',
+                     scrolls: getComputedStyle(box).overflowX};
+           }""",
+        selector,
+    )
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_wide_tables_scroll_in_their_box_with_a_hint_on_a_phone_issue_37(web_url, admin_world, browser, width):
+    """At 390 px the run list, the message list and the run's timeline are
+    wider than the screen: each scrolls sideways in its own box and shows a
+    hint that stays visible while it scrolls. At 1280 px the run list fits:
+    no scrolling, no hint."""
+    staff, run, _resume, _live = admin_world
+    context = browser.new_context(viewport={"width": width, "height": 900}, base_url=web_url)
+    page = context.new_page()
+    try:
+        _sign_in(page, staff)
+        for label, path, selector in (
+            ("runs", "/admin/audit/agentrun/", "#changelist-form .results"),
+            ("messages", "/admin/conversations/message/", "#changelist-form .results"),
+            ("run-timeline", f"/admin/audit/agentrun/{run.pk}/change/", ".yx-scroll"),
+        ):
+            page.goto(path)
+            page.wait_for_load_state("load")
+            page.wait_for_timeout(100)  # scroll.js marks the boxes on the next frame
+            found = _hint(page, selector)
+            assert found["scrolls"] == "auto", (path, found)
+            if width == 390:
+                assert found["overflows"] and found["marked"] and found["shown"], (path, found)
+                assert "Scroll sideways" in found["hint"], (path, found)
+                # The page itself never scrolls sideways: only the box does.
+                assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth"), path
+                page.evaluate("(s) => document.querySelector(s).scrollIntoView({block: 'start'})", selector)
+                page.screenshot(path=SCREENSHOTS / f"scroll-hint-{label}-390.png")
+            elif label == "runs":
+                assert not found["overflows"] and not found["marked"] and not found["shown"], (path, found)
+        if width == 1280:
+            page.goto("/admin/audit/agentrun/")
+            assert _no_horizontal_scroll(page)
     finally:
         context.close()
