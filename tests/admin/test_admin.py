@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from html.parser import HTMLParser
 
 import pytest
 from django.urls import reverse
@@ -124,6 +125,35 @@ def test_run_page_shows_the_timeline_above_the_field_sets_R_ADM_1(client, staff_
     assert timeline < html.index('<fieldset class="module aligned')
     assert timeline < html.index(" field-status_display")
     assert html.index('id="yx-timeline"') < html.index('id="yx-replays-title"')
+
+
+class _Forms(HTMLParser):
+    """The action of each form of a page with the number of forms open
+    around it."""
+
+    def __init__(self):
+        super().__init__()
+        self.open = 0
+        self.found: list[tuple[str, int]] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "form":
+            self.found.append((dict(attrs).get("action") or "", self.open))
+            self.open += 1
+
+    def handle_endtag(self, tag):
+        if tag == "form":
+            self.open -= 1
+
+
+def test_the_replay_form_is_not_inside_the_change_form_R_REPLAY_2(client, staff_user, small_run):
+    """A form inside a form is dropped by the browser, and its button
+    submits the outer one: the Replay button sent the change form."""
+    client.force_login(staff_user)
+    parser = _Forms()
+    parser.feed(client.get(run_page(small_run)).content.decode())
+    replay = reverse("admin:audit_agentrun_replay", args=[small_run.pk])
+    assert (replay, 0) in parser.found, parser.found
 
 
 def test_live_run_page_refreshes_itself_R_ADM_1(client, staff_user, thread):

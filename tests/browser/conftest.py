@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import connection
 
 from tests.e2e.stack import ARTIFACTS, database_url_of, free_port, start_web
+from tests.waiting import WAIT_SECONDS
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -71,7 +72,7 @@ def _backends_of(database: str) -> set[int]:
         return {pid for (pid,) in cursor.fetchall()}
 
 
-def _wait_for_backends_to_leave(database: str, *, keep: set[int], timeout: float = 10.0) -> None:
+def _wait_for_backends_to_leave(database: str, *, keep: set[int], timeout: float = WAIT_SECONDS) -> None:
     """The server's connections end a moment after its process; the test
     database can only be dropped once they are gone."""
     deadline = time.monotonic() + timeout
