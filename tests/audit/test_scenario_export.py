@@ -105,7 +105,11 @@ def facts(turn: Turn) -> dict:
 
 
 def played(turn: Turn) -> Turn:
-    """``turn`` reduced to what the worker received of it."""
+    """``turn`` reduced to what the worker received of it (of a turn that
+    answers a rejection differently, the answer to an approval: these runs
+    approve)."""
+    if turn.text_if_rejected is not None:
+        turn = turn.model_copy(update={"text_if_rejected": None})
     if turn.connect_error_times >= RETRY_ATTEMPTS:
         return Turn(text="", connect_error_times=RETRY_ATTEMPTS)
     if turn.fail_after_chunks is not None:
