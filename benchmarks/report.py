@@ -10,7 +10,8 @@ kept here.
 This module is pure: it turns the benchmarks' result objects
 (:class:`benchmarks.audit_writes.BenchResult`, :class:`benchmarks.run_overhead.
 RunOverheadResult`, :class:`benchmarks.seal.SealBench`,
-:class:`benchmarks.otel_export.OtelExportBench`, the
+:class:`benchmarks.otel_export.OtelExportBench`,
+:class:`benchmarks.metrics_scrape.MetricsBench`, the
 :class:`benchmarks.read_paths.Endpoint` list) into :class:`PerformanceRow`
 values and renders the page; it runs nothing and touches no database. The
 command (:mod:`benchmarks.management.commands.performance_report`) runs the
@@ -50,6 +51,11 @@ BASELINES = {
         "the same runs and audit rows read with psycopg (one statement per page of runs, one for their rows), "
         "made into spans with the same names, parents, attributes and links by a bare SDK tracer and sent by "
         "the same SDK OTLP/HTTP exporter to the same in-process receiver (issue 38)."
+    ),
+    "bench_metrics": (
+        "prometheus-client's own exposition (generate_latest of its MultiProcessCollector) of the same "
+        "directory; a second row compares with it on the directory as written, before the files of ended "
+        "processes are compacted (issue 38)."
     ),
     "bench_read_paths": (
         "the best SQL for the same answer (hand-written, or the statements the endpoint ran), its EXPLAIN "
@@ -276,6 +282,31 @@ def otel_export_rows(result, reproduce: str) -> list[PerformanceRow]:
             reproduce,
             target=Target(0.5, at_most=False),
         )
+    ]
+
+
+def metrics_rows(result, reproduce: str) -> list[PerformanceRow]:
+    """Rows of a :class:`benchmarks.metrics_scrape.MetricsBench`: a
+    ``/metrics`` scrape against prometheus-client's own exposition of the
+    same directory (target ≤ 1.2x, issue 38), and against it on the files
+    as written (no target: what compaction saves)."""
+    sets = f"{result.series} series, {result.ended} ended + {result.live} running processes"
+    return [
+        row(
+            f"/metrics scrape ({sets}), median",
+            f"{result.product.median_ms:.0f} ms",
+            f"{result.baseline.median_ms:.0f} ms",
+            result.ratio_median,
+            reproduce,
+            target=Target(1.2),
+        ),
+        row(
+            f"/metrics scrape against the files as written ({sets}), median",
+            f"{result.product.median_ms:.0f} ms",
+            f"{result.uncompacted.median_ms:.0f} ms",
+            result.product.median_ms / result.uncompacted.median_ms,
+            reproduce,
+        ),
     ]
 
 

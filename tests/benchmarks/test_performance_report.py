@@ -137,6 +137,7 @@ TINY = {
     "runs": 1,
     "seal_runs": 4,
     "otel_runs": 2,
+    "metrics_models": 2,
     "read_rows": 1000,
     "read_rounds": 1,
     "read_repeat": 1,
@@ -154,6 +155,8 @@ FIGURES = (
     "worker RSS after",
     "terminal transaction with the seal (10 audit rows), median",
     "OpenTelemetry export, spans per second",
+    "/metrics scrape (",
+    "/metrics scrape against the files as written",
     "read (1,000 rows): run timeline",
     "read (1,000 rows): thread timeline",
     "read (1,000 rows): history, recent turns",
@@ -180,6 +183,7 @@ def test_performance_report_prints_every_figure_and_leaves_the_database_as_it_wa
         "bench_run_overhead",
         "bench_seal",
         "bench_otel_export",
+        "bench_metrics --models 2",
         "bench_read_paths --rows 1000",
     ):
         assert f"`manage.py {command}" in page, command
@@ -202,7 +206,7 @@ def test_performance_report_writes_the_page_and_skips_benchmarks(tmp_path):
     call_command(
         "performance_report",
         **TINY,
-        skip=["run_overhead", "bench_read_paths", "seal", "otel_export"],
+        skip=["run_overhead", "bench_read_paths", "seal", "otel_export", "metrics"],
         write=str(target),
         stdout=out,
     )
@@ -217,8 +221,9 @@ def test_performance_report_writes_the_page_and_skips_benchmarks(tmp_path):
     ("options", "message"),
     [
         ({"skip": ["dashboard"]}, "--skip takes"),
-        ({"skip": ["audit_writes", "run_overhead", "seal", "otel_export", "read_paths"]}, "no benchmark"),
+        ({"skip": ["audit_writes", "run_overhead", "seal", "otel_export", "metrics", "read_paths"]}, "no benchmark"),
         ({"otel_runs": 0}, "--otel-runs must be at least 1"),
+        ({"metrics_models": 0}, "--metrics-models must be at least 1"),
         ({"writes": 1}, "--writes must be at least 2"),
         ({"read_rows": 10}, "--read-rows must be at least 1000"),
         ({"writers": "1,16"}, "--writers takes"),

@@ -5,7 +5,7 @@ with one current table; see :mod:`benchmarks.report`.
 Runs, in this order and each inside ``dispatch_held`` (its runs are its
 own, no worker may take them): ``bench_audit_writes``,
 ``bench_run_overhead`` (after ``settle_unless_autovacuum``, as its command
-does), ``bench_seal``, ``bench_otel_export`` and ``bench_read_paths`` (its dataset in a database
+does), ``bench_seal``, ``bench_otel_export``, ``bench_metrics`` and ``bench_read_paths`` (its dataset in a database
 of its own, ``<database>_report_bench``, created, migrated and dropped
 here). ``bench_dashboard`` is not run: it empties the rollup tables of the
 database it is given and has no library function returning figures; the
@@ -28,7 +28,7 @@ from django.db import connection
 from audit.management.commands._database import DatabaseCommand
 from benchmarks import report
 
-BENCHMARKS = ("audit_writes", "run_overhead", "seal", "otel_export", "read_paths")
+BENCHMARKS = ("audit_writes", "run_overhead", "seal", "otel_export", "metrics", "read_paths")
 
 # Short defaults, so that the whole report takes a few minutes on a 2-core
 # machine: measured on an idle one, bench_audit_writes 24 s,
@@ -43,6 +43,7 @@ DEFAULTS = {
     "runs": 30,
     "seal_runs": 40,
     "otel_runs": 60,
+    "metrics_models": 300,
     "read_rows": 200_000,
     "read_rounds": 5,
     "read_repeat": 10,
@@ -51,7 +52,7 @@ DEFAULTS = {
 
 class Command(DatabaseCommand):
     help = (
-        "Run the benchmarks (bench_audit_writes, bench_run_overhead, bench_seal, bench_otel_export, bench_read_paths) at short sizes "
+        "Run the benchmarks (bench_audit_writes, bench_run_overhead, bench_seal, bench_otel_export, bench_metrics, bench_read_paths) at short sizes "
         "and print the performance page: one table of every figure beside its same-work baseline, the ratio, the "
         "target and whether it is met, the machine's load before and after, and the command reproducing each. "
         "With --write PATH the page is written there (docs/performance.md). Leaves the database as it was."
@@ -71,6 +72,9 @@ class Command(DatabaseCommand):
         parser.add_argument("--runs", type=int, default=d["runs"], help="bench_run_overhead --runs (per round)")
         parser.add_argument("--seal-runs", type=int, default=d["seal_runs"], help="bench_seal --runs")
         parser.add_argument("--otel-runs", type=int, default=d["otel_runs"], help="bench_otel_export --runs")
+        parser.add_argument(
+            "--metrics-models", type=int, default=d["metrics_models"], help="bench_metrics --models (100 tools)"
+        )
         parser.add_argument("--read-rows", type=int, default=d["read_rows"], help="bench_read_paths --rows")
         parser.add_argument("--read-rounds", type=int, default=d["read_rounds"], help="bench_read_paths --rounds")
         parser.add_argument("--read-repeat", type=int, default=d["read_repeat"], help="bench_read_paths --repeat")
@@ -99,6 +103,7 @@ class Command(DatabaseCommand):
                 ("runs", 1),
                 ("seal_runs", 4),
                 ("otel_runs", 1),
+                ("metrics_models", 1),
                 ("read_rows", 1000),
                 ("read_rounds", 1),
                 ("read_repeat", 1),
@@ -196,6 +201,16 @@ class Command(DatabaseCommand):
             result = bench_otel_export(runs=runs, rows=rows, rounds=rounds)
         return report.otel_export_rows(
             result, f"manage.py bench_otel_export --runs {runs} --rows {rows} --rounds {rounds}"
+        )
+
+    def _metrics(self, sizes: dict, log) -> list[report.PerformanceRow]:
+        from benchmarks.metrics_scrape import bench_metrics
+
+        models, tools, ended, live, rounds = sizes["metrics_models"], 100, 8, 2, 3
+        result = bench_metrics(models=models, tools=tools, ended=ended, live=live, rounds=rounds)
+        return report.metrics_rows(
+            result,
+            f"manage.py bench_metrics --models {models} --tools {tools} --ended {ended} --live {live} --rounds {rounds}",
         )
 
     def _read_paths(self, sizes: dict, log) -> list[report.PerformanceRow]:
