@@ -21,6 +21,7 @@ from .schemas import (
     MessageFeedbackOut,
     ThreadIn,
     ThreadOut,
+    ThreadPatchIn,
     tool_call_dict,
 )
 
@@ -59,6 +60,16 @@ def list_threads(request):
 def get_thread(request, thread_id: uuid.UUID):
     """One of the caller's threads; another user's thread answers 404."""
     return selectors.thread_of(request.auth, thread_id)
+
+
+@router.patch("/threads/{thread_id}", response={200: ThreadOut, **ERRORS, 503: ErrorOut})
+def update_thread(request, thread_id: uuid.UUID, payload: ThreadPatchIn):
+    """Rename, archive or restore one of the caller's threads (R-API-1):
+    only the fields given change. Another user's thread answers 404; an
+    unknown field, a null, a blank or too long title, or a value of another
+    type 422, and nothing changes."""
+    given = payload.model_dump(include=payload.model_fields_set)
+    return services.thread_update(user=request.auth, thread_id=thread_id, **given)
 
 
 @router.get("/threads/{thread_id}/history", response={200: HistoryPageOut, **ERRORS})

@@ -29,6 +29,13 @@ class ConversationQuerySet(models.QuerySet):
         (one holding a replayed run; ``AgentRunQuerySet.counted``, issue 34)."""
         return self.exclude(runs__replay_of__gt="")
 
+    def archived(self, value: bool = True) -> ConversationQuerySet:
+        """Threads their owner archived (``value=False``: those not
+        archived). Archived is a status, not a deletion: the thread keeps
+        its history and runs, and takes new turns (R-API-1)."""
+        rows = self.filter(status=Conversation.Status.ARCHIVED)
+        return rows if value else self.exclude(status=Conversation.Status.ARCHIVED)
+
 
 class Conversation(models.Model):
     """A chat between one user and one agent: the *thread* of LangGraph."""
@@ -63,6 +70,11 @@ class Conversation(models.Model):
     @property
     def thread_id(self) -> uuid.UUID:
         return self.id
+
+    @property
+    def archived(self) -> bool:
+        """Whether the owner archived the thread (R-API-1)."""
+        return self.status == Conversation.Status.ARCHIVED
 
 
 class MessageQuerySet(models.QuerySet):

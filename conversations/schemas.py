@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from ninja import Field, Schema
+from pydantic import ConfigDict, StrictBool, StrictStr
 
 from audit import catalogue
 from governance.payloads import payload_note
@@ -37,12 +38,27 @@ class ThreadIn(Schema):
     title: str = Field("", max_length=200)
 
 
+class ThreadPatchIn(Schema):
+    """What ``PATCH /api/threads/{thread_id}`` may change (R-API-1): only the
+    fields given; an unknown field, a null, or a value of another type is
+    refused (422), so that a typo never reads as "change nothing"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Not nullable: absent means "leave as it is"; the default is never validated.
+    title: StrictStr = Field(
+        None, min_length=1, max_length=200, pattern=r"\S", description="A new title: not blank, at most 200 characters."
+    )
+    archived: StrictBool = Field(None, description="true archives the thread, false restores it.")
+
+
 class ThreadOut(Schema):
     thread_id: uuid.UUID = Field(..., alias="id")
     agent_id: str
     model: str
     title: str
-    status: str
+    status: Literal["active", "archived"]
+    archived: bool = Field(..., description="The owner archived the thread (`status` is `archived`).")
     created_at: datetime
     updated_at: datetime
 

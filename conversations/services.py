@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.db import IntegrityError, transaction
 
 from audit.catalogue import validate_agent_id, validate_model_name
+from audit.ledger.locks import web_lock_wait
 from audit.models import AgentRun
 from core.config import get_config
-from core.errors import InvalidInput
+from core.errors import InvalidInput, NotFound
 from core.storable import fit_text
 from dashboard.rollups import feedback_changed
 
@@ -26,6 +29,44 @@ def thread_create(*, user, agent_id: str, model: str | None = None, title: str =
     validate_agent_id(agent_id)
     model = validate_model_name(model or get_config().DEFAULT_MODEL)
     return Conversation.objects.create(user=user, agent_id=agent_id, model=model, title=fit_text(title, 200))
+
+
+def thread_update(
+    *, user, thread_id: uuid.UUID, title: str | None = None, archived: bool | None = None
+) -> Conversation:
+    """Rename, archive or restore one of ``user``'s threads (R-API-1): only
+    the arguments given (not ``None``) change; ``updated_at`` moves only
+    when something does. ``title``: not blank, at most 200 characters
+    (stored as :func:`~core.storable.fit_text` keeps it); ``archived``:
+    true archives the thread, false makes it active again. Archiving stops
+    nothing: the thread's runs go on and it takes new turns.
+
+    The row is locked (``FOR NO KEY UPDATE``, as a submission locks it)
+    with a bounded wait, so that a rename never queues behind a busy thread
+    for long.
+
+    Raises:
+        NotFound: no such thread of ``user`` (another user's thread too, R-READ-5).
+        InvalidInput: a blank or too long title (``reason: bad_title``).
+        RunBusy: the row was not granted within ``WEB_LOCK_TIMEOUT_MS`` (503,
+            nothing changed).
+    """
+    if title is not None and (not title.strip() or len(title) > 200):
+        raise InvalidInput("title must not be blank and at most 200 characters", extra={"reason": "bad_title"})
+    with web_lock_wait():
+        thread = Conversation.objects.select_for_update(no_key=True).filter(pk=thread_id, user=user).first()
+        if thread is None:
+            raise NotFound("thread not found")
+        changed = []
+        if title is not None and thread.title != fit_text(title, 200):
+            thread.title = fit_text(title, 200)
+            changed.append("title")
+        if archived is not None and thread.archived != archived:
+            thread.status = Conversation.Status.ARCHIVED if archived else Conversation.Status.ACTIVE
+            changed.append("status")
+        if changed:
+            thread.save(update_fields=[*changed, "updated_at"])
+    return thread
 
 
 def message_feedback_submit(*, user, message_id: int, rating: str, reason: str = "") -> tuple[MessageFeedback, bool]:

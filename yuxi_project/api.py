@@ -22,7 +22,7 @@ Threads, runs, history, live events and feedback for the signed-in user;
 audit timelines, run search and exports, and dashboards for staff.
 
 Authentication: `Authorization: Bearer <token>` (a per-user API token), or
-the Django session cookie. With the session, every `POST` also needs
+the Django session cookie. With the session, every `POST` and `PATCH` also needs
 Django's CSRF token in the `X-CSRFToken` header, else 403 `csrf_failed`.
 
 Every error answer has one shape, `{"error": {"code", "message", ...}}`,

@@ -76,6 +76,7 @@ MATRIX = {
     ("get", "/api/audit/threads/{thread_id}/timeline"): ("/api/audit/threads/{thread_id}/timeline", None, STAFF_ONLY),
     ("get", "/api/audit/runs/{run_id}/scenario"): ("/api/audit/runs/{run_id}/scenario", None, STAFF_ONLY),
     ("get", "/api/threads/{thread_id}"): ("/api/threads/{thread_id}", None, {**OWNED, "owner": 200}),
+    ("patch", "/api/threads/{thread_id}"): ("/api/threads/{thread_id}", {"title": "renamed"}, {**OWNED, "owner": 200}),
     ("get", "/api/audit/runs"): ("/api/audit/runs", None, STAFF_ONLY),
     ("get", "/api/audit/runs/export"): ("/api/audit/runs/export", None, STAFF_ONLY),
     ("get", "/api/audit/runs/{run_id}/export"): ("/api/audit/runs/{run_id}/export?format=csv", None, STAFF_ONLY),
@@ -110,7 +111,8 @@ def test_access_matrix_R_READ_5_R_READ_6(endpoint, thread, other_user, staff_use
         if endpoint[0] == "get":
             response = client.get(path, headers=headers[role])
         else:
-            response = client.post(path, body, content_type="application/json", headers=headers[role])
+            send = getattr(client, endpoint[0])
+            response = send(path, body, content_type="application/json", headers=headers[role])
         assert response.status_code == expected[role], (role, path, response.status_code)
         content = body_of(response)
         if response.status_code >= 400:
