@@ -10,10 +10,12 @@ from ninja import Query, Router
 
 from conversations.models import Conversation
 from conversations.schemas import ErrorOut
+from conversations.selectors import thread_of
 from core.config import get_config
 from core.db import release_connection
 from core.errors import InvalidInput, NotFound, PermissionDenied
 from costs.schemas import BudgetExceededOut
+from costs.selectors import run_costs
 from ops.metrics import track_sse
 from yuxi_project.api_types import EVENT_ID_SCHEMA
 from yuxi_project.auth import staff_auth
@@ -34,6 +36,8 @@ from .schemas import (
     RunResumeIn,
     RunSummaryOut,
     ScenarioOut,
+    ThreadRunListOut,
+    ThreadRunListQuery,
     TimelineOut,
     TimelineQuery,
 )
@@ -55,6 +59,22 @@ def submit_run(request, thread_id: uuid.UUID, payload: RunIn):
         user=request.auth, thread_id=thread_id, request_id=payload.request_id, text=payload.input.text
     )
     return (202 if created else 200), RunOut.from_run(run)
+
+
+@router.get("/threads/{thread_id}/runs", response={200: ThreadRunListOut, **ERRORS})
+def list_thread_runs(request, thread_id: uuid.UUID, query: Query[ThreadRunListQuery]):
+    """The runs of one of the caller's threads (resume runs included),
+    newest first, keyset-paginated (``before=next_before``, R-API-1); each
+    the body of ``GET /api/runs/{run_id}``. Another user's thread answers
+    404."""
+    thread = thread_of(request.auth, thread_id)
+    page = selectors.thread_runs_page(thread_id=thread.id, limit=query.limit, before=query.before)
+    costs = run_costs([run.id for run in page.items])
+    return ThreadRunListOut(
+        items=[RunOut.from_run(run, cost=costs[run.id]) for run in page.items],
+        has_more=page.has_more,
+        next_before=page.next_before,
+    )
 
 
 @router.get("/runs/{run_id}", response={200: RunOut, **ERRORS})

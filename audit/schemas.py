@@ -113,12 +113,14 @@ class RunOut(Schema):
     finished_at: datetime | None
 
     @staticmethod
-    def from_run(run) -> RunOut:
+    def from_run(run, *, cost: dict[str, Any] | None = None) -> RunOut:
+        """The body of ``run``; ``cost`` is its :func:`costs.selectors.run_cost`
+        when the caller read it already (a page of runs: ``run_costs``)."""
         from costs.selectors import run_cost, usd_text
 
         from .reads.selectors import approval_of
 
-        cost = run_cost(run.id)
+        cost = cost if cost is not None else run_cost(run.id)
         approval = approval_of(run)
         return RunOut(
             run_id=run.id,
@@ -141,6 +143,17 @@ class RunOut(Schema):
             started_at=run.started_at,
             finished_at=run.finished_at,
         )
+
+
+class ThreadRunListQuery(Schema):
+    limit: int = Field(20, ge=1, le=100, description="At most 100 runs per page.")
+    before: Cursor | None = Field(None, description="`next_before` of the newer page.")
+
+
+class ThreadRunListOut(Schema):
+    items: list[RunOut] = Field(..., description="Newest first, each the body of `GET /api/runs/{run_id}`.")
+    has_more: bool = Field(..., description="Older runs exist; page with `before=next_before`.")
+    next_before: str | None
 
 
 class TimelineQuery(Schema):

@@ -67,6 +67,17 @@ def run_cost(run_id: uuid.UUID) -> dict[str, Any]:
     return {"total_usd": totals["total_usd"], "unknown_cost_calls": totals["unknown_cost_calls"]}
 
 
+def run_costs(run_ids) -> dict[uuid.UUID, dict[str, Any]]:
+    """:func:`run_cost` of each of ``run_ids`` in one grouped query (a page
+    of runs, R-API-1); a run without a closed model call gets
+    ``{total_usd: None, unknown_cost_calls: 0}``, as :func:`run_cost` gives it."""
+    costs = {run_id: {"total_usd": None, "unknown_cost_calls": 0} for run_id in run_ids}
+    grouped = _closed_calls().filter(run_id__in=list(costs)).order_by().values("run_id").annotate(**_totals())
+    for row in grouped:
+        costs[row["run_id"]] = {"total_usd": row["total_usd"], "unknown_cost_calls": row["unknown_cost_calls"]}
+    return costs
+
+
 def spent_calls(*, user_id: int, since: dt.datetime):
     """The model calls whose cost is ``user_id``'s spend since ``since``:
     closed at or after it, with a known cost (unknown costs add nothing).

@@ -13,7 +13,7 @@ from django.db.models.functions import Cast, Coalesce
 from conversations.models import Message
 from conversations.sql import MESSAGE_TABLE, message_columns, message_rows, predicate_sql
 from core.config import get_config
-from core.cursors import page_cursor, parse_cursor
+from core.cursors import before_key, page_cursor, parse_cursor
 from core.errors import InvalidInput, NotFound
 from core.workspace import tool_row_large_result_path
 from costs.selectors import usd_text
@@ -28,6 +28,45 @@ def run_of(user, run_id: uuid.UUID) -> AgentRun:
     if run is None:
         raise NotFound("run not found")
     return run
+
+
+# A thread's runs, newest first (R-API-1); index run_thread_created_idx
+# (thread, created_at), read backwards.
+THREAD_RUNS_KEY = [("created_at", "datetime"), ("id", "uuid")]
+THREAD_RUNS_MAX = 100
+
+
+@dataclass(frozen=True)
+class ThreadRunsPage:
+    """Runs newest first; ``next_before`` is the cursor of the next (older)
+    page when ``has_more``, else ``None``."""
+
+    items: list[AgentRun]
+    has_more: bool
+    next_before: str | None
+
+
+def thread_runs_page(*, thread_id: uuid.UUID, limit: int = 20, before: str | None = None) -> ThreadRunsPage:
+    """One page of a thread's runs (resume runs included), newest first,
+    keyset-paginated by ``(created_at, id)``: ``before`` is the
+    ``next_before`` of the newer page. One query. The caller has checked
+    that the thread is the user's (R-READ-5). Implements R-API-1.
+
+    Raises:
+        InvalidInput: ``limit`` outside 1–100 (``reason: bad_limit``) or a
+            malformed cursor (``reason: bad_cursor``).
+    """
+    if not 1 <= limit <= THREAD_RUNS_MAX:
+        raise InvalidInput(f"limit must be between 1 and {THREAD_RUNS_MAX}", extra={"reason": "bad_limit"})
+    runs = AgentRun.objects.filter(thread_id=thread_id)
+    names = [name for name, _ in THREAD_RUNS_KEY]
+    if before is not None:
+        runs = runs.filter(before_key(names, parse_cursor(before, THREAD_RUNS_KEY)))
+    rows = list(runs.order_by(*(f"-{name}" for name in names))[: limit + 1])
+    has_more = len(rows) > limit
+    items = rows[:limit]
+    next_before = page_cursor(items[-1], THREAD_RUNS_KEY) if has_more else None
+    return ThreadRunsPage(items=items, has_more=has_more, next_before=next_before)
 
 
 def _count_of(rows) -> Subquery:

@@ -52,6 +52,7 @@ MATRIX = {
         {"request_id": "REQ", "input": {"text": "hi"}},
         {**OWNED, "owner": 202},
     ),
+    ("get", "/api/threads/{thread_id}/runs"): ("/api/threads/{thread_id}/runs", None, {**OWNED, "owner": 200}),
     ("get", "/api/threads/{thread_id}/history"): ("/api/threads/{thread_id}/history", None, {**OWNED, "owner": 200}),
     ("get", "/api/threads/{thread_id}/memory"): (
         "/api/threads/{thread_id}/memory?include_tools=true",

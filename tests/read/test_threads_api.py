@@ -5,12 +5,16 @@ thread list."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 from django.test import Client
 
+from audit.models import AgentRun
 from conversations.models import Conversation
-from tests.conftest import bearer
+from tests.conftest import bearer, make_run
+
+from .builders import tool_turn
 
 pytestmark = pytest.mark.django_db
 
@@ -117,3 +121,69 @@ def test_a_session_patch_without_its_csrf_token_gets_the_documented_403_R_API_1(
     assert response.status_code == 403 and response.json()["error"]["code"] == "csrf_failed"
     thread.refresh_from_db()
     assert thread.title == ""
+
+
+# --------------------------------------------------------------------------
+# GET /api/threads/{thread_id}/runs
+# --------------------------------------------------------------------------
+
+
+def runs_of(thread, *, user=None, **query):
+    return Client().get(f"/api/threads/{thread.id}/runs", query, headers=bearer(user or thread.user))
+
+
+def test_a_threads_runs_newest_first_each_the_run_body_paged_by_cursor_R_API_1(thread):
+    made = [tool_turn(thread, prefix=p) for p in "abc"] + [make_run(thread, text="still pending")]
+    first = runs_of(thread, limit=3)
+    assert first.status_code == 200, first.content
+    body = first.json()
+    assert [item["run_id"] for item in body["items"]] == [str(r.id) for r in made[::-1][:3]]
+    assert body["has_more"] is True and body["next_before"]
+    owner = bearer(thread.user)
+    for item in body["items"]:
+        assert item == Client().get(f"/api/runs/{item['run_id']}", headers=owner).json()
+    assert body["items"][0]["status"] == "pending" and body["items"][1]["cost"]["unknown_cost_calls"] == 0
+    rest = runs_of(thread, limit=3, before=body["next_before"]).json()
+    assert [item["run_id"] for item in rest["items"]] == [str(made[0].id)]
+    assert rest["has_more"] is False and rest["next_before"] is None
+
+
+def test_runs_created_in_the_same_instant_page_without_loss_or_repeat_R_API_1(thread):
+    runs = [make_run(thread, text=f"turn {i}") for i in range(5)]
+    AgentRun.objects.filter(thread=thread).update(created_at=runs[0].created_at)
+    seen, before = [], None
+    while True:
+        query = {"limit": 2} | ({"before": before} if before else {})
+        page = runs_of(thread, **query).json()
+        seen += [item["run_id"] for item in page["items"]]
+        if not page["has_more"]:
+            break
+        before = page["next_before"]
+    assert seen == sorted((str(r.id) for r in runs), key=uuid.UUID, reverse=True)
+
+
+def test_a_thread_without_runs_lists_none_R_API_1(thread):
+    assert runs_of(thread).json() == {"items": [], "has_more": False, "next_before": None}
+
+
+def test_another_users_thread_runs_are_404_R_API_1_R_READ_5(thread, other_user):
+    tool_turn(thread)
+    response = runs_of(thread, user=other_user)
+    assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("query", [{"limit": 0}, {"limit": 101}, {"limit": "x"}, {"before": "bm90LWEtY3Vyc29y"}])
+def test_thread_runs_refuse_a_bad_limit_or_cursor_R_API_1(thread, query):
+    tool_turn(thread)
+    response = runs_of(thread, **query)
+    assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_input"
+
+
+def test_a_page_of_runs_reads_its_costs_in_one_query_R_API_1(thread, django_assert_max_num_queries):
+    for p in "abcdef":
+        tool_turn(thread, prefix=p)
+    headers = bearer(thread.user)
+    # Token, thread, page of runs, their costs (and the token's last use).
+    with django_assert_max_num_queries(6):
+        response = Client().get(f"/api/threads/{thread.id}/runs", {"limit": 6}, headers=headers)
+    assert len(response.json()["items"]) == 6
