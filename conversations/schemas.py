@@ -52,6 +52,21 @@ class ThreadPatchIn(Schema):
     archived: StrictBool = Field(None, description="true archives the thread, false restores it.")
 
 
+class ThreadListQuery(Schema):
+    # Bounded: an unbounded number overflows PostgreSQL's bigint and must
+    # answer 422, not 500 (R-READ-6).
+    limit: int = Field(100, ge=1, le=500)
+    offset: int = Field(0, ge=0, le=1_000_000_000)
+    # Absent means all; never null in a query string, so typed boolean only.
+    archived: bool = Field(
+        None,
+        description="true: only archived threads; false: only the others (a chat sidebar's list); absent: all of them.",
+    )
+    q: str = Field(
+        "", max_length=200, description="Only threads whose title contains this text, ignoring case; blank: all."
+    )
+
+
 class ThreadOut(Schema):
     thread_id: uuid.UUID = Field(..., alias="id")
     agent_id: str
@@ -61,6 +76,11 @@ class ThreadOut(Schema):
     archived: bool = Field(..., description="The owner archived the thread (`status` is `archived`).")
     created_at: datetime
     updated_at: datetime
+
+
+class PagedThreadOut(Schema):
+    items: list[ThreadOut]
+    count: int = Field(..., description="Every matching thread, not only this page's.")
 
 
 class ErrorDetail(Schema):

@@ -30,9 +30,18 @@ from .models import Conversation, Message, history_carrier_q, history_ordinary_q
 from .sql import MESSAGE_TABLE, message_columns, message_rows, predicate_sql
 
 
-def threads_of(user):
-    """A user's threads, newest first (R-READ-5)."""
-    return Conversation.objects.filter(user=user).order_by("-created_at", "-id")
+def threads_of(user, *, archived: bool | None = None, q: str = ""):
+    """A user's threads, newest first (R-READ-5): with ``archived`` true
+    only the archived ones, false only the others, ``None`` all; with ``q``
+    only those whose title contains it, ignoring case (R-API-1; a blank
+    ``q`` filters nothing). Index ``conv_user_created_idx`` serves the
+    user's threads; the filters apply to them."""
+    threads = Conversation.objects.filter(user=user)
+    if archived is not None:
+        threads = threads.archived(archived)
+    if q.strip():
+        threads = threads.filter(title__icontains=q.strip())
+    return threads.order_by("-created_at", "-id")
 
 
 def thread_of(user, thread_id: uuid.UUID) -> Conversation:

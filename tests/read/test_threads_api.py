@@ -187,3 +187,71 @@ def test_a_page_of_runs_reads_its_costs_in_one_query_R_API_1(thread, django_asse
     with django_assert_max_num_queries(6):
         response = Client().get(f"/api/threads/{thread.id}/runs", {"limit": 6}, headers=headers)
     assert len(response.json()["items"]) == 6
+
+
+# --------------------------------------------------------------------------
+# GET /api/threads?archived=&q=
+# --------------------------------------------------------------------------
+
+
+def listed(user, **query) -> tuple[list[str], int]:
+    body = Client().get("/api/threads", query, headers=bearer(user)).json()
+    return [item["title"] for item in body["items"]], body["count"]
+
+
+@pytest.fixture
+def shelf(user, other_user):
+    """Four threads of ``user``, oldest first, two of them archived, and one
+    of another user whose title matches every search."""
+    made = []
+    for title, status in (
+        ("Trip to Paris", "active"),
+        ("paris budget", "archived"),
+        ("Groceries", "active"),
+        ("100%_done", "archived"),
+    ):
+        made.append(Conversation.objects.create(user=user, agent_id="assistant", model="m", title=title, status=status))
+    Conversation.objects.create(user=other_user, agent_id="assistant", model="m", title="Paris 100%_done")
+    return made
+
+
+def test_threads_filter_by_archived_R_API_1(user, shelf):
+    assert listed(user) == (["100%_done", "Groceries", "paris budget", "Trip to Paris"], 4)
+    assert listed(user, archived="false") == (["Groceries", "Trip to Paris"], 2)
+    assert listed(user, archived="true") == (["100%_done", "paris budget"], 2)
+
+
+def test_threads_filter_by_title_ignoring_case_with_the_other_filters_and_paging_R_API_1(user, shelf):
+    assert listed(user, q="PARIS") == (["paris budget", "Trip to Paris"], 2)
+    assert listed(user, q="paris", archived="false") == (["Trip to Paris"], 1)
+    assert listed(user, q="paris", limit=1, offset=1) == (["Trip to Paris"], 2)
+    # LIKE's wildcards are plain characters here.
+    assert listed(user, q="%_") == (["100%_done"], 1)
+    assert listed(user, q="0%_d") == (["100%_done"], 1)
+    assert listed(user, q="  ") == (["100%_done", "Groceries", "paris budget", "Trip to Paris"], 4)
+    assert listed(user, q="nothing like it") == ([], 0)
+
+
+def test_an_archived_thread_leaves_the_sidebar_and_comes_back_R_API_1(user, shelf):
+    patch(shelf[2], {"archived": True})
+    assert listed(user, archived="false") == (["Trip to Paris"], 1)
+    patch(shelf[2], {"archived": False})
+    assert listed(user, archived="false") == (["Groceries", "Trip to Paris"], 2)
+
+
+@pytest.mark.parametrize("query", [{"archived": "maybe"}, {"q": "x" * 201}, {"limit": 0}, {"offset": -1}])
+def test_thread_list_refuses_bad_filters_R_API_1(user, query):
+    response = Client().get("/api/threads", query, headers=bearer(user))
+    assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_input"
+
+
+def test_thread_filters_and_runs_are_typed_in_the_openapi_document_R_API_1():
+    from yuxi_project.api import api
+
+    document = api.get_openapi_schema()
+    params = {p["name"]: p["schema"] for p in document["paths"]["/api/threads"]["get"]["parameters"]}
+    assert params["archived"]["type"] == "boolean" and params["q"]["maxLength"] == 200
+    runs = document["paths"]["/api/threads/{thread_id}/runs"]["get"]
+    assert runs["operationId"] == "listThreadRuns"
+    assert {"200", "401", "404", "422"} <= {str(code) for code in runs["responses"]}
+    assert {p["name"] for p in runs["parameters"]} == {"thread_id", "limit", "before"}
