@@ -12,6 +12,8 @@ from audit import catalogue
 from governance.payloads import payload_note
 from yuxi_project.api_types import Cursor
 
+from .services import not_blank_pattern
+
 
 def _enum_of(names) -> Callable[[dict], None]:
     """Name the allowed values in the OpenAPI document, read when the document
@@ -47,7 +49,11 @@ class ThreadPatchIn(Schema):
 
     # Not nullable: absent means "leave as it is"; the default is never validated.
     title: StrictStr = Field(
-        None, min_length=1, max_length=200, pattern=r"\S", description="A new title: not blank, at most 200 characters."
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=not_blank_pattern(),
+        description="A new title: not blank (not only white space), at most 200 characters.",
     )
     archived: StrictBool = Field(None, description="true archives the thread, false restores it.")
 

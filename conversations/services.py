@@ -31,6 +31,23 @@ def thread_create(*, user, agent_id: str, model: str | None = None, title: str =
     return Conversation.objects.create(user=user, agent_id=agent_id, model=model, title=fit_text(title, 200))
 
 
+# The characters a title may not consist of only: Unicode White_Space and
+# the BOM. One set for the server and the OpenAPI pattern, so that JSON
+# Schema (ECMA), pydantic (Rust) and Python agree on "blank"; their own
+# "\s" differ (U+001C..U+001F, U+0085, U+FEFF).
+BLANK_CHARACTERS = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680"
+    + "".join(chr(c) for c in range(0x2000, 0x200B))
+    + "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+
+
+def not_blank_pattern() -> str:
+    """A regular expression (ECMA, Python and Rust alike) that finds a
+    character outside :data:`BLANK_CHARACTERS`."""
+    return "[^" + "".join(f"\\u{ord(c):04x}" for c in BLANK_CHARACTERS) + "]"
+
+
 def thread_update(
     *, user, thread_id: uuid.UUID, title: str | None = None, archived: bool | None = None
 ) -> Conversation:
@@ -51,7 +68,7 @@ def thread_update(
         RunBusy: the row was not granted within ``WEB_LOCK_TIMEOUT_MS`` (503,
             nothing changed).
     """
-    if title is not None and (not title.strip() or len(title) > 200):
+    if title is not None and (not title.strip(BLANK_CHARACTERS) or len(title) > 200):
         raise InvalidInput("title must not be blank and at most 200 characters", extra={"reason": "bad_title"})
     with web_lock_wait():
         thread = Conversation.objects.select_for_update(no_key=True).filter(pk=thread_id, user=user).first()

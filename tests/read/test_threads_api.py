@@ -72,6 +72,7 @@ def test_patch_of_another_users_thread_is_404_and_changes_nothing_R_API_1_R_READ
     [
         {"title": ""},
         {"title": "   "},
+        {"title": "\u3000\ufeff\x85\u2028"},
         {"title": "x" * 201},
         {"title": None},
         {"title": 5},
@@ -93,6 +94,34 @@ def test_patch_refuses_bad_input_with_the_error_body_and_changes_nothing_R_API_1
     assert response.json()["error"]["code"] == "invalid_input"
     thread.refresh_from_db()
     assert (thread.title, thread.status, thread.agent_id) == ("kept", "active", "assistant")
+
+
+@pytest.mark.parametrize(
+    ("title", "status"),
+    [
+        (" ", 422),
+        ("\x85", 422),  # blank to pydantic's and Python's "\\s", not to ECMA's
+        ("\ufeff", 422),  # blank to ECMA's "\\s", not to Python's nor pydantic's
+        ("\u00a0\u2000\u3000", 422),
+        ("\x1c", 200),  # blank to Python's "\\s" only
+        ("\u200b", 200),
+        (" a ", 200),
+        ("\x00", 200),
+    ],
+)
+def test_the_title_pattern_of_the_openapi_document_is_the_servers_rule_R_API_1_R_READ_6(thread, title, status):
+    """JSON Schema (ECMA), pydantic (Rust) and Python each read "\\s" their
+    own way; the document's pattern names the blank characters instead, so
+    that a client and the server agree on every title."""
+    import re
+
+    from yuxi_project.api import api
+
+    pattern = api.get_openapi_schema()["components"]["schemas"]["ThreadPatchIn"]["properties"]["title"]["pattern"]
+    assert "\\s" not in pattern.lower()
+    assert bool(re.search(pattern, title)) is (status == 200)
+    response = patch(thread, {"title": title})
+    assert response.status_code == status, response.content
 
 
 def test_patch_keeps_the_longest_title_a_client_may_send_R_API_1(thread):
