@@ -143,6 +143,8 @@ class LifecycleRecorder:
         # tool_call_id -> when its tool started / ended (R-SUB-2).
         self._tool_started: dict[str, Stamp] = {}
         self._tool_ended: dict[str, Stamp] = {}
+        # Tool calls whose end is being written to their row (R-RUN-15).
+        self._tool_closing: set[str] = set()
         # tool_call_id -> the class of the exception its tool raised.
         self._tool_error_types: dict[str, str] = {}
         # LangChain tool run id -> tool_call_id (its end callback has no
@@ -238,9 +240,13 @@ class LifecycleRecorder:
                 self._tool_error_types[tool_call_id] = type(error).__name__
 
     def tools_in_flight(self) -> bool:
-        """Whether a tool has started (its start callback) and not yet
-        returned or raised: its outcome is not known yet (R-RUN-15)."""
-        return bool(self._tool_runs)
+        """Whether a tool's outcome is not recorded yet: it has started (its
+        start callback) and not returned or raised, or it has and its row
+        is not closed yet (the stream's tool-finished or tool-error not
+        handled, or its write under way). A hand-over in that last window
+        closed the row as interrupted although its outcome was known
+        (R-RUN-15, R-EFF-1)."""
+        return bool(self._tool_runs or self._tool_ended or self._tool_closing)
 
     def _on_lifecycle(self, data: dict) -> None:
         cause = data.get("cause") or {}
@@ -551,6 +557,7 @@ class LifecycleRecorder:
             message = _tool_message_of(output, tool_call_id)
             status = "failed" if getattr(message, "status", None) == "error" else "completed"
             content = message_text(getattr(message, "content", message if isinstance(message, str) else ""))
+            self._tool_closing.add(tool_call_id)
             ended = self._tool_ended.pop(tool_call_id, None) or self._pulled(event)
             started = self._tool_started.get(tool_call_id, ended)
             await write_with_retry(
@@ -564,11 +571,13 @@ class LifecycleRecorder:
                 finished_at=ended.at,
                 duration_ms=round((ended.mono - started.mono) * 1000),
             )
+            self._tool_closing.discard(tool_call_id)
             if self._publish and not namespace:
                 await self._publish("tool.finished", {"tool_call_id": tool_call_id, "status": status})
         elif kind == "tool-error":
             # The row stays running until the terminal closes it (R-TA-3),
             # with the time the tool raised (R-SUB-2).
+            self._tool_closing.add(tool_call_id)
             ended = self._tool_ended.pop(tool_call_id, None) or self._pulled(event)
             started = self._tool_started.get(tool_call_id, ended)
             await write_with_retry(
@@ -581,6 +590,7 @@ class LifecycleRecorder:
                 finished_at=ended.at,
                 duration_ms=round((ended.mono - started.mono) * 1000),
             )
+            self._tool_closing.discard(tool_call_id)
             if self._publish and not namespace:
                 await self._publish("tool.error", {"tool_call_id": tool_call_id})
 

@@ -198,7 +198,11 @@ def test_rows_take_the_callbacks_times_not_the_pull_nor_the_write_time_R_SUB_2(u
             clocks.seconds += 10.0  # the write took long
 
     asyncio.run(happen())
+    # The tool returned but its row is not closed: a hand-over now would
+    # close it as interrupted (R-RUN-15), so it is still in flight.
+    assert recorder.tools_in_flight()
     asyncio.run(read_late())
+    assert not recorder.tools_in_flight()
 
     rows = {r.operation_id: r for r in Message.objects.audit().filter(run=lease.run_id)}
     first, tool, second = rows[request_operation_id("m1")], rows["call_1"], rows[request_operation_id("m2")]
