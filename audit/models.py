@@ -30,8 +30,9 @@ class AgentRunQuerySet(models.QuerySet):
         return self.filter(replay_of="")
 
     def visible_to(self, user) -> AgentRunQuerySet:
-        """Runs a user may read over the API (R-READ-5)."""
-        return self.filter(user=user)
+        """Runs a user may read over the API (R-READ-5): not those of a
+        thread they deleted (R-API-1)."""
+        return self.filter(user=user).exclude(thread__status="deleted")
 
 
 class AgentRun(models.Model):

@@ -6,6 +6,7 @@ import uuid
 
 from ninja import Query, Router
 
+from governance.services import thread_delete
 from yuxi_project.responses import json_response
 
 from . import selectors, services
@@ -19,6 +20,8 @@ from .schemas import (
     MessageFeedbackIn,
     MessageFeedbackOut,
     PagedThreadOut,
+    ThreadDeletedOut,
+    ThreadDeleteQuery,
     ThreadIn,
     ThreadListQuery,
     ThreadOut,
@@ -68,6 +71,24 @@ def update_thread(request, thread_id: uuid.UUID, payload: ThreadPatchIn):
     type 422, and nothing changes."""
     given = payload.model_dump(include=payload.model_fields_set)
     return services.thread_update(user=request.auth, thread_id=thread_id, **given)
+
+
+@router.delete(
+    "/threads/{thread_id}",
+    response={200: ThreadDeletedOut, 202: ThreadDeletedOut, **ERRORS, 409: ErrorOut, 503: ErrorOut},
+)
+def delete_thread(request, thread_id: uuid.UUID, query: Query[ThreadDeleteQuery]):
+    """Delete one of the caller's threads (R-API-1): it is gone from the API
+    at once, and its content is erased as a user's erasure does (R-GOV-2),
+    its anonymous facts kept for statistics. 200 when the content is
+    erased; 202 when the erasure follows (cancelled runs still ending, or
+    another erasure in progress). A run pending or running answers 409
+    `run_active` (its ids in `runs`) unless `cancel=true`, which cancels it
+    first. Another user's thread, or one already deleted, answers 404."""
+    deletion = thread_delete(
+        user=request.auth, thread_id=thread_id, actor=f"api user #{request.auth.pk}", cancel=query.cancel
+    )
+    return (200 if deletion.erased else 202), deletion
 
 
 @router.get("/threads/{thread_id}/history", response={200: HistoryPageOut, **ERRORS})

@@ -36,6 +36,16 @@ class ConversationQuerySet(models.QuerySet):
         rows = self.filter(status=Conversation.Status.ARCHIVED)
         return rows if value else self.exclude(status=Conversation.Status.ARCHIVED)
 
+    def visible_to(self, user) -> ConversationQuerySet:
+        """``user``'s threads the API shows (R-READ-5): not those they
+        deleted (R-API-1), which stay for the audit and the statistics."""
+        return self.filter(user=user).exclude(status=Conversation.Status.DELETED)
+
+    def awaiting_erasure(self) -> ConversationQuerySet:
+        """Deleted threads whose content is not erased yet (R-API-1): the
+        erasure waits for their runs to end (index ``conv_awaiting_erasure_idx``)."""
+        return self.filter(status=Conversation.Status.DELETED, erased_at__isnull=True)
+
 
 class Conversation(models.Model):
     """A chat between one user and one agent: the *thread* of LangGraph."""
@@ -43,6 +53,10 @@ class Conversation(models.Model):
     class Status(models.TextChoices):
         ACTIVE = "active"
         ARCHIVED = "archived"
+        # Deleted by its owner (R-API-1): gone from the API at once, its
+        # content erased as R-GOV-2 erases a user's (``erased_at``), its
+        # anonymous facts kept for statistics.
+        DELETED = "deleted"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
@@ -52,6 +66,9 @@ class Conversation(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # When a deleted thread's content was erased (R-API-1, R-GOV-2); null
+    # while the erasure waits for its runs to end, and for every other thread.
+    erased_at = models.DateTimeField(null=True, blank=True)
 
     objects = ConversationQuerySet.as_manager()
 
@@ -62,6 +79,12 @@ class Conversation(models.Model):
             models.Index(fields=["user", "-created_at"], name="conv_user_created_idx"),
             # Admin thread list, newest first; dashboard conversations per day.
             models.Index(fields=["created_at"], name="conv_created_idx"),
+            # The erasure sweep: deleted threads not yet erased (few, or none).
+            models.Index(
+                fields=["created_at"],
+                name="conv_awaiting_erasure_idx",
+                condition=models.Q(status="deleted", erased_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:

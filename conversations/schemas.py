@@ -73,6 +73,26 @@ class ThreadListQuery(Schema):
     )
 
 
+class ThreadDeleteQuery(Schema):
+    cancel: bool = Field(
+        False,
+        description="true: cancel the thread's pending or running runs and delete it; false: a thread with such "
+        "a run answers 409 `run_active`.",
+    )
+
+
+class ThreadDeletedOut(Schema):
+    """The answer to ``DELETE /api/threads/{thread_id}`` (R-API-1)."""
+
+    thread_id: uuid.UUID
+    erased: bool = Field(
+        ...,
+        description="true (200): the thread's content is erased; false (202): the thread is deleted and its "
+        "content is erased once its cancelled runs have ended.",
+    )
+    cancelled_runs: list[uuid.UUID] = Field(..., description="The runs this deletion cancelled.")
+
+
 class ThreadOut(Schema):
     thread_id: uuid.UUID = Field(..., alias="id")
     agent_id: str

@@ -36,7 +36,7 @@ def threads_of(user, *, archived: bool | None = None, q: str = ""):
     only those whose title contains it, ignoring case (R-API-1; a blank
     ``q`` filters nothing). Index ``conv_user_created_idx`` serves the
     user's threads; the filters apply to them."""
-    threads = Conversation.objects.filter(user=user)
+    threads = Conversation.objects.visible_to(user)
     if archived is not None:
         threads = threads.archived(archived)
     if q.strip():
@@ -45,8 +45,9 @@ def threads_of(user, *, archived: bool | None = None, q: str = ""):
 
 
 def thread_of(user, thread_id: uuid.UUID) -> Conversation:
-    """The user's thread; another user's thread is :class:`NotFound` (R-READ-5)."""
-    thread = Conversation.objects.filter(pk=thread_id, user=user).first()
+    """The user's thread; another user's thread, or one they deleted, is
+    :class:`NotFound` (R-READ-5, R-API-1)."""
+    thread = Conversation.objects.visible_to(user).filter(pk=thread_id).first()
     if thread is None:
         raise NotFound("thread not found")
     return thread
@@ -615,7 +616,7 @@ def memory_message(item: dict[str, Any]) -> Any:
 def message_feedback_of(user, message_id: int) -> Message:
     """The user's message for feedback; another user's message, or none, is
     :class:`NotFound` (R-READ-5)."""
-    message = Message.objects.filter(pk=message_id, thread__user=user).first()
+    message = Message.objects.filter(pk=message_id, thread__in=Conversation.objects.visible_to(user)).first()
     if message is None:
         raise NotFound("message not found")
     return message

@@ -71,7 +71,7 @@ def thread_update(
     if title is not None and (not title.strip(BLANK_CHARACTERS) or len(title) > 200):
         raise InvalidInput("title must not be blank and at most 200 characters", extra={"reason": "bad_title"})
     with web_lock_wait():
-        thread = Conversation.objects.select_for_update(no_key=True).filter(pk=thread_id, user=user).first()
+        thread = Conversation.objects.select_for_update(no_key=True).visible_to(user).filter(pk=thread_id).first()
         if thread is None:
             raise NotFound("thread not found")
         changed = []

@@ -14,10 +14,17 @@ class RunStillActive(Conflict):
     code = "run_still_active"
 
 
+class RunActive(Conflict):
+    """A thread to delete has a run pending or running (R-API-1): deleting
+    it would race its worker; ``?cancel=true`` cancels the run first."""
+
+    code = "run_active"
+
+
 class GovernanceBusy(Conflict):
     """Another purge or erasure is in progress."""
 
     code = "governance_busy"
 
 
-__all__ = ["ApplicationError", "GovernanceBusy", "InvalidInput", "RunStillActive", "UnknownUser"]
+__all__ = ["ApplicationError", "GovernanceBusy", "InvalidInput", "RunActive", "RunStillActive", "UnknownUser"]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -22,9 +24,13 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from audit.errors import RunNotCancellable
+from audit.ledger.locks import web_lock_wait
+from audit.ledger.runs import run_request_cancel
 from audit.models import AgentRun, RunReplay
 from conversations.models import ApiToken, Conversation, Message, MessageFeedback
 from core.config import get_config
+from core.errors import NotFound
 from core.redis_client import REDIS_CLIENT_OPTIONS, stream_key
 from core.workspace import (
     LARGE_RESULTS_DIR,
@@ -36,7 +42,7 @@ from core.workspace import (
 
 from . import payloads
 from .bypass import open_bypass
-from .errors import GovernanceBusy, InvalidInput, RunStillActive, UnknownUser
+from .errors import GovernanceBusy, InvalidInput, RunActive, RunStillActive, UnknownUser
 from .models import GovernanceAction, RunReseal
 from .seal import audit_row_facts, check_run, run_facts, seal_run
 
@@ -344,29 +350,157 @@ def user_erase(*, username: str, actor: str, dry_run: bool = False, batch_runs: 
         )
         return outcome
     outcome.runs = 0
-    with _exclusive():
-        action = GovernanceAction.objects.create(
-            kind=GovernanceAction.Kind.ERASURE, actor=actor, subject_user_id=user.pk, criterion={"user_id": user.pk}
-        )
+    with _exclusive(), _erasure(actor=actor, user_id=user.pk, criterion={"user_id": user.pk}) as action:
         outcome.action = action
-        status = GovernanceAction.Status.STOPPED
-        try:
-            now = timezone.now()
-            for start in range(0, len(run_ids), batch_runs):
-                _erase_batch(action, run_ids[start : start + batch_runs], now=now, outcome=outcome)
-                if progress:
-                    progress(min(start + batch_runs, len(run_ids)), len(run_ids))
-            _erase_rest(action, user, threads, now=now, outcome=outcome)
-            outcome.files = _delete_files([thread_workspace(t) for t in threads if thread_workspace(t).exists()])
-            _erase_event_streams(run_ids)
-            with transaction.atomic():
-                _anonymize_account(user)
-                GovernanceAction.objects.filter(pk=action.pk).update(files_deleted=outcome.files)
-            status = GovernanceAction.Status.COMPLETED
-        finally:
-            action.refresh_from_db()
-            _finish(action, status)
+        _erase_content(
+            action,
+            threads=threads,
+            run_ids=run_ids,
+            feedback=Q(user=user) | Q(message__thread__in=threads),
+            now=timezone.now(),
+            outcome=outcome,
+            batch_runs=batch_runs,
+            progress=progress,
+        )
+        with transaction.atomic():
+            _anonymize_account(user)
+            GovernanceAction.objects.filter(pk=action.pk).update(files_deleted=outcome.files)
     return outcome
+
+
+@contextlib.contextmanager
+def _erasure(*, actor: str, user_id: int, criterion: dict) -> Iterator[GovernanceAction]:
+    """A recorded erasure of ``user_id``'s content selected by ``criterion``:
+    ``completed`` when the block ends, ``stopped`` when it raises."""
+    action = GovernanceAction.objects.create(
+        kind=GovernanceAction.Kind.ERASURE, actor=actor, subject_user_id=user_id, criterion=criterion
+    )
+    status = GovernanceAction.Status.STOPPED
+    try:
+        yield action
+        status = GovernanceAction.Status.COMPLETED
+    finally:
+        action.refresh_from_db()
+        _finish(action, status)
+
+
+# --------------------------------------------------------------------------
+# Thread deletion (R-API-1): the erasure of R-GOV-2, scoped to one thread
+# --------------------------------------------------------------------------
+
+# How long a deletion with ``cancel`` waits for the cancelled runs to end
+# (their workers stop at the next event boundary) before it answers that
+# the erasure will follow (the sweep, ``deleted_threads_erase``).
+CANCEL_WAIT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class ThreadDeletion:
+    """What :func:`thread_delete` did: the thread is deleted (gone from the
+    API); ``erased`` says whether its content is erased already, or waits
+    for its runs to end; ``cancelled_runs`` are the runs it asked to cancel."""
+
+    thread_id: uuid.UUID
+    erased: bool
+    cancelled_runs: list[uuid.UUID]
+
+
+def thread_delete(*, user, thread_id: uuid.UUID, actor: str, cancel: bool = False) -> ThreadDeletion:
+    """Delete one of ``user``'s threads (R-API-1): from this moment it is
+    gone from the API (404 everywhere, no new turn, no resume), and its
+    content is erased as :func:`user_erase` erases a user's (R-GOV-2:
+    messages and audit payloads, run inputs, feedback reasons, the title,
+    checkpoints, workspace files, live event streams, replays of its runs),
+    keeping the anonymous facts for statistics and re-sealing its runs
+    (R-GOV-3) under a recorded :class:`GovernanceAction`
+    (``criterion: {"thread_id": ...}``).
+
+    With a run pending or running the thread is refused, unless ``cancel``:
+    then those runs are cancelled (R-RUN-6) and the erasure waits up to
+    :data:`CANCEL_WAIT_SECONDS` for them to end. Whatever cannot be erased
+    at once (runs still ending, another purge or erasure in progress) is
+    erased by :func:`deleted_threads_erase`, which Celery beat runs every
+    minute.
+
+    Raises:
+        NotFound: no such thread of ``user`` (another user's, or deleted).
+        RunActive: a run of the thread is pending or running and ``cancel``
+            is false (409 ``run_active``, ``runs``: their ids; nothing changed).
+        RunBusy: the thread row was not granted within ``WEB_LOCK_TIMEOUT_MS``
+            (503, nothing changed).
+    """
+    with web_lock_wait():
+        # As a submission locks it: no turn starts on the thread while it is
+        # being deleted, and none after (the thread is no longer visible).
+        thread = Conversation.objects.select_for_update(no_key=True).visible_to(user).filter(pk=thread_id).first()
+        if thread is None:
+            raise NotFound("thread not found")
+        active = [str(pk) for pk in AgentRun.objects.filter(thread=thread).active().values_list("pk", flat=True)]
+        if active and not cancel:
+            raise RunActive(
+                f"the thread has {len(active)} run(s) pending or running; wait for them to end, or delete with "
+                "cancel=true to cancel them",
+                extra={"runs": active},
+            )
+        thread.status = Conversation.Status.DELETED
+        thread.save(update_fields=["status", "updated_at"])
+    for run_id in active:
+        with contextlib.suppress(RunNotCancellable):  # it ended meanwhile
+            run_request_cancel(user=user, run_id=run_id)
+    deadline = time.monotonic() + (CANCEL_WAIT_SECONDS if active else 0)
+    while AgentRun.objects.filter(pk__in=active).active().exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    erased = thread.pk in deleted_threads_erase(actor=actor, thread_ids=[thread.pk])
+    return ThreadDeletion(thread_id=thread.pk, erased=erased, cancelled_runs=[uuid.UUID(pk) for pk in active])
+
+
+def deleted_threads_erase(*, actor: str, thread_ids: list | None = None, limit: int = 100) -> list[uuid.UUID]:
+    """Erase the content of deleted threads (R-API-1) whose runs have all
+    ended, and of the replays of their runs (their scratch threads are
+    deleted with them); ``thread_ids`` limits it to those threads, else the
+    oldest ``limit`` awaiting erasure. One :class:`GovernanceAction` per
+    thread; a thread erased is marked ``erased_at``.
+
+    Returns the ids of the threads erased. Never raises for another purge
+    or erasure in progress: it returns ``[]`` and a later call goes on."""
+    pending = Conversation.objects.awaiting_erasure().order_by("created_at")
+    if thread_ids is not None:
+        pending = pending.filter(pk__in=thread_ids)
+    candidates = list(pending.values_list("pk", "user_id")[:limit])
+    if not candidates:
+        return []
+    erased = []
+    try:
+        with _exclusive():
+            for thread_pk, user_id in candidates:
+                threads = _with_replay_threads([thread_pk])
+                if AgentRun.objects.filter(thread__in=threads).active().exists():
+                    continue  # its runs are still ending: a later pass
+                _thread_erase(thread_pk, threads, user_id=user_id, actor=actor)
+                erased.append(thread_pk)
+    except GovernanceBusy:
+        log.info("erasure of deleted threads postponed: another purge or erasure is running")
+    return erased
+
+
+def _thread_erase(thread_pk, threads: list, *, user_id: int, actor: str) -> None:
+    run_ids = list(AgentRun.objects.filter(thread__in=threads).order_by("pk").values_list("pk", flat=True))
+    with _erasure(actor=actor, user_id=user_id, criterion={"thread_id": str(thread_pk)}) as action:
+        outcome = Outcome(dry_run=False)
+        now = timezone.now()
+        _erase_content(
+            action,
+            threads=threads,
+            run_ids=run_ids,
+            feedback=Q(message__thread__in=threads),
+            now=now,
+            outcome=outcome,
+            batch_runs=50,
+            progress=None,
+        )
+        with transaction.atomic():
+            Conversation.objects.filter(pk__in=threads).update(status=Conversation.Status.DELETED, erased_at=now)
+            GovernanceAction.objects.filter(pk=action.pk).update(files_deleted=outcome.files)
 
 
 def _with_replay_threads(threads: list) -> list:
@@ -416,9 +550,26 @@ def _erase_batch(action, run_ids: list, *, now: datetime, outcome: Outcome) -> N
     outcome.rows += len(rows)
 
 
-def _erase_rest(action, user, threads: list, *, now: datetime, outcome: Outcome) -> None:
-    """What is not in a run: messages without a run, feedback reasons,
-    thread titles, replay reports, checkpoints, admin log texts."""
+def _erase_content(
+    action, *, threads: list, run_ids: list, feedback: Q, now: datetime, outcome: Outcome, batch_runs: int, progress
+) -> None:
+    """Erase the content of ``threads`` and ``run_ids`` under ``action``:
+    the runs in batches of ``batch_runs`` (one transaction each), then what
+    is not in a run (reasons of the ``feedback`` selected too), the threads'
+    workspace files and the runs' live event streams."""
+    for start in range(0, len(run_ids), batch_runs):
+        _erase_batch(action, run_ids[start : start + batch_runs], now=now, outcome=outcome)
+        if progress:
+            progress(min(start + batch_runs, len(run_ids)), len(run_ids))
+    _erase_rest(action, feedback, threads, now=now, outcome=outcome)
+    outcome.files = _delete_files([thread_workspace(t) for t in threads if thread_workspace(t).exists()])
+    _erase_event_streams(run_ids)
+
+
+def _erase_rest(action, feedback: Q, threads: list, *, now: datetime, outcome: Outcome) -> None:
+    """What is not in a run: messages without a run, the reasons of the
+    ``feedback`` selected, thread titles, replay reports, checkpoints, admin
+    log texts."""
     from django.contrib.admin.models import LogEntry
     from django.contrib.contenttypes.models import ContentType
 
@@ -432,9 +583,7 @@ def _erase_rest(action, user, threads: list, *, now: datetime, outcome: Outcome)
             fields = payloads.erase_row(row, at=now)
         if rows:
             Message.objects.bulk_update(rows, fields, batch_size=500)
-        MessageFeedback.objects.filter(Q(user=user) | Q(message__thread__in=threads)).exclude(reason="").update(
-            reason=""
-        )
+        MessageFeedback.objects.filter(feedback).exclude(reason="").update(reason="")
         Conversation.objects.filter(pk__in=threads).exclude(title="").update(title="")
         # A replay report quotes what the runs said (R-REPLAY-2).
         RunReplay.objects.filter(run__thread__in=threads).update(report="", first_divergence="")

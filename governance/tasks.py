@@ -44,3 +44,16 @@ def publish_digests() -> int:
     if made:
         log.info("published audit digest(s) #%d-#%d", made[0].sequence, made[-1].sequence)
     return len(made)
+
+
+@shared_task(name="governance.erase_deleted_threads", acks_late=False, ignore_result=True)
+def erase_deleted_threads() -> int:
+    """Erase the deleted threads whose runs have ended (R-API-1), scheduled
+    by Celery beat every minute on the maintenance queue: those a deletion
+    could not erase at once. Returns how many were erased."""
+    from .services import deleted_threads_erase
+
+    erased = deleted_threads_erase(actor="celery-beat")
+    if erased:
+        log.info("erased %d deleted thread(s)", len(erased))
+    return len(erased)

@@ -280,6 +280,12 @@ CELERY_BEAT_SCHEDULE = {
             "expires": max(30.0, 5 * CONFIG.DISPATCH_INTERVAL_SECONDS),
         },
     },
+    # Deleted threads whose erasure waited for their runs to end (R-API-1).
+    "erase-deleted-threads": {
+        "task": "governance.erase_deleted_threads",
+        "schedule": 60.0,
+        "options": {"queue": CONFIG.CELERY_MAINTENANCE_QUEUE, "expires": 60.0},
+    },
 }
 # OpenTelemetry export of closed runs (R-OTEL-1), on its own queue so a slow
 # receiver never delays agent runs: a worker must consume it (`-Q

@@ -113,7 +113,7 @@ def _lock_thread(*, user, thread_id: uuid.UUID) -> Conversation:
     # NO KEY UPDATE: a worker's message insert holds KEY SHARE on the thread
     # row (its foreign key) until its transaction ends; submissions must not
     # queue behind it (R-RUN-10), only behind each other.
-    thread = Conversation.objects.select_for_update(no_key=True).filter(pk=thread_id, user=user).first()
+    thread = Conversation.objects.select_for_update(no_key=True).visible_to(user).filter(pk=thread_id).first()
     if thread is None:
         raise NotFound("thread not found")
     return thread
@@ -694,7 +694,7 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
         with web_lock_wait():
             # Lock order as in run_submit (thread, then run): a new turn and
             # a resume of the same thread are serialised.
-            interrupted = AgentRun.objects.filter(pk=run_id, user=user).only("thread_id").first()
+            interrupted = AgentRun.objects.visible_to(user).filter(pk=run_id).only("thread_id").first()
             if interrupted is None:
                 raise NotFound("run not found")
             Conversation.objects.select_for_update(no_key=True).filter(pk=interrupted.thread_id).first()

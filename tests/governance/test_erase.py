@@ -8,107 +8,22 @@ into every place a user's words can reach."""
 from __future__ import annotations
 
 import io
-import json
-import threading
-import time
-import uuid
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
 
 from audit.execution.rerun import load_source, replay
 from audit.execution.runner import run_execute
 from audit.models import AgentRun, RunReplay
-from audit.replay.scenarios import load_scenarios
-from audit.replay.server import make_server
 from conversations.models import Conversation, Message, MessageFeedback
-from core.config import get_config
 from governance.models import GovernanceAction, RunReseal
 from tests.conftest import make_run
-from tests.waiting import WAIT_SECONDS
 
-from .helpers import verify
+from .helpers import MARKER, files_with, scan, verify
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-MARKER = f"zqxmarker{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def marker_model(tmp_path, monkeypatch):
-    """A replay model that echoes the marker: in its first answer, in the
-    arguments of a large lookup (whose result quotes them), and in its final
-    answer."""
-    scenarios = tmp_path / "scenarios"
-    scenarios.mkdir()
-    (scenarios / "gov_marker.json").write_text(
-        json.dumps(
-            {
-                "description": "echoes the erasure marker everywhere",
-                "turns": [
-                    {
-                        "text": f"Looking up {MARKER}.",
-                        "tool_calls": [
-                            {
-                                "id": "call_marker",
-                                "name": "lookup_docs",
-                                "arguments": {"query": MARKER, "size": 6000},
-                            }
-                        ],
-                        "usage": {"prompt_tokens": 40, "completion_tokens": 12},
-                    },
-                    {"text": f"The answer about {MARKER}.", "usage": {"prompt_tokens": 90, "completion_tokens": 8}},
-                ],
-            }
-        )
-    )
-    server = make_server(load_scenarios(scenarios), "127.0.0.1", 0)
-    thread = threading.Thread(target=server.run, name="replay-marker", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT_SECONDS
-    while server.base_url is None:
-        assert thread.is_alive() and time.monotonic() < deadline
-        time.sleep(0.01)
-    monkeypatch.setattr(get_config(), "REPLAY_MODEL_URL", server.base_url)
-    monkeypatch.setattr(get_config(), "WORKSPACE_ROOT", tmp_path / "workspaces")
-    yield "replay:gov_marker"
-    server.should_exit = True
-    thread.join(timeout=5)
-
-
-def scan(marker: str) -> set[str]:
-    """``table.column`` of every text, JSON, tsvector and bytea column of
-    the public schema that holds ``marker`` (case-insensitive: the search
-    vector lower-cases)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """SELECT table_name, column_name, data_type FROM information_schema.columns
-               JOIN information_schema.tables USING (table_schema, table_name)
-               WHERE table_schema = 'public' AND table_type = 'BASE TABLE'
-                 AND data_type IN ('text', 'character varying', 'character', 'json', 'jsonb', 'tsvector', 'bytea')"""
-        )
-        columns = cursor.fetchall()
-        found = set()
-        for table, column, data_type in columns:
-            if data_type == "bytea":
-                condition = f"position(convert_to(%s, 'UTF8') in \"{column}\") > 0"
-                value = marker
-            else:
-                condition = f'"{column}"::text ILIKE %s'
-                value = f"%{marker}%"
-            cursor.execute(f'SELECT EXISTS (SELECT 1 FROM "{table}" WHERE {condition})', [value])
-            if cursor.fetchone()[0]:
-                found.add(f"{table}.{column}")
-    return found
-
-
-def files_with(root, marker: str) -> list[str]:
-    return [str(path) for path in root.rglob("*") if path.is_file() and marker.encode() in path.read_bytes()] + [
-        str(path) for path in root.rglob("*") if marker in path.name
-    ]
 
 
 def test_no_word_of_an_erased_user_is_left_anywhere_R_GOV_2(user, marker_model, tmp_path):

@@ -78,6 +78,9 @@ MATRIX = {
     ("get", "/api/audit/runs/{run_id}/scenario"): ("/api/audit/runs/{run_id}/scenario", None, STAFF_ONLY),
     ("get", "/api/threads/{thread_id}"): ("/api/threads/{thread_id}", None, {**OWNED, "owner": 200}),
     ("patch", "/api/threads/{thread_id}"): ("/api/threads/{thread_id}", {"title": "renamed"}, {**OWNED, "owner": 200}),
+    # The owner's deletion comes first; the others were refused before it too
+    # (tests/governance/test_thread_delete.py).
+    ("delete", "/api/threads/{thread_id}"): ("/api/threads/{thread_id}", None, {**OWNED, "owner": 200}),
     ("get", "/api/audit/runs"): ("/api/audit/runs", None, STAFF_ONLY),
     ("get", "/api/audit/runs/export"): ("/api/audit/runs/export", None, STAFF_ONLY),
     ("get", "/api/audit/runs/{run_id}/export"): ("/api/audit/runs/{run_id}/export?format=csv", None, STAFF_ONLY),
