@@ -69,9 +69,12 @@ def list_thread_runs(request, thread_id: uuid.UUID, query: Query[ThreadRunListQu
     404."""
     thread = thread_of(request.auth, thread_id)
     page = selectors.thread_runs_page(thread_id=thread.id, limit=query.limit, before=query.before)
+    # One query for the page's costs and one for its approvals' answers,
+    # however many runs and interrupted runs it holds.
     costs = run_costs([run.id for run in page.items])
+    resumes = selectors.resumes_of(page.items)
     return ThreadRunListOut(
-        items=[RunOut.from_run(run, cost=costs[run.id]) for run in page.items],
+        items=[RunOut.from_run(run, cost=costs[run.id], resumes=resumes) for run in page.items],
         has_more=page.has_more,
         next_before=page.next_before,
     )

@@ -113,15 +113,17 @@ class RunOut(Schema):
     finished_at: datetime | None
 
     @staticmethod
-    def from_run(run, *, cost: dict[str, Any] | None = None) -> RunOut:
+    def from_run(run, *, cost: dict[str, Any] | None = None, resumes: dict[uuid.UUID, Any] | None = None) -> RunOut:
         """The body of ``run``; ``cost`` is its :func:`costs.selectors.run_cost`
-        when the caller read it already (a page of runs: ``run_costs``)."""
+        and ``resumes`` the :func:`audit.reads.selectors.resumes_of` of runs
+        including it, when the caller read them already (a page of runs:
+        ``run_costs`` and ``resumes_of``, one query each; R-API-1)."""
         from costs.selectors import run_cost, usd_text
 
         from .reads.selectors import approval_of
 
         cost = cost if cost is not None else run_cost(run.id)
-        approval = approval_of(run)
+        approval = approval_of(run, resumes=resumes)
         return RunOut(
             run_id=run.id,
             thread_id=run.thread_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -378,7 +379,33 @@ def tool_row_workspace_path(row: Message) -> str | None:
 # --------------------------------------------------------------------------
 
 
-def approval_of(run: AgentRun) -> dict[str, Any] | None:
+def _asks_approval(run: AgentRun) -> bool:
+    return run.status == AgentRun.Status.INTERRUPTED and bool(run.interrupts)
+
+
+# The resume run's fields an approval shows, and ``resumed_from`` to key a page's.
+_RESUME_FIELDS = ("id", "status", "input", "resumed_from")
+
+
+def resumes_of(runs: Iterable[AgentRun]) -> dict[uuid.UUID, AgentRun]:
+    """The resume runs that answered the approvals of ``runs``, for
+    :func:`approval_of` over a page of runs (``GET
+    /api/threads/{thread_id}/runs``): ``{interrupted run id: resume run}``,
+    the resume run read with ``id``, ``status``, ``input`` and
+    ``resumed_from`` only; a run whose approval is still pending, or that
+    asked for none, has no entry. One query however many of ``runs`` are
+    interrupted, none when no run asked for an approval. Implements R-TA-5,
+    R-API-1.
+    """
+    asking = [run.id for run in runs if _asks_approval(run)]
+    if not asking:
+        return {}
+    # resumed_from is one-to-one: at most one resume run per interrupted run.
+    answers = AgentRun.objects.filter(resumed_from_id__in=asking).only(*_RESUME_FIELDS)
+    return {resume.resumed_from_id: resume for resume in answers}
+
+
+def approval_of(run: AgentRun, *, resumes: dict[uuid.UUID, AgentRun] | None = None) -> dict[str, Any] | None:
     """The human approval an interrupted run asked for, and its answer.
 
     ``None`` when the run asked for none. Else ``{"status", "action_requests",
@@ -388,10 +415,13 @@ def approval_of(run: AgentRun) -> dict[str, Any] | None:
     allowed_decisions}]`` in order (``kind``: ``approval``, or
     ``outcome_unknown`` for a tool call cut off by a worker that stopped,
     answered by ``retry`` or ``skip``: R-RUN-15); ``decisions`` are the resume run's decisions as submitted
-    (``[{type, args?, message?}]``, one per action request). One query for
-    the resume run. Implements R-TA-5.
+    (``[{type, args?, message?}]``, one per action request).
+
+    ``resumes`` is :func:`resumes_of` of runs that include ``run``, when the
+    caller read a page's answers already: no query then. Without it, one
+    query for the resume run. Implements R-TA-5.
     """
-    if run.status != AgentRun.Status.INTERRUPTED or not run.interrupts:
+    if not _asks_approval(run):
         return None
     allowed: list[list[str]] = []
     for item in run.interrupts:
@@ -408,7 +438,10 @@ def approval_of(run: AgentRun) -> dict[str, Any] | None:
         }
         for i, action in enumerate(pending_action_requests(run.interrupts))
     ]
-    resume = AgentRun.objects.filter(resumed_from=run).only("id", "status", "input").first()
+    if resumes is not None:
+        resume = resumes.get(run.id)
+    else:
+        resume = AgentRun.objects.filter(resumed_from=run).only(*_RESUME_FIELDS).first()
     return {
         "status": "pending" if resume is None else "answered",
         "action_requests": requests,
