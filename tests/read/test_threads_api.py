@@ -8,13 +8,16 @@ import json
 import uuid
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from audit.models import AgentRun
 from conversations.models import Conversation
+from tests.admin.test_rough_edges import EMAIL_ARGS, INTERRUPT
 from tests.conftest import bearer, make_run
 
-from .builders import tool_turn
+from .builders import RunDriver, resume_run_of, tool_turn
 
 pytestmark = pytest.mark.django_db
 
@@ -216,6 +219,46 @@ def test_a_page_of_runs_reads_its_costs_in_one_query_R_API_1(thread, django_asse
     with django_assert_max_num_queries(6):
         response = Client().get(f"/api/threads/{thread.id}/runs", {"limit": 6}, headers=headers)
     assert len(response.json()["items"]) == 6
+
+
+def approvals_asked(thread, n: int) -> list[AgentRun]:
+    """``n`` runs of one turn that each stopped for approval of send_email,
+    each answered by the next (a resume run with its decisions); the last
+    one's approval is pending."""
+    runs = []
+    d = RunDriver(thread, text="email ops")
+    for i in range(n):
+        if runs:
+            d = RunDriver(thread, run=resume_run_of(runs[-1], decisions=[{"type": "approve"}]))
+        d.model(f"lc_run--ask{i}", tool_calls=[{"id": f"call_email_{i}", "name": "send_email", "args": EMAIL_ARGS}])
+        runs.append(d.finish("interrupted", interrupts=INTERRUPT))
+    return runs
+
+
+def test_a_page_reads_its_approvals_answers_in_one_query_R_API_1_R_TA_5(user):
+    """As many queries for a page with five interrupted runs as with one,
+    and each item still the body of ``GET /api/runs/{run_id}``."""
+    counts, bodies = [], []
+    for n in (1, 5):
+        thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:tool_then_answer")
+        tool_turn(thread)
+        asked = approvals_asked(thread, n)
+        assert [r.status for r in asked] == ["interrupted"] * n
+        headers = bearer(user)
+        with CaptureQueriesContext(connection) as queries:
+            response = Client().get(f"/api/threads/{thread.id}/runs", {"limit": 100}, headers=headers)
+        assert response.status_code == 200, response.content
+        counts.append(len(queries))
+        bodies.append(response.json()["items"])
+    assert counts[0] == counts[1], counts
+    owner = bearer(user)
+    for items in bodies:
+        for item in items:
+            assert item == Client().get(f"/api/runs/{item['run_id']}", headers=owner).json()
+    approvals = [item["approval"]["status"] for item in bodies[1] if item["approval"]]
+    assert approvals == ["pending"] + ["answered"] * 4
+    assert bodies[1][1]["approval"]["resume_run_id"] == bodies[1][0]["run_id"]
+    assert bodies[1][1]["approval"]["decisions"] == [{"type": "approve"}]
 
 
 # --------------------------------------------------------------------------
