@@ -56,7 +56,11 @@ def submit_run(request, thread_id: uuid.UUID, payload: RunIn):
     ``request_id`` again answers 200 with the same run and starts nothing.
     402 ``budget_exceeded`` when the user's budget has no room (R-COST-3)."""
     run, created = ledger.run_submit(
-        user=request.auth, thread_id=thread_id, request_id=payload.request_id, text=payload.input.text
+        user=request.auth,
+        thread_id=thread_id,
+        request_id=payload.request_id,
+        text=payload.input.text,
+        multitask_strategy=payload.multitask_strategy,
     )
     return (202 if created else 200), RunOut.from_run(run)
 

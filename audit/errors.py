@@ -129,6 +129,14 @@ class ThreadInterrupted(Conflict):
     code = "thread_interrupted"
 
 
+class ThreadBusy(Conflict):
+    """A new turn refused with ``multitask_strategy: reject``: a run of the
+    thread is pending or running (R-API-2). ``extra`` names them in
+    ``runs``. Nothing was changed."""
+
+    code = "thread_busy"
+
+
 class RequestIdReused(Conflict):
     """The caller already used this idempotency key for a different request:
     another thread or run, other input, or a turn's key sent as a resume and

@@ -25,6 +25,12 @@ class TurnInput(Schema):
 class RunIn(Schema):
     request_id: str = Field(..., min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
     input: TurnInput
+    multitask_strategy: Literal["enqueue", "reject", "interrupt"] = Field(
+        "enqueue",
+        description="What this turn does to the thread's runs still pending or running (R-API-2): `enqueue` runs "
+        "after them; `reject` answers 409 `thread_busy` while there is one; `interrupt` cancels them (a running "
+        "run stops at its next event boundary) and runs next.",
+    )
 
 
 class DecisionIn(Schema):

@@ -13,7 +13,7 @@ from django.db import connection
 
 from audit import ledger
 from audit.ledger.lease import Lease
-from conversations.models import ApiToken, Conversation
+from conversations.models import ApiToken, Conversation, Message
 from tests.waiting import WAIT_SECONDS
 
 
@@ -196,3 +196,18 @@ def run_in_a_thread(user, owner: str | None, *, model: str, until) -> tuple:
         assert time.monotonic() < deadline and worker.is_alive(), result
         time.sleep(0.02)
     return run, worker, result
+
+
+def run_answering(user, *, model: str = "replay:long_answer") -> tuple:
+    """A run of ``model`` (by default the two-minute long answer) on a new
+    thread of ``user``, executed in a thread and returned once it is
+    running with its model row open: (run, the thread, its result dict)."""
+    from audit.models import AgentRun
+
+    def answering(run) -> bool:
+        return (
+            AgentRun.objects.get(pk=run.pk).status == "running"
+            and Message.objects.filter(run=run, role="assistant").exists()
+        )
+
+    return run_in_a_thread(user, "in-process", model=model, until=answering)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -28,7 +29,7 @@ from core.errors import InvalidInput, NotFound
 from costs.budgets import budget_admit
 from ops import metrics
 
-from ..errors import RunNotCancellable, RunNotResumable, RunNotStartable, ThreadInterrupted
+from ..errors import RunNotCancellable, RunNotResumable, RunNotStartable, ThreadBusy, ThreadInterrupted
 from ..models import AgentRun, RunCancelRequest, pending_action_requests
 from .cancellation import cancel_signal_send
 from .handover import enqueue_run
@@ -47,7 +48,14 @@ ExecStatus = Message.ExecutionStatus
 # --------------------------------------------------------------------------
 
 
-def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tuple[AgentRun, bool]:
+# What a new turn does to a thread's runs still pending or running
+# (R-API-2, "double texting").
+MULTITASK_STRATEGIES = ("enqueue", "reject", "interrupt")
+
+
+def run_submit(
+    *, user, thread_id: uuid.UUID, request_id: str, text: str, multitask_strategy: str = "enqueue"
+) -> tuple[AgentRun, bool]:
     """Submit one user turn to a thread.
 
     Args:
@@ -55,6 +63,14 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
         thread_id: the conversation; another user's thread is not found.
         request_id: the client's idempotency key (1–200 characters).
         text: the user's input (non-empty).
+        multitask_strategy: what happens to the thread's runs still pending
+            or running (R-API-2): ``enqueue`` (the new turn runs after them,
+            in order), ``reject`` (refused while there is one), or
+            ``interrupt`` (they are cancelled, R-RUN-6: a running one stops
+            at its next event boundary, ``cancelled`` with its open rows
+            ``interrupted``; the cancel requests commit with the new run,
+            which runs once they have ended). A repeat of the same request
+            returns its run and cancels nothing.
 
     Returns ``(run, created)``. The same request again (same user, key,
     thread and text — also when both arrive at once) returns the existing
@@ -65,14 +81,24 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
         RequestIdReused: the user used ``request_id`` for a different
             request (another thread or text, or a resume); 409.
         ThreadInterrupted: the thread waits for an approval (409
-            ``thread_interrupted``, ``run_id`` the run to resume or cancel).
+            ``thread_interrupted``, ``run_id`` the run to resume or cancel),
+            whatever the strategy.
+        ThreadBusy: ``reject`` and a run of the thread is pending or
+            running (409 ``thread_busy``, ``runs``: their ids).
         BudgetExceeded: the user's budget has no room for another run
             (402, R-COST-3; checked in the same transaction).
+        InvalidInput: empty text or an unknown strategy (422).
 
-    Implements R-RUN-1 and R-IDEM-1; the run is enqueued only after commit.
+    Implements R-RUN-1, R-IDEM-1 and R-API-2; the run is enqueued only
+    after commit.
     """
     if not text.strip():
         raise InvalidInput("input.text must not be empty")
+    if multitask_strategy not in MULTITASK_STRATEGIES:
+        raise InvalidInput(
+            f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}",
+            extra={"reason": "bad_multitask_strategy"},
+        )
     fingerprint = turn_fingerprint(thread_id=thread_id, text=text)
     existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
     if existing is not None:
@@ -87,6 +113,19 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
             if existing is not None:
                 return existing, False
             _refuse_if_interrupted(thread)
+            # The thread row is locked: no run of it starts or is submitted
+            # meanwhile, so these are all the runs the new turn meets.
+            active = (
+                []
+                if multitask_strategy == "enqueue"
+                else [str(pk) for pk in AgentRun.objects.filter(thread=thread).active().values_list("pk", flat=True)]
+            )
+            if active and multitask_strategy == "reject":
+                raise ThreadBusy(
+                    f"the thread has {len(active)} run(s) pending or running; wait for them, or submit with "
+                    "multitask_strategy enqueue or interrupt",
+                    extra={"runs": active},
+                )
             budget_admit(user=user)  # R-COST-3: 402 and nothing created
             run = AgentRun.objects.create(
                 request_id=request_id,
@@ -98,6 +137,10 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
                 input={"text": text},
             )
             Message.objects.create(thread=thread, run=run, role=Message.Role.USER, content=text)
+            if active:
+                # Recorded with the new run: a worker applies them at its next
+                # lease check even if this process stops right after commit.
+                _cancel_requests_record(active, at=timezone.now())
             _enqueue_on_commit(run.id)
     except IntegrityError:
         # A concurrent request of another thread with the same key won the
@@ -106,6 +149,10 @@ def run_submit(*, user, thread_id: uuid.UUID, request_id: str, text: str) -> tup
         if existing is None:
             raise
         return existing, False
+    for run_id in active:
+        # Wake the workers and cancel the pending ones now (R-RUN-6).
+        with contextlib.suppress(RunNotCancellable):  # it ended meanwhile
+            run_request_cancel(user=user, run_id=run_id)
     return run, True
 
 
@@ -421,12 +468,7 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
             return run
         _refuse_cancel(run)
     now = timezone.now()
-    RunCancelRequest.objects.bulk_create(
-        [RunCancelRequest(run_id=run.id, requested_at=now, applied_at=None)],
-        update_conflicts=True,
-        unique_fields=["run"],
-        update_fields=["requested_at", "applied_at"],
-    )
+    _cancel_requests_record([run.id], at=now)
     if run.status in (Status.RUNNING, Status.CANCEL_REQUESTED):
         # Wake the worker now rather than at its next database poll; the
         # recorded request stays the source of truth.
@@ -448,6 +490,16 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
         run.status = Status.CANCEL_REQUESTED
         run.cancel_requested_at = now
     return run
+
+
+def _cancel_requests_record(run_ids: list, *, at: datetime) -> None:
+    """Record (or renew) a cancel request for each of ``run_ids`` (R-RUN-6)."""
+    RunCancelRequest.objects.bulk_create(
+        [RunCancelRequest(run_id=run_id, requested_at=at, applied_at=None) for run_id in run_ids],
+        update_conflicts=True,
+        unique_fields=["run"],
+        update_fields=["requested_at", "applied_at"],
+    )
 
 
 def _refuse_cancel(run: AgentRun) -> None:

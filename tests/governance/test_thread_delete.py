@@ -20,7 +20,7 @@ from audit.models import AgentRun
 from conversations.models import Conversation, Message, MessageFeedback
 from governance.models import GovernanceAction, RunReseal
 from governance.services import _LOCK_KEY, deleted_threads_erase
-from tests.conftest import bearer, make_run, run_in_a_thread
+from tests.conftest import bearer, make_run, run_answering
 from tests.waiting import WAIT_SECONDS
 
 from .helpers import MARKER, files_with, scan, verify
@@ -154,15 +154,7 @@ def test_a_thread_with_a_pending_run_is_409_run_active_and_unchanged_unless_canc
 
 def test_a_running_run_is_cancelled_and_the_thread_erased_once_it_ended_R_API_1_R_RUN_6(user, replay_models):
     words = f"runningwords{uuid.uuid4().hex[:8]}"
-    run, worker, result = run_in_a_thread(
-        user,
-        "in-process",
-        model="replay:long_answer",
-        until=lambda r: (
-            AgentRun.objects.get(pk=r.pk).status == "running"
-            and Message.objects.filter(run=r, role="assistant").exists()
-        ),
-    )
+    run, worker, result = run_answering(user)
     Message.objects.filter(run=run, role="user").update(content=words)  # a word of this thread's only
     thread = run.thread
 

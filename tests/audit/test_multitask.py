@@ -1,0 +1,118 @@
+"""Double texting (R-API-2): a turn submitted while the thread's earlier
+run is pending or running is queued after it (``enqueue``, the default),
+refused (``reject``: 409 ``thread_busy``, nothing created), or the earlier
+run is cancelled and the new turn runs next (``interrupt``: the earlier run
+``cancelled``, its open rows ``interrupted``)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from django.test import Client
+
+from audit.execution.runner import run_execute
+from audit.models import AgentRun, RunCancelRequest
+from conversations.models import Conversation, Message
+from tests.conftest import bearer, make_run, run_answering
+from tests.waiting import WAIT_SECONDS
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def submit(thread, text: str, strategy: str | None = None, *, request_id: str | None = None):
+    body: dict = {"request_id": request_id or uuid.uuid4().hex, "input": {"text": text}}
+    if strategy is not None:
+        body["multitask_strategy"] = strategy
+    return Client().post(
+        f"/api/threads/{thread.id}/runs", json.dumps(body), content_type="application/json", headers=bearer(thread.user)
+    )
+
+
+def test_enqueue_is_the_default_and_queues_the_turn_after_the_running_one_R_API_2(thread):
+    first = make_run(thread, text="first")
+    for strategy in (None, "enqueue"):
+        response = submit(thread, f"then {strategy}", strategy)
+        assert response.status_code == 202, response.content
+        assert response.json()["status"] == "pending"
+    assert AgentRun.objects.get(pk=first.pk).status == "pending"
+    assert not RunCancelRequest.objects.exists()
+
+
+def test_reject_refuses_a_turn_while_a_run_is_pending_and_creates_nothing_R_API_2(thread):
+    first = make_run(thread, text="first")
+    request_id = uuid.uuid4().hex
+    response = submit(thread, "second", "reject", request_id=request_id)
+    assert response.status_code == 409, response.content
+    error = response.json()["error"]
+    assert error["code"] == "thread_busy" and error["runs"] == [str(first.id)]
+    assert list(AgentRun.objects.values_list("pk", flat=True)) == [first.pk]
+    assert list(Message.objects.filter(thread=thread).values_list("content", flat=True)) == ["first"]
+    assert AgentRun.objects.get(pk=first.pk).status == "pending"
+    # Once the thread is free the same request goes through (its key was not used).
+    AgentRun.objects.filter(pk=first.pk).update(status="cancelled")
+    response = submit(thread, "second", "reject", request_id=request_id)
+    assert response.status_code == 202, response.content
+
+
+def test_interrupt_cancels_a_pending_run_and_the_new_turn_runs_R_API_2_R_RUN_6(thread, replay_models):
+    Conversation.objects.filter(pk=thread.pk).update(model="replay:plain_answer")
+    thread.refresh_from_db()
+    first = make_run(thread, text="first")
+    response = submit(thread, "second, instead", "interrupt")
+    assert response.status_code == 202, response.content
+    assert AgentRun.objects.get(pk=first.pk).status == "cancelled"
+    assert RunCancelRequest.objects.get(run_id=first.pk).applied_at is not None
+    second = AgentRun.objects.get(pk=response.json()["run_id"])
+    assert run_execute(run_id=second.id, owner="in-process") == "completed"
+
+
+def test_interrupt_stops_a_running_run_at_its_next_event_and_the_new_turn_runs_R_API_2_R_RUN_6(user, replay_models):
+    run, worker, result = run_answering(user)
+    thread = run.thread
+    # The next turn answers at once (the long answer's scenario has one turn).
+    Conversation.objects.filter(pk=thread.pk).update(model="replay:plain_answer")
+
+    response = submit(thread, "stop, and answer this", "interrupt")
+
+    assert response.status_code == 202, response.content
+    second = AgentRun.objects.get(pk=response.json()["run_id"])
+    assert second.status == "pending"
+    worker.join(WAIT_SECONDS)
+    assert not worker.is_alive() and result["status"] == "cancelled"
+    rows = Message.objects.filter(run=run, role="assistant")
+    assert rows and all(row.execution_status == "interrupted" for row in rows)
+    assert run_execute(run_id=second.id, owner="in-process") == "completed"
+    assert AgentRun.objects.get(pk=second.pk).status == "completed"
+
+
+def test_a_repeated_interrupt_returns_its_run_and_cancels_nothing_more_R_API_2_R_IDEM_1(thread):
+    first = make_run(thread, text="first")
+    request_id = uuid.uuid4().hex
+    assert submit(thread, "second", "interrupt", request_id=request_id).status_code == 202
+    assert AgentRun.objects.get(pk=first.pk).status == "cancelled"
+    third = make_run(thread, text="third")  # queued after the second
+    again = submit(thread, "second", "interrupt", request_id=request_id)
+    assert again.status_code == 200, again.content
+    assert AgentRun.objects.get(pk=third.pk).status == "pending"
+
+
+@pytest.mark.parametrize("strategy", ["rollback ", "Interrupt", "", None, 1, "cancel"])
+def test_an_unknown_strategy_is_422_and_changes_nothing_R_API_2_R_READ_6(thread, strategy):
+    first = make_run(thread, text="first")
+    body = {"request_id": uuid.uuid4().hex, "input": {"text": "second"}, "multitask_strategy": strategy}
+    response = Client().post(
+        f"/api/threads/{thread.id}/runs", json.dumps(body), content_type="application/json", headers=bearer(thread.user)
+    )
+    assert response.status_code == 422, response.content
+    assert list(AgentRun.objects.values_list("pk", flat=True)) == [first.pk]
+    assert AgentRun.objects.get(pk=first.pk).status == "pending"
+
+
+def test_the_strategy_is_typed_in_the_openapi_document_R_API_2():
+    schema = Client().get("/api/openapi.json").json()
+    field = schema["components"]["schemas"]["RunIn"]["properties"]["multitask_strategy"]
+    assert field["enum"] == ["enqueue", "reject", "interrupt"] and field["default"] == "enqueue"
+    responses = schema["paths"]["/api/threads/{thread_id}/runs"]["post"]["responses"]
+    assert "409" in responses
