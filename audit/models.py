@@ -199,6 +199,25 @@ def pending_action_requests(interrupts: list[dict[str, Any]] | None) -> list[dic
     return actions
 
 
+class RunRollback(models.Model):
+    """A run rolled back by a later turn (R-API-2, ``multitask_strategy:
+    rollback``): the turn leaves the chat history and the agent's memory
+    (the next run starts from the State before it), and its audit rows stay,
+    marked by this row. Recorded with the turn that rolls it back, without
+    waiting for the run row's lock (no foreign-key constraint on ``run``,
+    as :class:`RunCancelRequest`)."""
+
+    run = models.OneToOneField(
+        AgentRun, on_delete=models.CASCADE, db_constraint=False, related_name="rollback", primary_key=True
+    )
+    # The run of the turn that rolled it back.
+    by_run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, db_constraint=False, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} rolled back by run {self.by_run_id}"
+
+
 class RunCancelRequest(models.Model):
     """A cancel request recorded without waiting for the run row's lock
     (R-RUN-10). ``POST /api/runs/{id}/cancel`` inserts it and signals the

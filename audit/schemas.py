@@ -25,11 +25,12 @@ class TurnInput(Schema):
 class RunIn(Schema):
     request_id: str = Field(..., min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
     input: TurnInput
-    multitask_strategy: Literal["enqueue", "reject", "interrupt"] = Field(
+    multitask_strategy: Literal["enqueue", "reject", "interrupt", "rollback"] = Field(
         "enqueue",
         description="What this turn does to the thread's runs still pending or running (R-API-2): `enqueue` runs "
         "after them; `reject` answers 409 `thread_busy` while there is one; `interrupt` cancels them (a running "
-        "run stops at its next event boundary) and runs next.",
+        "run stops at its next event boundary) and runs next; `rollback` as `interrupt`, and their turns leave "
+        "the history and the agent's memory (their audit rows stay, the runs show `rolled_back_by`).",
     )
 
 
@@ -114,6 +115,11 @@ class RunOut(Schema):
     )
     usage: UsageOut | None
     cost: RunCostOut
+    rolled_back_by: uuid.UUID | None = Field(
+        None,
+        description="The run of the turn that rolled this run's turn back (`multitask_strategy: rollback`, "
+        "R-API-2): the turn left the history and the memory, its audit rows stay.",
+    )
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -126,7 +132,7 @@ class RunOut(Schema):
         ``run_costs`` and ``resumes_of``, one query each; R-API-1)."""
         from costs.selectors import run_cost, usd_text
 
-        from .reads.selectors import approval_of
+        from .reads.selectors import approval_of, rolled_back_by
 
         cost = cost if cost is not None else run_cost(run.id)
         approval = approval_of(run, resumes=resumes)
@@ -147,6 +153,7 @@ class RunOut(Schema):
             approval=approval,
             usage=run.usage,
             cost=RunCostOut(total_usd=usd_text(cost["total_usd"]), unknown_cost_calls=cost["unknown_cost_calls"]),
+            rolled_back_by=rolled_back_by(run),
             created_at=run.created_at,
             started_at=run.started_at,
             finished_at=run.finished_at,

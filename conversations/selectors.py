@@ -96,6 +96,11 @@ class HistoryPage:
     next_before: str | None
 
 
+# A run whose turn a later turn rolled back (R-API-2) is out of the history
+# and the memory; its rows stay for the audit (audit.models.RunRollback).
+_NOT_ROLLED_BACK = "NOT EXISTS (SELECT 1 FROM audit_runrollback b WHERE b.run_id = audit_agentrun.id)"
+
+
 def history_sql(
     thread_id: uuid.UUID,
     *,
@@ -140,7 +145,7 @@ def history_sql(
         inner_limit = "LIMIT %s" if newest_first else ""
         sql = f"""SELECT x.*, r.created_at AS run_created, r.turn_id AS turn
             FROM (SELECT id, created_at, turn_id, status FROM audit_agentrun
-                  WHERE thread_id = %s {run_filter}) r
+                  WHERE thread_id = %s AND {_NOT_ROLLED_BACK} {run_filter}) r
             CROSS JOIN LATERAL (
                 SELECT {message_columns(exclude=exclude)}, {position} AS position FROM {t}
                 WHERE {t}.run_id = r.id AND {visible} {bound}
@@ -498,7 +503,7 @@ def _memory_statement(include_tools: bool, runs_before: bool) -> tuple[str, tupl
     # subquery's ORDER BY is kept too), so the rows are sorted run by run
     # (an incremental sort), never all 3,400 of a long thread at once.
     sql = f"""SELECT {outer}
-        FROM (SELECT id, created_at, turn_id, status FROM audit_agentrun WHERE thread_id = %s {run_filter}
+        FROM (SELECT id, created_at, turn_id, status FROM audit_agentrun WHERE thread_id = %s AND {_NOT_ROLLED_BACK} {run_filter}
               ORDER BY created_at, id) r
         CROSS JOIN LATERAL (
             SELECT {columns}, {t}.sequence, CASE WHEN {t}.role = %s THEN 0 ELSE 1 END AS position

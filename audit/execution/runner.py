@@ -27,7 +27,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError
 from django.db.models import Exists, Max, OuterRef
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import HumanMessage, RemoveMessage
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.types import Command
 
 from conversations.models import Message
@@ -56,7 +57,7 @@ from ..ledger.causes import failure_cause_clear, failure_cause_send
 from ..ledger.lease import Lease
 from ..ledger.runs import run_acquire_with_row
 from ..ledger.trace import run_set_trace
-from ..models import AgentRun, RunCancelRequest
+from ..models import AgentRun, RunCancelRequest, RunRollback
 from .checkpoint import ReconnectingPostgresSaver, open_checkpointer, postgres_conninfo
 from .effects import EffectLedgerGuard
 from .events import RunEventPublisher
@@ -284,6 +285,12 @@ class RunExecutor:
                         # State (R-RUN-15). What came before it is prior.
                         self.continuing = True
                         self.prior_message_ids = await _message_ids_before(graph, graph_config, self.run.id)
+                stream_config = graph_config
+                if snapshot is not None and not self.continuing and not self.run.resumed_from_id:
+                    # A turn rolled back by this one (R-API-2): start from
+                    # the State before it.
+                    stream_config, snapshot = await _rolled_back_start(graph, graph_config, snapshot)
+                    self.prior_message_ids = _message_ids(snapshot)
                 if self.replay is not None and first_run and not self.run.resumed_from_id:
                     # A replay starts from the recorded turn's history
                     # (R-REPLAY-2); those messages are prior (R-MA-9).
@@ -306,7 +313,7 @@ class RunExecutor:
                     self.prior_message_ids = {m.id for m in self.seed_messages if m.id}
                 stream = await graph.astream_events(
                     None if self.continuing else self._graph_input(),
-                    graph_config,
+                    stream_config,
                     version="v3",
                     context=self._context(),
                 )
@@ -641,6 +648,34 @@ class RunExecutor:
                     log.error("run %s fallback write failed; the sweeper will end it: %s", self.run.id, write_exc)
                     return None
                 await asyncio.sleep(0.5)
+
+
+def _rolled_back_runs(*, thread_id: uuid.UUID) -> set[str]:
+    """The ids (text) of the thread's runs whose turn was rolled back (R-API-2)."""
+    return {str(pk) for pk in RunRollback.objects.filter(run__thread_id=thread_id).values_list("run_id", flat=True)}
+
+
+async def _rolled_back_start(graph: Any, graph_config: dict, snapshot: Any) -> tuple[dict, Any]:
+    """Where a run starts when the thread's newest checkpoint is a rolled
+    back run's (R-API-2): ``(the config to stream with, the State it starts
+    from)``. From the newest checkpoint another run wrote, as a fork (the
+    rolled-back checkpoints stay, off the thread's line); when every
+    checkpoint is a rolled-back run's, from a State whose messages are
+    cleared. Otherwise ``(graph_config, snapshot)`` unchanged."""
+    rolled = await sync_to_async(call_then_release)(
+        _rolled_back_runs, {"thread_id": graph_config["configurable"]["thread_id"]}
+    )
+    if (snapshot.metadata or {}).get("run_id") not in rolled:
+        return graph_config, snapshot
+    async for state in graph.aget_state_history(graph_config):
+        if (state.metadata or {}).get("run_id") not in rolled:
+            fork = {**graph_config, "configurable": {**graph_config["configurable"], **state.config["configurable"]}}
+            return fork, state
+    # Written without this run's metadata: a later attempt of the run must
+    # not take it for its own progress (R-RUN-15).
+    clear = {"configurable": graph_config["configurable"]}
+    await graph.aupdate_state(clear, {"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES)]})
+    return graph_config, await graph.aget_state(graph_config)
 
 
 def _last_sequence(*, run_id: uuid.UUID) -> int:

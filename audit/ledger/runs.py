@@ -30,7 +30,7 @@ from costs.budgets import budget_admit
 from ops import metrics
 
 from ..errors import RunNotCancellable, RunNotResumable, RunNotStartable, ThreadBusy, ThreadInterrupted
-from ..models import AgentRun, RunCancelRequest, pending_action_requests
+from ..models import AgentRun, RunCancelRequest, RunRollback, pending_action_requests
 from .cancellation import cancel_signal_send
 from .handover import enqueue_run
 from .idempotency import existing_request, resume_fingerprint, turn_fingerprint
@@ -50,7 +50,7 @@ ExecStatus = Message.ExecutionStatus
 
 # What a new turn does to a thread's runs still pending or running
 # (R-API-2, "double texting").
-MULTITASK_STRATEGIES = ("enqueue", "reject", "interrupt")
+MULTITASK_STRATEGIES = ("enqueue", "reject", "interrupt", "rollback")
 
 
 def run_submit(
@@ -69,8 +69,12 @@ def run_submit(
             ``interrupt`` (they are cancelled, R-RUN-6: a running one stops
             at its next event boundary, ``cancelled`` with its open rows
             ``interrupted``; the cancel requests commit with the new run,
-            which runs once they have ended). A repeat of the same request
-            returns its run and cancels nothing.
+            which runs once they have ended), or ``rollback`` (as
+            ``interrupt``; and the turns of those runs, earlier runs of the
+            turn included, leave the history and the memory: their audit
+            rows stay, marked by a :class:`~audit.models.RunRollback`, and
+            the new run starts from the agent's State before them). A
+            repeat of the same request returns its run and cancels nothing.
 
     Returns ``(run, created)``. The same request again (same user, key,
     thread and text — also when both arrive at once) returns the existing
@@ -141,6 +145,8 @@ def run_submit(
                 # Recorded with the new run: a worker applies them at its next
                 # lease check even if this process stops right after commit.
                 _cancel_requests_record(active, at=timezone.now())
+                if multitask_strategy == "rollback":
+                    _rollbacks_record(thread, active, by_run=run)
             _enqueue_on_commit(run.id)
     except IntegrityError:
         # A concurrent request of another thread with the same key won the
@@ -490,6 +496,17 @@ def run_request_cancel(*, user, run_id: uuid.UUID) -> AgentRun:
         run.status = Status.CANCEL_REQUESTED
         run.cancel_requested_at = now
     return run
+
+
+def _rollbacks_record(thread: Conversation, run_ids: list, *, by_run: AgentRun) -> None:
+    """Mark the turns of ``run_ids`` (every run of each, resumes and the
+    runs they resumed) rolled back by ``by_run`` (R-API-2)."""
+    turns = AgentRun.objects.filter(pk__in=run_ids).values("turn_id")
+    rolled = AgentRun.objects.filter(thread=thread, turn_id__in=turns).exclude(pk=by_run.pk)
+    RunRollback.objects.bulk_create(
+        [RunRollback(run_id=pk, by_run=by_run) for pk in rolled.values_list("pk", flat=True)],
+        ignore_conflicts=True,
+    )
 
 
 def _cancel_requests_record(run_ids: list, *, at: datetime) -> None:

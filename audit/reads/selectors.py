@@ -20,12 +20,12 @@ from core.workspace import tool_row_large_result_path
 from costs.selectors import usd_text
 from governance.payloads import payload_note
 
-from ..models import AgentRun, pending_action_requests
+from ..models import AgentRun, RunRollback, pending_action_requests
 
 
 def run_of(user, run_id: uuid.UUID) -> AgentRun:
     """The user's run; another user's run is :class:`NotFound` (R-READ-5)."""
-    run = AgentRun.objects.visible_to(user).filter(pk=run_id).first()
+    run = AgentRun.objects.visible_to(user).select_related("rollback").filter(pk=run_id).first()
     if run is None:
         raise NotFound("run not found")
     return run
@@ -59,7 +59,7 @@ def thread_runs_page(*, thread_id: uuid.UUID, limit: int = 20, before: str | Non
     """
     if not 1 <= limit <= THREAD_RUNS_MAX:
         raise InvalidInput(f"limit must be between 1 and {THREAD_RUNS_MAX}", extra={"reason": "bad_limit"})
-    runs = AgentRun.objects.filter(thread_id=thread_id)
+    runs = AgentRun.objects.select_related("rollback").filter(thread_id=thread_id)
     names = [name for name, _ in THREAD_RUNS_KEY]
     if before is not None:
         runs = runs.filter(before_key(names, parse_cursor(before, THREAD_RUNS_KEY)))
@@ -403,6 +403,15 @@ def resumes_of(runs: Iterable[AgentRun]) -> dict[uuid.UUID, AgentRun]:
     # resumed_from is one-to-one: at most one resume run per interrupted run.
     answers = AgentRun.objects.filter(resumed_from_id__in=asking).only(*_RESUME_FIELDS)
     return {resume.resumed_from_id: resume for resume in answers}
+
+
+def rolled_back_by(run: AgentRun) -> uuid.UUID | None:
+    """The run whose turn rolled ``run``'s turn back (R-API-2), or None; no
+    query when ``run`` was read with ``select_related("rollback")``."""
+    try:
+        return run.rollback.by_run_id
+    except RunRollback.DoesNotExist:
+        return None
 
 
 def approval_of(run: AgentRun, *, resumes: dict[uuid.UUID, AgentRun] | None = None) -> dict[str, Any] | None:

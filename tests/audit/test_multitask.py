@@ -13,7 +13,7 @@ import pytest
 from django.test import Client
 
 from audit.execution.runner import run_execute
-from audit.models import AgentRun, RunCancelRequest
+from audit.models import AgentRun, RunCancelRequest, RunRollback
 from conversations.models import Conversation, Message
 from tests.conftest import bearer, make_run, run_answering
 from tests.waiting import WAIT_SECONDS
@@ -113,6 +113,146 @@ def test_an_unknown_strategy_is_422_and_changes_nothing_R_API_2_R_READ_6(thread,
 def test_the_strategy_is_typed_in_the_openapi_document_R_API_2():
     schema = Client().get("/api/openapi.json").json()
     field = schema["components"]["schemas"]["RunIn"]["properties"]["multitask_strategy"]
-    assert field["enum"] == ["enqueue", "reject", "interrupt"] and field["default"] == "enqueue"
+    assert field["enum"] == ["enqueue", "reject", "interrupt", "rollback"] and field["default"] == "enqueue"
     responses = schema["paths"]["/api/threads/{thread_id}/runs"]["post"]["responses"]
     assert "409" in responses
+
+
+# --------------------------------------------------------------------------
+# rollback: the cancelled turn leaves the history and the memory
+# --------------------------------------------------------------------------
+
+
+def _sent_requests(monkeypatch) -> list[list[dict]]:
+    """The messages of every chat request the replay model server (a thread
+    of this process) receives, in order."""
+    from audit.replay import server
+
+    received: list[list[dict]] = []
+    turn_index = server.turn_index
+
+    def recording(messages):
+        received.append(json.loads(json.dumps(messages)))
+        return turn_index(messages)
+
+    monkeypatch.setattr(server, "turn_index", recording)
+    return received
+
+
+def _texts(messages: list[dict]) -> list[str]:
+    out = []
+    for message in messages:
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        out.append(f"{message['role']}: {content}")
+    return out
+
+
+def _answering_in(thread, text: str) -> tuple:
+    """Execute a turn of ``text`` on ``thread`` (its model the long answer)
+    in a thread; returned once it streams: (run, worker, result)."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    run = make_run(thread, text=text)
+    result: dict = {}
+
+    def work():
+        try:
+            result["status"] = run_execute(run_id=run.id, owner="in-process")
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not (
+        AgentRun.objects.get(pk=run.pk).status == "running"
+        and Message.objects.filter(run=run, role="assistant").exists()
+    ):
+        assert time.monotonic() < deadline and worker.is_alive(), result
+        time.sleep(0.02)
+    return run, worker, result
+
+
+def _use_model(thread, model: str) -> None:
+    Conversation.objects.filter(pk=thread.pk).update(model=model)
+    thread.refresh_from_db()
+
+
+def test_rollback_takes_a_running_turn_out_of_history_memory_and_the_models_next_input_R_API_2(
+    thread, replay_models, monkeypatch
+):
+    _use_model(thread, "replay:plain_answer")
+    kept = make_run(thread, text="kept question")
+    assert run_execute(run_id=kept.id, owner="in-process") == "completed"
+    _use_model(thread, "replay:long_answer")
+    rolled, worker, result = _answering_in(thread, "rolled back question")
+    _use_model(thread, "replay:plain_answer")
+    sent = _sent_requests(monkeypatch)
+
+    response = submit(thread, "the question instead", "rollback")
+
+    assert response.status_code == 202, response.content
+    new = AgentRun.objects.get(pk=response.json()["run_id"])
+    worker.join(WAIT_SECONDS)
+    assert result["status"] == "cancelled"
+    assert run_execute(run_id=new.id, owner="in-process") == "completed"
+    # The model saw the kept turn and the new question, not the rolled-back one.
+    texts = _texts(sent[-1])
+    assert "user: kept question" in texts and "user: the question instead" in texts
+    assert not [t for t in texts if "rolled back question" in t or "two minutes" in t], texts
+    # History and memory no longer hold it; the run and its rows stay, marked.
+    headers = bearer(thread.user)
+    history = Client().get(f"/api/threads/{thread.id}/history", headers=headers).json()["items"]
+    assert "rolled back question" not in json.dumps(history) and "the question instead" in json.dumps(history)
+    memory = Client().get(f"/api/threads/{thread.id}/memory", headers=headers).json()["messages"]
+    assert "rolled back question" not in json.dumps(memory) and "kept question" in json.dumps(memory)
+    body = Client().get(f"/api/runs/{rolled.id}", headers=headers).json()
+    assert body["status"] == "cancelled" and body["rolled_back_by"] == str(new.id)
+    assert Client().get(f"/api/runs/{new.id}", headers=headers).json()["rolled_back_by"] is None
+    assert Message.objects.filter(run=rolled, role="user", content="rolled back question").exists()
+    assert Message.objects.filter(run=rolled, role="assistant", execution_status="interrupted").exists()
+    # The next turn goes on from the new line, without the rolled-back turn.
+    after = submit(thread, "and then?")
+    assert run_execute(run_id=after.json()["run_id"], owner="in-process") == "completed"
+    texts = _texts(sent[-1])
+    assert "user: the question instead" in texts and not [t for t in texts if "rolled back" in t], texts
+
+
+def test_rolling_back_the_threads_first_turn_while_it_runs_starts_from_nothing_R_API_2(
+    user, replay_models, monkeypatch
+):
+    rolled, worker, result = run_answering(user)
+    thread = rolled.thread
+    _use_model(thread, "replay:plain_answer")
+    sent = _sent_requests(monkeypatch)
+
+    response = submit(thread, "start over", "rollback")
+
+    assert response.status_code == 202, response.content
+    worker.join(WAIT_SECONDS)
+    assert result["status"] == "cancelled"
+    assert run_execute(run_id=response.json()["run_id"], owner="in-process") == "completed"
+    assert [t for t in _texts(sent[-1]) if t.startswith("user:")] == ["user: start over"]
+    history = Client().get(f"/api/threads/{thread.id}/history", headers=bearer(user)).json()["items"]
+    assert [item["kind"] for item in history] == ["user", "answer"]
+
+
+def test_rolling_back_a_pending_turn_marks_every_run_of_it_R_API_2(thread, replay_models, monkeypatch):
+    _use_model(thread, "replay:plain_answer")
+    first = make_run(thread, text="never answered")
+    sent = _sent_requests(monkeypatch)
+    response = submit(thread, "instead", "rollback")
+    assert response.status_code == 202, response.content
+    new_id = response.json()["run_id"]
+    assert AgentRun.objects.get(pk=first.pk).status == "cancelled"
+    assert RunRollback.objects.get(run_id=first.pk).by_run_id == uuid.UUID(new_id)
+    assert run_execute(run_id=new_id, owner="in-process") == "completed"
+    assert [t for t in _texts(sent[-1]) if t.startswith("user:")] == ["user: instead"]
+    # Without a run pending or running, rollback rolls nothing back.
+    quiet = submit(thread, "quietly", "rollback")
+    assert quiet.status_code == 202 and RunRollback.objects.count() == 1
