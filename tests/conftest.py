@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import uuid
@@ -211,3 +212,19 @@ def run_answering(user, *, model: str = "replay:long_answer") -> tuple:
         )
 
     return run_in_a_thread(user, "in-process", model=model, until=answering)
+
+
+def sent_requests(monkeypatch) -> list[list[dict]]:
+    """The messages of every chat request the replay model server receives
+    (it runs in a thread of this process), in order."""
+    from audit.replay import server
+
+    received: list[list[dict]] = []
+    turn_index = server.turn_index
+
+    def recording(messages):
+        received.append(json.loads(json.dumps(messages)))
+        return turn_index(messages)
+
+    monkeypatch.setattr(server, "turn_index", recording)
+    return received

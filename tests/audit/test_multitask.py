@@ -15,7 +15,7 @@ from django.test import Client
 from audit.execution.runner import run_execute
 from audit.models import AgentRun, RunCancelRequest, RunRollback
 from conversations.models import Conversation, Message
-from tests.conftest import bearer, make_run, run_answering
+from tests.conftest import bearer, make_run, run_answering, sent_requests
 from tests.waiting import WAIT_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -123,22 +123,6 @@ def test_the_strategy_is_typed_in_the_openapi_document_R_API_2():
 # --------------------------------------------------------------------------
 
 
-def _sent_requests(monkeypatch) -> list[list[dict]]:
-    """The messages of every chat request the replay model server (a thread
-    of this process) receives, in order."""
-    from audit.replay import server
-
-    received: list[list[dict]] = []
-    turn_index = server.turn_index
-
-    def recording(messages):
-        received.append(json.loads(json.dumps(messages)))
-        return turn_index(messages)
-
-    monkeypatch.setattr(server, "turn_index", recording)
-    return received
-
-
 def _texts(messages: list[dict]) -> list[str]:
     out = []
     for message in messages:
@@ -192,7 +176,7 @@ def test_rollback_takes_a_running_turn_out_of_history_memory_and_the_models_next
     _use_model(thread, "replay:long_answer")
     rolled, worker, result = _answering_in(thread, "rolled back question")
     _use_model(thread, "replay:plain_answer")
-    sent = _sent_requests(monkeypatch)
+    sent = sent_requests(monkeypatch)
 
     response = submit(thread, "the question instead", "rollback")
 
@@ -229,7 +213,7 @@ def test_rolling_back_the_threads_first_turn_while_it_runs_starts_from_nothing_R
     rolled, worker, result = run_answering(user)
     thread = rolled.thread
     _use_model(thread, "replay:plain_answer")
-    sent = _sent_requests(monkeypatch)
+    sent = sent_requests(monkeypatch)
 
     response = submit(thread, "start over", "rollback")
 
@@ -245,7 +229,7 @@ def test_rolling_back_the_threads_first_turn_while_it_runs_starts_from_nothing_R
 def test_rolling_back_a_pending_turn_marks_every_run_of_it_R_API_2(thread, replay_models, monkeypatch):
     _use_model(thread, "replay:plain_answer")
     first = make_run(thread, text="never answered")
-    sent = _sent_requests(monkeypatch)
+    sent = sent_requests(monkeypatch)
     response = submit(thread, "instead", "rollback")
     assert response.status_code == 202, response.content
     new_id = response.json()["run_id"]

@@ -24,7 +24,7 @@ from otel_export.services import OtlpReceiver as Exporter
 from otel_export.services import export_closed_runs
 from otel_export.spans import row_span_id, run_span_id
 from tests.admin.builders import AWKWARD, AWKWARD_VISIBLE, awkward_run
-from tests.conftest import make_run
+from tests.conftest import make_run, sent_requests
 
 from .receiver import OtlpReceiver
 
@@ -535,22 +535,6 @@ def test_a_page_of_runs_costs_the_queries_of_one_run_R_OTEL_1(user, replay_model
     assert queries_of_a_pass("three", 3) == one
 
 
-def _sent_requests(monkeypatch) -> list[list[dict]]:
-    """The messages of every chat request the replay model server receives
-    (it runs in a thread of this process), in order."""
-    from audit.replay import server
-
-    received: list[list[dict]] = []
-    turn_index = server.turn_index
-
-    def recording(messages):
-        received.append(json.loads(json.dumps(messages)))
-        return turn_index(messages)
-
-    monkeypatch.setattr(server, "turn_index", recording)
-    return received
-
-
 def _comparable_sent(message: dict) -> tuple:
     """An OpenAI chat message as the GenAI shape below compares it."""
     if message["role"] == "tool":
@@ -586,7 +570,7 @@ def test_chat_spans_carry_the_input_messages_rebuilt_from_the_rows_R_OTEL_2(
     turns) is named in ``yuxi.input.messages.omitted``. Checked against the
     requests the model server really received."""
     export_config.OTEL_EXPORT_CONTENT = True
-    sent = _sent_requests(monkeypatch)
+    sent = sent_requests(monkeypatch)
     first = execute(user, "two_tools_then_answer", "Weather in Paris, in Fahrenheit?")
     second = make_run(Conversation.objects.get(pk=first.thread_id), text="And in Kelvin?")
     run_execute(run_id=second.id, owner="in-process")
@@ -649,7 +633,7 @@ def test_a_subagents_chat_spans_start_from_its_task_R_OTEL_2_R_SUB_1(
     its own earlier answers and tool results, nothing of the run's turn:
     checked against the requests the model server received."""
     export_config.OTEL_EXPORT_CONTENT = True
-    sent = _sent_requests(monkeypatch)
+    sent = sent_requests(monkeypatch)
     thread = Conversation.objects.create(user=user, agent_id="researcher", model="replay:researcher_fact_check")
     run = make_run(thread, text="Check the retention policy")
     run_execute(run_id=run.id, owner="in-process")
@@ -673,7 +657,7 @@ def test_a_resumes_chat_spans_name_the_interrupted_run_as_left_out_R_OTEL_2(
     interrupted run's messages, then its own rows. The rebuilt input is the
     resume's rows, the tail of what was sent, and names ``earlier_runs``."""
     export_config.OTEL_EXPORT_CONTENT = True
-    sent = _sent_requests(monkeypatch)
+    sent = sent_requests(monkeypatch)
     interrupted = execute(user, "approval_send_email", "Mail Bob")
     resume, _ = ledger.run_resume(
         user=user, run_id=interrupted.id, request_id=uuid.uuid4().hex, decisions=[{"type": "approve"}]
