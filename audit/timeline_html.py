@@ -26,7 +26,7 @@ from django.utils.formats import get_format, localize
 from django.utils.html import conditional_escape
 from django.utils.safestring import SafeData
 
-from .templatetags.yx_admin import local_time, time_html
+from .templatetags.yx_admin import time_html, time_text
 
 
 def _value(value: Any) -> str:
@@ -68,12 +68,6 @@ def _summary(content: str) -> str:
     combining ones, which NFC length already bounds)."""
     text = unicodedata.normalize("NFC", content)
     return text if len(text) <= 120 else truncatechars(content, 120)
-
-
-def _clock(value: dt.datetime, zone: dt.tzinfo) -> str:
-    """``{{ value|date:'H:i:s.u' }}`` (the filter sees the local time in
-    ``zone``, the current one)."""
-    return local_time(value, zone).isoformat(timespec="microseconds")[11:26]
 
 
 def _cut(cut: dict, part: str, number) -> str:
@@ -146,11 +140,12 @@ def rows_html(rows: list[dict], *, show_run: bool) -> list[str]:
         parts.append(f'</td>\n        <td class="yx-num yx-started">{v(time_html(started, zone=zone))}</td>\n')
         bar = r["bar"]
         if bar:
-            end = _clock(finished, zone) if finished else "…"
+            # The admin's one form of a time, with its zone (issue 37).
+            end = v(time_text(finished, zone=zone)) if finished else "…"
             parts.append(
                 '        <td class="yx-waterfall"><div class="yx-track">'
                 f'<div class="yx-bar yx-status-{status}" style="margin-left:{number(bar["left"])}%;'
-                f'width:{number(bar["width"])}%" title="{_clock(started, zone)} → {end}"></div></div></td>\n'
+                f'width:{number(bar["width"])}%" title="{v(time_text(started, zone=zone))} → {end}"></div></div></td>\n'
             )
         else:
             parts.append('        <td class="yx-waterfall"><span class="yx-not-started">never started</span></td>\n')

@@ -13,25 +13,33 @@ from django.utils.safestring import mark_safe
 register = template.Library()
 
 
-def time_html(value: dt.datetime | None, *, zone: dt.tzinfo | None = None) -> str:
-    """The one form every time of the admin takes (issue 37): to the
-    millisecond, with the zone it is shown in (``2026-11-30 06:23:41.517
-    UTC``), in ``zone`` (default: the current zone; a page of many times
-    looks it up once and passes it); its exact ISO 8601 form in
-    ``datetime`` and ``title`` for copying; ``—`` for none. A naive value
-    is shown as it is, without a zone."""
+def time_text(value: dt.datetime | None, *, zone: dt.tzinfo | None = None) -> str:
+    """The one form every time of the admin takes (issue 37), as plain
+    text: to the millisecond, with the name of the zone it is shown in
+    (``2026-11-30 06:23:41.517 UTC``), in ``zone`` (default: the current
+    zone); ``—`` for none; a naive value as it is, without a zone. Not
+    escaped: for attributes and text that the caller escapes (the
+    waterfall bar's tooltip, R-ADM-1)."""
     if value is None:
         return "—"
     local = local_time(value, zone)
     text = local.isoformat(" ", "milliseconds")[:23]
     name = local.tzname()
-    if name:
-        text = f"{text} {escape(name)}"
+    return f"{text} {name}" if name else text
+
+
+def time_html(value: dt.datetime | None, *, zone: dt.tzinfo | None = None) -> str:
+    """:func:`time_text` as HTML (issue 37): the text in a ``<time>``
+    element with its exact ISO 8601 form in ``datetime`` and ``title`` for
+    copying, in ``zone`` (default: the current zone; a page of many times
+    looks it up once and passes it); ``—`` for none."""
+    if value is None:
+        return "—"
     iso = value.isoformat(timespec="microseconds")
     # format_html's output without its escaping and per-argument checks:
-    # the ISO text is digits and "-:.T+ " only, the zone's name is escaped,
-    # and a timeline page calls this 1,500 times (issue 11).
-    return mark_safe(f'<time datetime="{iso}" title="{iso}">{text}</time>')  # noqa: S308
+    # the ISO text is digits and "-:.T+ " only, the text is escaped, and a
+    # timeline page calls this 1,500 times (issue 11).
+    return mark_safe(f'<time datetime="{iso}" title="{iso}">{escape(time_text(value, zone=zone))}</time>')  # noqa: S308
 
 
 def local_time(value: dt.datetime, zone: dt.tzinfo | None = None) -> dt.datetime:
@@ -59,3 +67,8 @@ def time_column(field: str, description: str, *, ordering: bool = True):
 @register.filter
 def yx_time(value):
     return time_html(value)
+
+
+@register.filter
+def yx_time_text(value):
+    return time_text(value)

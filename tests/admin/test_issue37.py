@@ -119,6 +119,25 @@ def test_every_admin_list_and_page_shows_times_in_one_form_with_the_zone_issue_3
     assert feedback.pk and budget.pk
 
 
+def test_waterfall_bar_tooltips_show_times_in_the_one_form_with_the_zone_issue_37(client, staff_user, user):
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    run = big_run(thread, rows=4)
+    client.force_login(staff_user)
+    html = client.get(reverse("admin:audit_agentrun_change", args=[run.pk])).content.decode()
+
+    tooltips = re.findall(r'<div class="yx-bar [^"]*" style="[^"]*" title="([^"]*)"', html)
+    started = [r for r in Message.objects.filter(run=run).order_by("sequence") if r.started_at]
+    assert len(tooltips) == len(started) >= 3
+    for tooltip, row in zip(tooltips, started, strict=True):
+        start, end = tooltip.split(" → ")
+        assert ONE_FORM.match(start), tooltip
+        assert start == row.started_at.isoformat(" ", "milliseconds")[:23] + " UTC"
+        # A call still running has no end yet.
+        assert ONE_FORM.match(end) if row.finished_at else end == "…", tooltip
+        if row.finished_at:
+            assert end == row.finished_at.isoformat(" ", "milliseconds")[:23] + " UTC"
+
+
 def test_a_post_cannot_change_a_threads_owner_agent_or_model_issue_37(client, staff_user, user, other_user):
     thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer", title="a")
     client.force_login(staff_user)
