@@ -179,9 +179,10 @@ class Turn(_Strict):
       cancels the run once it has the text (R-REPLAY-2).
     - ``fail_before_first_chunk``: see :class:`FailBeforeFirstChunk`.
     - ``text_if_rejected``: the answer text played instead of ``text`` when
-      a tool result the request sends since the last assistant message is
-      a human's rejection (:data:`REJECTION_PREFIX`, R-TA-5): a scenario
-      that asks for approval then answers truthfully either way.
+      a tool result the request sends since the last user message (in this
+      turn) is a human's rejection (:data:`REJECTION_PREFIX`, R-TA-5): a
+      scenario that asks for approval then answers truthfully either way,
+      also after more tool calls that follow the rejection.
 
     The requests of a turn are counted per distinct request: the scenario,
     the turn and the request's messages (a client's retry re-sends the same

@@ -140,12 +140,17 @@ def turn_index(messages: list[dict[str, Any]]) -> int:
     return sum(1 for m in messages[last_user + 1 :] if m.get("role") == "assistant")
 
 
-def rejected_since_last_answer(messages: list[dict[str, Any]]) -> bool:
-    """True when a ``tool`` message after the last ``assistant`` message of
-    ``messages`` (OpenAI chat messages) is a human's rejection of the call
-    (its text begins with :data:`REJECTION_PREFIX`, R-TA-5)."""
-    last_assistant = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
-    for message in messages[last_assistant + 1 :]:
+def rejected_in_turn(messages: list[dict[str, Any]]) -> bool:
+    """True when a ``tool`` message after the last ``user`` message of
+    ``messages`` (OpenAI chat messages; with no user message, any) is a
+    human's rejection of the call (its text begins with
+    :data:`REJECTION_PREFIX`, R-TA-5): the rejection holds for the rest of
+    the turn, so a scenario that calls more tools after it still answers
+    truthfully at the end (``approval_then_large_lookup``). The same bound
+    as :func:`turn_index`: a rejection in an earlier turn of the thread
+    does not count."""
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    for message in messages[last_user + 1 :]:
         if message.get("role") != "tool":
             continue
         content = message.get("content")
@@ -386,7 +391,7 @@ def build_app(scenarios: dict[str, Scenario]) -> Starlette:
                 f"Replay scenario '{name}' has {len(turns)} turn(s); the request asks for turn {index + 1}.",
                 code="scenario_exhausted",
             )
-        turn = turns[index].played(rejected=rejected_since_last_answer(messages))
+        turn = turns[index].played(rejected=rejected_in_turn(messages))
         failing = turn.fail_before_first_chunk
         if turn.connect_error_times or failing is not None:
             digest = _request_digest(name, index, messages)

@@ -102,6 +102,7 @@ def test_bundled_scenarios_say_what_the_other_tests_rely_on():
     )
     assert scenarios["approval_send_email"].turns[1].text == "The email was sent."
     assert scenarios["approval_send_email"].turns[1].text_if_rejected.startswith("The email was not sent")
+    assert scenarios["approval_then_large_lookup"].turns[2].text_if_rejected.startswith("The email was not sent")
     lookup = scenarios["large_lookup"].turns[0].tool_calls[0]
     assert lookup.arguments == {"query": "retention policy", "size": 20000}
 
@@ -668,6 +669,48 @@ def test_a_rejected_call_gets_the_turns_text_if_rejected_R_TA_5(client, stream):
         answer("User rejected the tool call for `send_email` with id call_email_1. The tool was not executed.")
         == rejected
     )
+
+
+def _lookup_after_approval_history(tool_content: str) -> list[dict]:
+    """``approval_then_large_lookup`` up to its answer: the email call and
+    its result (sent or rejected), then the lookup and its result."""
+    lookup_call = {"id": "call_lookup_1", "type": "function", "function": {"name": "lookup_docs", "arguments": "{}"}}
+    return [
+        *_approval_history(tool_content),
+        {"role": "assistant", "content": "", "tool_calls": [lookup_call]},
+        {"role": "tool", "tool_call_id": "call_lookup_1", "content": "Retention: seven years. " + "x" * 100},
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_rejection_earlier_in_the_turn_gets_the_answers_text_if_rejected_R_TA_5(client, stream):
+    """``approval_then_large_lookup`` looks up after the email call either
+    way; its answer says whether the email was sent, though the rejection
+    is not the last tool result (issue 37)."""
+
+    def answer(messages):
+        model = "approval_then_large_lookup"
+        if not stream:
+            return client.chat.completions.create(model=model, messages=messages).choices[0].message.content
+        chunks = client.chat.completions.create(model=model, messages=messages, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    sent = "The email was sent, and the retention policy keeps records for seven years."
+    not_sent = (
+        "The email was not sent: the request to send it was rejected. "
+        "The retention policy keeps records for seven years."
+    )
+    assert answer(_lookup_after_approval_history("Email queued for ops@example.com")) == sent
+    rejected = "User rejected the tool call for `send_email` with id call_email_1. The tool was not executed."
+    assert answer(_lookup_after_approval_history(rejected)) == not_sent
+    # A rejection in an earlier turn of the thread does not count in this one.
+    earlier = [
+        *_approval_history(rejected),
+        {"role": "assistant", "content": "The email was not sent."},
+        {"role": "user", "content": "Send it now, then look up retention."},
+        *_lookup_after_approval_history("Email queued for ops@example.com")[1:],
+    ]
+    assert answer(earlier) == sent
 
 
 def test_the_demo_scenario_says_the_email_was_not_sent_after_a_rejection_through_langchain_R_TA_5(base_url):
