@@ -38,7 +38,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Value
 from django.http import StreamingHttpResponse
 
 from conversations.models import Message
@@ -47,7 +47,7 @@ from core.errors import InvalidInput
 from core.storable import visible
 from yuxi_project.responses import encode_json
 
-from .models import AgentRun
+from .models import AgentRun, RunRollback
 from .reads.selectors import timeline_item
 from .schemas import TimelineItemOut
 
@@ -78,6 +78,9 @@ def run_rows(run_id: uuid.UUID | str) -> Iterator[Message]:
     a sequence by ``(sequence, id)``, then those without one by id. Keyset
     chunks of :data:`ROW_CHUNK` rows."""
     rows = Message.objects.audit().filter(run_id=run_id)
+    # Each row says whether its run was rolled back (R-API-2): read once.
+    rolled_back = RunRollback.objects.filter(run_id=run_id).exists()
+    rows = rows.annotate(run_rolled_back=Value(rolled_back))
     last: tuple[int, int] | None = None
     while True:
         chunk = rows.filter(sequence__isnull=False)

@@ -222,6 +222,11 @@ class TimelineItemOut(Schema):
         description="`id` of the original tool row whose recorded result this row returned instead of executing "
         "the tool again (R-EFF-1); null otherwise.",
     )
+    rolled_back: bool = Field(
+        False,
+        description="The row's run was rolled back by a later turn (`multitask_strategy: rollback`, R-API-2): the "
+        "row stays, out of the history and the memory.",
+    )
     is_final_answer: bool
     metadata: dict[str, Any]
     raw_output: Any = Field(None, description="The tool's raw output envelope.")

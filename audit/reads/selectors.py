@@ -154,7 +154,9 @@ def _timeline_page(scope: str, value, *, limit: int, before: str | None) -> Time
         raise InvalidInput(f"limit must be between 1 and {TIMELINE_MAX_ROWS}", extra={"reason": "bad_limit"})
     cursor = parse_cursor(before, _TIMELINE_KEY) if before is not None else None
     sql, params = timeline_sql(scope, limit=limit + 1, cursor=cursor)
-    newest_first = message_rows(sql, [value if p is _SCOPE else p for p in params], extra=("run_created", "run_model"))
+    newest_first = message_rows(
+        sql, [value if p is _SCOPE else p for p in params], extra=("run_created", "run_model", "run_rolled_back")
+    )
     truncated = len(newest_first) > limit
     items = newest_first[:limit][::-1]
     for row in items:
@@ -164,6 +166,8 @@ def _timeline_page(scope: str, value, *, limit: int, before: str | None) -> Time
 
 
 _SCOPE = object()  # placeholder of the run or thread id in timeline_sql's params
+# Whether the row's run was rolled back by a later turn (R-API-2).
+_ROLLED_BACK = "EXISTS (SELECT 1 FROM audit_runrollback b WHERE b.run_id = r.id) AS run_rolled_back"
 
 
 def timeline_sql(scope: str, *, limit: int, cursor: list | None) -> tuple[str, list]:
@@ -188,12 +192,13 @@ def timeline_sql(scope: str, *, limit: int, cursor: list | None) -> tuple[str, l
         # columns from one lookup (an uncorrelated subquery runs once).
         sql = f"""SELECT {columns},
                 (SELECT created_at FROM audit_agentrun WHERE id = %s) AS run_created,
-                (SELECT model FROM audit_agentrun WHERE id = %s) AS run_model
+                (SELECT model FROM audit_agentrun WHERE id = %s) AS run_model,
+                EXISTS (SELECT 1 FROM audit_runrollback WHERE run_id = %s) AS run_rolled_back
             FROM {MESSAGE_TABLE} WHERE {MESSAGE_TABLE}.run_id = %s AND {audit_sql}
             ORDER BY {rows_order} LIMIT %s"""
-        return sql, [_SCOPE, _SCOPE, _SCOPE, *audit_params, limit]
+        return sql, [_SCOPE, _SCOPE, _SCOPE, _SCOPE, *audit_params, limit]
     if cursor is None:
-        sql = f"""SELECT x.*, r.created_at AS run_created, r.model AS run_model
+        sql = f"""SELECT x.*, r.created_at AS run_created, r.model AS run_model, {_ROLLED_BACK}
             FROM (SELECT id, created_at, model FROM audit_agentrun WHERE {scope} = %s) r
             CROSS JOIN LATERAL ({rows_of_run.format(bound="")}) x
             ORDER BY {page_order} LIMIT %s"""
@@ -204,12 +209,12 @@ def timeline_sql(scope: str, *, limit: int, cursor: list | None) -> tuple[str, l
     else:
         bound, bound_params = f"AND ({MESSAGE_TABLE}.sequence, {MESSAGE_TABLE}.id) < (%s, %s)", [sequence_key, row_id]
     sql = f"""SELECT * FROM (
-        (SELECT x.*, r.created_at AS run_created, r.model AS run_model
+        (SELECT x.*, r.created_at AS run_created, r.model AS run_model, {_ROLLED_BACK}
             FROM (SELECT id, created_at, model FROM audit_agentrun
                   WHERE {scope} = %s AND id = %s AND created_at = %s) r
             CROSS JOIN LATERAL ({rows_of_run.format(bound=bound)}) x)
         UNION ALL
-        (SELECT x.*, r.created_at AS run_created, r.model AS run_model
+        (SELECT x.*, r.created_at AS run_created, r.model AS run_model, {_ROLLED_BACK}
             FROM (SELECT id, created_at, model FROM audit_agentrun
                   WHERE {scope} = %s AND (created_at, id) < (%s, %s)) r
             CROSS JOIN LATERAL ({rows_of_run.format(bound="")}) x
@@ -222,6 +227,15 @@ def timeline_sql(scope: str, *, limit: int, cursor: list | None) -> tuple[str, l
         limit,
     ]
     return sql, params
+
+
+def _run_rolled_back(row: Message) -> bool:
+    """Whether ``row``'s run was rolled back (R-API-2): read with the row
+    by the timeline and the exports (``run_rolled_back``), else one query."""
+    flag = getattr(row, "run_rolled_back", None)
+    if flag is None:
+        flag = row.run_id is not None and RunRollback.objects.filter(run_id=row.run_id).exists()
+    return bool(flag)
 
 
 # Metadata keys that the timeline shows in their own fields, or never.
@@ -248,7 +262,9 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
     ``attempt`` is the run attempt that wrote the row (int, R-RUN-15),
     ``effect_key`` a tool row's effect key (None on model rows) and
     ``replayed_from`` the ``id`` of the tool row whose recorded result this
-    one returned, or None (R-EFF-1).
+    one returned, or None (R-EFF-1). ``rolled_back`` tells that the row's
+    run was rolled back by a later turn: the row stays, out of the history
+    and the memory (R-API-2).
     """
     is_tool = row.role == Message.Role.TOOL
     item: dict[str, Any] = {
@@ -276,6 +292,7 @@ def timeline_item(row: Message, *, include_raw_output: bool) -> dict[str, Any]:
         "attempt": row.attempt,
         "effect_key": row.effect_key,
         "replayed_from": row.replayed_from_id,
+        "rolled_back": _run_rolled_back(row),
         "is_final_answer": row.is_final_answer,
         "metadata": {k: v for k, v in (row.metadata or {}).items() if k not in _TIMELINE_HIDDEN_METADATA},
     }

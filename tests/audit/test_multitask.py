@@ -168,7 +168,7 @@ def _use_model(thread, model: str) -> None:
 
 
 def test_rollback_takes_a_running_turn_out_of_history_memory_and_the_models_next_input_R_API_2(
-    thread, replay_models, monkeypatch
+    thread, replay_models, monkeypatch, staff_user
 ):
     _use_model(thread, "replay:plain_answer")
     kept = make_run(thread, text="kept question")
@@ -200,6 +200,16 @@ def test_rollback_takes_a_running_turn_out_of_history_memory_and_the_models_next
     assert Client().get(f"/api/runs/{new.id}", headers=headers).json()["rolled_back_by"] is None
     assert Message.objects.filter(run=rolled, role="user", content="rolled back question").exists()
     assert Message.objects.filter(run=rolled, role="assistant", execution_status="interrupted").exists()
+    # Staff see every row of it, marked, in the timelines and the exports.
+    staff = bearer(staff_user)
+    rows = Client().get(f"/api/audit/threads/{thread.id}/timeline", headers=staff).json()["items"]
+    marks = {(row["run_id"], row["rolled_back"]) for row in rows}
+    assert marks == {(str(kept.id), False), (str(rolled.id), True), (str(new.id), False)}
+    one = Client().get(f"/api/audit/runs/{rolled.id}/timeline", headers=staff).json()["items"]
+    assert one and all(row["rolled_back"] for row in one)
+    export = Client().get(f"/api/audit/threads/{thread.id}/export", headers=staff)
+    lines = [json.loads(line) for line in b"".join(export.streaming_content).decode().splitlines()]
+    assert {(line["run_id"], line["rolled_back"]) for line in lines} == marks
     # The next turn goes on from the new line, without the rolled-back turn.
     after = submit(thread, "and then?")
     assert run_execute(run_id=after.json()["run_id"], owner="in-process") == "completed"
