@@ -12,12 +12,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yuxi_project.settings")
 
 application = get_asgi_application()
 
-from yuxi_project.deploy_guard import ensure_safe_settings  # noqa: E402
+from yuxi_project.deploy_guard import ensure_safe_settings, start_or_exit  # noqa: E402
 from yuxi_project.schema_guard import ensure_schema_matches  # noqa: E402
 
-ensure_safe_settings()
-
-ensure_schema_matches()
+# One line and exit status 1 on a refusal, not a traceback.
+start_or_exit(ensure_safe_settings, ensure_schema_matches)
 
 from core.draining import DrainOnStop  # noqa: E402
 from yuxi_project.runtime import tune_gc  # noqa: E402

@@ -21,7 +21,6 @@ def refuse_mismatched_schema(sender=None, **_kwargs) -> None:
     """Configure the worker's database connections, then stop the worker before it consumes anything when the settings are
     unsafe for production (R-SEC-1) or the database schema does not match the code (R-SCH-1). Celery logs and swallows exceptions
     of signal handlers, so the refusal is a ``SystemExit``."""
-    import sys
 
     import django
 
@@ -32,23 +31,16 @@ def refuse_mismatched_schema(sender=None, **_kwargs) -> None:
 
     from core.config import get_config
     from core.db import configure_worker_database
-    from yuxi_project.deploy_guard import UnsafeSettings, ensure_safe_settings
-    from yuxi_project.schema_guard import SchemaMismatch, ensure_schema_matches
+    from yuxi_project.deploy_guard import ensure_safe_settings, start_or_exit
+    from yuxi_project.schema_guard import ensure_schema_matches
 
-    try:
-        ensure_safe_settings()  # R-SEC-1
-    except UnsafeSettings as exc:
-        print(str(exc), file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+    start_or_exit(ensure_safe_settings)  # R-SEC-1
 
     # Before the first connection: worker connections get bounded waits
     # (R-RUN-10) and a pool wait that fits inside the lease (R-RUN-8).
     configure_worker_database(connections["default"].settings_dict, get_config())
     try:
-        ensure_schema_matches()
-    except SchemaMismatch as exc:
-        print(str(exc), file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        start_or_exit(ensure_schema_matches)  # R-SCH-1
     finally:
         # The pool the check opened must not be inherited by the forked
         # pool processes (they would share its sockets): each opens its own.

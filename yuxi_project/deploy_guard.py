@@ -35,6 +35,21 @@ def unsafe_settings() -> list[str]:
     return problems
 
 
+def start_or_exit(*checks) -> None:
+    """Run an entry point's start-up ``checks`` (:func:`ensure_safe_settings`,
+    :func:`~yuxi_project.schema_guard.ensure_schema_matches`): a refusal
+    (``ImproperlyConfigured``) is printed to stderr as it is, without a
+    traceback, and the process exits with status 1 (R-SEC-1, R-SCH-1)."""
+    import sys
+
+    for check in checks:
+        try:
+            check()
+        except ImproperlyConfigured as exc:
+            print(str(exc), file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+
+
 def ensure_safe_settings() -> None:
     """Raise :class:`UnsafeSettings` naming every unsafe setting, if any."""
     problems = unsafe_settings()

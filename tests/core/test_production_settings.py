@@ -60,10 +60,12 @@ def test_the_documented_production_environment_passes_check_deploy_R_SEC_1():
         assert warning in bare.stderr + bare.stdout, warning
 
 
-def test_the_web_server_refuses_to_start_on_the_public_key_with_debug_off_R_SEC_1():
-    """The ASGI entry point, as uvicorn imports it: one line, exit status
-    not 0, before the database is touched."""
-    probe = "import yuxi_project.asgi"
+@pytest.mark.parametrize("entry_point", ["yuxi_project.asgi", "yuxi_project.wsgi"])
+def test_the_web_server_refuses_to_start_on_the_public_key_with_debug_off_R_SEC_1(entry_point):
+    """The ASGI entry point, as uvicorn imports it, and the WSGI one
+    (runserver's): one line, no traceback, exit status 1, before the
+    database is touched."""
+    probe = f"import {entry_point}"
     env = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG"}}
     done = subprocess.run(
         [sys.executable, "-c", probe],
@@ -73,8 +75,9 @@ def test_the_web_server_refuses_to_start_on_the_public_key_with_debug_off_R_SEC_
         text=True,
         timeout=120,
     )
-    assert done.returncode != 0
-    assert "refusing to start: SECRET_KEY is the public default while DEBUG is off" in done.stderr, done.stderr
+    assert done.returncode == 1
+    assert done.stderr.startswith("refusing to start: SECRET_KEY is the public default while DEBUG is off")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 @pytest.mark.parametrize(
