@@ -329,8 +329,7 @@ _SSE_DOC = {
             "name": "Last-Event-ID",
             "required": False,
             "schema": EVENT_ID_SCHEMA,
-            "description": "The last event id the client received (digits): the stream resumes after it; "
-            "empty is as absent.",
+            "description": "The last event id the client received (digits): the stream resumes after it.",
         }
     ],
 }

@@ -76,10 +76,8 @@ Cursor = Annotated[
     WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 500, "pattern": r"^[A-Za-z0-9_-]+$"}),
 ]
 
-#: A live-event sequence number, as the ``Last-Event-ID`` header carries it;
-#: empty is as absent (the stream starts from the beginning), as the SSE
-#: specification has a client send it after an ``id:`` line with no value.
-EVENT_ID_SCHEMA = {"type": "string", "pattern": r"^(?:[0-9]{1,18})?$"}
+#: A live-event sequence number, as the ``Last-Event-ID`` header carries it.
+EVENT_ID_SCHEMA = {"type": "string", "pattern": r"^[0-9]{1,18}$"}
 
 #: A non-negative USD amount as a decimal string: at most 9 digits before
 #: the point and 9 after (``0.05``, ``12``).
