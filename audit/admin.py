@@ -29,7 +29,7 @@ from core.errors import InvalidInput
 from core.storable import visible, visible_fields
 from costs.selectors import run_cost, usd_text
 from dashboard.selectors import models_used
-from yuxi_project.admin_rows import ActionCheckboxMixin
+from yuxi_project.admin_rows import ActionCheckboxMixin, ReadOnlyAdminMixin
 from yuxi_project.paginator import EstimatingPaginator
 
 from . import export
@@ -260,7 +260,7 @@ REPLAYS_SHOWN = 10
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
+class AgentRunAdmin(ActionCheckboxMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """Runs, newest first; the run page shows the audit timeline."""
 
     change_form_template = "admin/audit/agentrun/change_form.html"
@@ -371,16 +371,7 @@ class AgentRunAdmin(ActionCheckboxMixin, admin.ModelAdmin):
             time_html(run.sealed_at),
         )
 
-    # --- read-only: workers write runs (R-RUN-4) ---------------------------
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+    # Read-only (ReadOnlyAdminMixin): workers write runs (R-RUN-4).
 
     # --- changelist ---------------------------------------------------------
 

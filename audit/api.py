@@ -48,19 +48,25 @@ ERRORS = {401: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
 # Writes that lock a thread or run row give up quickly with 503 run_busy
 # while a worker holds it (R-RUN-10).
 WRITE_ERRORS = {**ERRORS, 503: ErrorOut}
+# A submit or resume naming a webhook the server will not call: 403
+# webhook_not_allowed (R-API-3).
+SUBMIT_ERRORS = {**WRITE_ERRORS, 403: ErrorOut}
 
 
-@router.post("/threads/{thread_id}/runs", response={200: RunOut, 202: RunOut, 402: BudgetExceededOut, **WRITE_ERRORS})
+@router.post("/threads/{thread_id}/runs", response={200: RunOut, 202: RunOut, 402: BudgetExceededOut, **SUBMIT_ERRORS})
 def submit_run(request, thread_id: uuid.UUID, payload: RunIn):
     """Submit a user turn (R-RUN-1): 202 with the new run; the same
     ``request_id`` again answers 200 with the same run and starts nothing.
-    402 ``budget_exceeded`` when the user's budget has no room (R-COST-3)."""
+    402 ``budget_exceeded`` when the user's budget has no room (R-COST-3).
+    With ``webhook``, the run's end is POSTed there (R-API-3); 403
+    ``webhook_not_allowed`` for a host the server does not allow."""
     run, created = ledger.run_submit(
         user=request.auth,
         thread_id=thread_id,
         request_id=payload.request_id,
         text=payload.input.text,
         multitask_strategy=payload.multitask_strategy,
+        webhook=payload.webhook or "",
     )
     return (202 if created else 200), RunOut.from_run(run)
 
@@ -102,7 +108,7 @@ def cancel_run(request, run_id: uuid.UUID):
     return 202, RunOut.from_run(ledger.run_request_cancel(user=request.auth, run_id=run_id))
 
 
-@router.post("/runs/{run_id}/resume", response={200: RunOut, 202: RunOut, 402: BudgetExceededOut, **WRITE_ERRORS})
+@router.post("/runs/{run_id}/resume", response={200: RunOut, 202: RunOut, 402: BudgetExceededOut, **SUBMIT_ERRORS})
 def resume_run(request, run_id: uuid.UUID, payload: RunResumeIn):
     """Answer a pending approval (R-TA-5): 202 with the new resume run of the
     same turn; the same ``request_id`` again answers 200 with the same run.
@@ -113,6 +119,7 @@ def resume_run(request, run_id: uuid.UUID, payload: RunResumeIn):
         run_id=run_id,
         request_id=payload.request_id,
         decisions=[d.model_dump(exclude_none=True) for d in payload.decisions],
+        webhook=payload.webhook or "",
     )
     return (202 if created else 200), RunOut.from_run(run)
 

@@ -127,6 +127,10 @@ class AgentRun(models.Model):
     # figure counts them (``counted()``). ``db_default``: rows inserted by
     # raw SQL are ordinary runs.
     replay_of = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # Where the run's end is announced (R-API-3, webhooks): the submit's or
+    # resume's ``webhook``, on a host of WEBHOOK_ALLOWED_HOSTS; empty for
+    # none. Delivery bookkeeping, not a sealed fact.
+    webhook = models.CharField(max_length=2000, blank=True, default="", db_default="")
 
     objects = AgentRunQuerySet.as_manager()
 
@@ -157,6 +161,8 @@ class AgentRun(models.Model):
             # counted live from their rows.
             models.Index(fields=["created_at"], name="run_not_rolled_up_idx", condition=Q(rolled_up_at__isnull=True)),
             models.Index(fields=["user", "-created_at"], name="run_user_created_idx"),
+            # The webhook cursor's scan of ended runs (webhooks.services).
+            models.Index(fields=["finished_at", "id"], name="run_webhook_finished_idx", condition=~Q(webhook="")),
             # Dispatcher: pending runs handed over longest ago (R-RUN-9).
             models.Index(fields=["dispatched_at"], name="run_pending_dispatch_idx", condition=Q(status="pending")),
             # OpenTelemetry export cursor: closed runs after (finished_at, id)

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, get_args
 from ninja import Field, Schema
 from pydantic import WithJsonSchema
 
+from webhooks.targets import MAX_URL_LENGTH, URL_PATTERN
 from yuxi_project.api_types import USD_AMOUNT_SCHEMA, Cursor, IsoDateTime, comma_list_pattern
 
 
@@ -22,6 +23,18 @@ class TurnInput(Schema):
     )
 
 
+WEBHOOK_FIELD = Field(
+    None,
+    min_length=1,
+    max_length=MAX_URL_LENGTH,
+    pattern=URL_PATTERN,
+    description="A URL the run's end is POSTed to (R-API-3): the body of `GET /api/runs/{run_id}` as it ended, "
+    "signed (`X-Yuxi-Signature: sha256=<hex>`, HMAC-SHA256 of the body with the server's `WEBHOOK_SECRET`), "
+    "with `X-Yuxi-Delivery` (the same id in every retry); retried until the receiver answers 2xx. Its host "
+    "must be in the server's `WEBHOOK_ALLOWED_HOSTS`, else 403 `webhook_not_allowed`.",
+)
+
+
 class RunIn(Schema):
     request_id: str = Field(..., min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
     input: TurnInput
@@ -32,6 +45,7 @@ class RunIn(Schema):
         "run stops at its next event boundary) and runs next; `rollback` as `interrupt`, and their turns leave "
         "the history and the agent's memory (their audit rows stay, the runs show `rolled_back_by`).",
     )
+    webhook: str | None = WEBHOOK_FIELD
 
 
 class DecisionIn(Schema):
@@ -47,6 +61,7 @@ class DecisionIn(Schema):
 class RunResumeIn(Schema):
     request_id: str = Field(..., min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
     decisions: list[DecisionIn] = Field(..., min_length=1, max_length=100)
+    webhook: str | None = WEBHOOK_FIELD
 
 
 class UsageOut(Schema):

@@ -25,7 +25,7 @@ from audit.reads import selectors as audit_selectors
 from audit.templatetags.yx_admin import time_column, time_html
 from core.storable import visible, visible_fields
 from governance.payloads import payload_note
-from yuxi_project.admin_rows import ActionCheckboxMixin
+from yuxi_project.admin_rows import ActionCheckboxMixin, ReadOnlyAdminMixin
 from yuxi_project.paginator import EstimatingPaginator
 
 from .models import ApiToken, Conversation, Message, MessageFeedback
@@ -337,7 +337,7 @@ class MessageAdmin(ActionCheckboxMixin, admin.ModelAdmin):
 
 
 @admin.register(MessageFeedback)
-class MessageFeedbackAdmin(admin.ModelAdmin):
+class MessageFeedbackAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Users' likes and dislikes, read-only (issue 37): feedback is the
     user's own word, given through the API, and its rollup deltas are
     written by ``conversations.services`` only; an edit or delete here
@@ -356,15 +356,6 @@ class MessageFeedbackAdmin(admin.ModelAdmin):
     raw_id_fields = ("message", "user")
     ordering = ("-created_at",)
     created_display = time_column("created_at", "created")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="message")
     def message_excerpt(self, feedback):

@@ -378,6 +378,56 @@ class Config(BaseSettings):
     OTEL_EXPORT_QUEUE: str = Field(
         default="otel-export", description="Celery queue of the export task, apart from the agent runs."
     )
+    # --- webhooks (R-API-3) ---
+    WEBHOOK_ALLOWED_HOSTS: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Hosts a submit or resume may name in `webhook`, separated by commas: `hooks.example.com` matches "
+            "that host, `.example.com` it and its subdomains. Empty: every `webhook` is refused (403 "
+            "`webhook_not_allowed`) and nothing is delivered. See [webhooks](api.md#webhooks)."
+        ),
+    )
+    WEBHOOK_SECRET: str = Field(
+        default="",
+        description=(
+            "Key of the `X-Yuxi-Signature` HMAC-SHA256 over each delivery's body. Required with "
+            "`WEBHOOK_ALLOWED_HOSTS`: without it every `webhook` is refused."
+        ),
+    )
+    WEBHOOK_TIMEOUT_SECONDS: float = Field(
+        default=10.0, gt=0, le=300, description="Seconds one delivery request may take before it counts as failed."
+    )
+    WEBHOOK_MAX_ATTEMPTS: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description=(
+            "Attempts of one delivery before it is given up (`failed`, kept in the admin). Retries wait "
+            "`WEBHOOK_RETRY_BASE_SECONDS` doubled at each attempt, at most `WEBHOOK_RETRY_MAX_SECONDS`."
+        ),
+    )
+    WEBHOOK_RETRY_BASE_SECONDS: float = Field(
+        default=5.0, gt=0, description="Seconds before the first retry of a failed delivery."
+    )
+    WEBHOOK_RETRY_MAX_SECONDS: float = Field(
+        default=3600.0, gt=0, description="Longest wait between two attempts of one delivery."
+    )
+    WEBHOOK_INTERVAL_SECONDS: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "Seconds between two delivery passes (beat task `webhooks.deliver`, scheduled when "
+            "`WEBHOOK_ALLOWED_HOSTS` is set); a pass also stops after this long."
+        ),
+    )
+    WEBHOOK_SETTLE_SECONDS: float = Field(
+        default=2.0,
+        ge=0,
+        description="Seconds an ended run waits before its delivery is queued (a clock skew margin, as for the export).",
+    )
+    WEBHOOK_QUEUE: str = Field(
+        default="webhooks", description="Celery queue of the delivery task, apart from the agent runs."
+    )
     # --- retention (R-GOV-1) ---
     RETENTION_DAYS: int | None = Field(
         default=None,
@@ -424,7 +474,7 @@ class Config(BaseSettings):
         ),
     )
 
-    @field_validator("ALLOWED_HOSTS", "MODELS", "CSRF_TRUSTED_ORIGINS", mode="before")
+    @field_validator("ALLOWED_HOSTS", "MODELS", "CSRF_TRUSTED_ORIGINS", "WEBHOOK_ALLOWED_HOSTS", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):
@@ -438,6 +488,15 @@ class Config(BaseSettings):
             if not origin.startswith(("https://", "http://")) or origin.count("/") != 2:
                 raise ValueError(f"{origin!r}: each origin is a scheme and a host, such as https://audit.example.com")
         return value
+
+    @field_validator("WEBHOOK_ALLOWED_HOSTS")
+    @classmethod
+    def _webhook_hosts(cls, value: list[str]) -> list[str]:
+        for host in value:
+            name = host.removeprefix(".")
+            if not name or "/" in host or ":" in host or "*" in host or " " in host:
+                raise ValueError(f"{host!r}: each entry is a host name, such as hooks.example.com or .example.com")
+        return [host.lower() for host in value]
 
     @field_validator("SECURE_PROXY_SSL_HEADER")
     @classmethod

@@ -6,27 +6,21 @@ from __future__ import annotations
 from django.contrib import admin
 
 from audit.templatetags.yx_admin import time_column
+from yuxi_project.admin_rows import ReadOnlyAdminMixin, ReadOnlyInlineMixin
 
 from .models import GovernanceAction, RunReseal
 
 
-class RunResealInline(admin.TabularInline):
+class RunResealInline(ReadOnlyInlineMixin, admin.TabularInline):
     model = RunReseal
     fields = ("run", "previous_head", "previous_row_count", "previous_verified", "head", "row_count", "created_display")
     readonly_fields = fields
     created_display = time_column("created_at", "created")
     raw_id_fields = ("run",)
-    extra = 0
-    can_delete = False
-    show_change_link = False
-    max_num = 0
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(GovernanceAction)
-class GovernanceActionAdmin(admin.ModelAdmin):
+class GovernanceActionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "id",
         "kind",
@@ -60,12 +54,3 @@ class GovernanceActionAdmin(admin.ModelAdmin):
     finished_display = time_column("finished_at", "finished")
     inlines = (RunResealInline,)
     show_full_result_count = False
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

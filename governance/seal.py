@@ -138,6 +138,7 @@ RUN_BOOKKEEPING_FIELDS = (
     "seal_rows",
     "seal_version",
     "sealed_at",
+    "webhook",  # where its end is announced (R-API-3)
 )
 # The first entry of a version 4 ``seal_rows``: the run's own digest.
 RUN_ENTRY = "run"

@@ -31,6 +31,7 @@ from prometheus_client.core import GaugeMetricFamily
 from audit.models import AgentRun
 from ops.metric_files import compact_dead_processes, forget_dead_processes, scrape_lock
 from ops.metrics import multiprocess_dir
+from webhooks.models import WebhookDelivery
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +68,24 @@ class QueueCollector:
         for status in ("running", "cancel_requested"):
             active.add_metric([status], figures[status])
         yield active
+        yield GaugeMetricFamily(
+            "yuxi_webhook_deliveries_pending",
+            "Webhook deliveries not yet accepted by their receiver nor given up (R-API-3).",
+            value=figures["webhooks_pending"],
+        )
+        yield GaugeMetricFamily(
+            "yuxi_webhook_deliveries_pending_oldest_age_seconds",
+            "Age of the oldest pending webhook delivery since it was queued (0 when none).",
+            value=figures["webhooks_oldest_age_seconds"],
+        )
 
 
 def queue_figures() -> dict[str, float]:
-    """``{pending, oldest_ready_age_seconds, running, cancel_requested}``
-    from one query (served by the status and thread indexes of the run
-    table); bounded by a 2 s statement timeout on PostgreSQL."""
+    """``{pending, oldest_ready_age_seconds, running, cancel_requested,
+    webhooks_pending, webhooks_oldest_age_seconds}`` from two queries
+    (served by the status and thread indexes of the run table, and the
+    pending deliveries' partial index); bounded by a 2 s statement timeout
+    on PostgreSQL."""
     Status = AgentRun.Status
     holding = AgentRun.objects.filter(thread_id=OuterRef("thread_id")).filter(
         Q(status__in=(Status.RUNNING, Status.CANCEL_REQUESTED)) | Q(status=Status.INTERRUPTED, resumed_by__isnull=True)
@@ -88,11 +101,19 @@ def queue_figures() -> dict[str, float]:
                 cancel_requested=Count("id", filter=Q(status=Status.CANCEL_REQUESTED)),
                 oldest_ready=Min("created_at", filter=Q(status=Status.PENDING) & ~Exists(holding)),
             )
+            # The partial index of pending deliveries (webhook_delivery_due_idx).
+            webhooks = WebhookDelivery.objects.filter(status=WebhookDelivery.Status.PENDING).aggregate(
+                pending=Count("id"), oldest=Min("created_at")
+            )
     finally:
         if not connection.in_atomic_block:
             connection.close()
+    now = timezone.now()
     oldest = figures.pop("oldest_ready")
-    figures["oldest_ready_age_seconds"] = max(0.0, (timezone.now() - oldest).total_seconds()) if oldest else 0.0
+    figures["oldest_ready_age_seconds"] = max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
+    figures["webhooks_pending"] = webhooks["pending"]
+    oldest = webhooks["oldest"]
+    figures["webhooks_oldest_age_seconds"] = max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
     return figures
 
 

@@ -155,6 +155,11 @@ DISPATCHER_REENQUEUES = Counter(
     "Runs the dispatcher enqueued again (lost task, stale pending run), by reason.",
     ["reason"],
 )
+WEBHOOK_ATTEMPTS = Counter(
+    "yuxi_webhook_attempts",
+    "Webhook delivery attempts by the delivery's status after them: delivered (2xx), retrying, failed (given up), skipped (not sent).",
+    ["status"],
+)
 
 #: Label used for a model name that is not a configured one.
 OTHER = "other"
@@ -308,6 +313,14 @@ def record_lease_takeover() -> None:
     """For a component that takes a run over from a dead owner by another
     path than :func:`lease_acquired` (after its commit)."""
     LEASE_TAKEOVERS.inc()
+
+
+@_safely
+def webhook_attempted(status: str) -> None:
+    """A webhook delivery attempt ended (R-API-3); ``status`` is the
+    delivery's after it: ``delivered``, ``retrying``, ``failed`` (given
+    up) or ``skipped`` (not sent)."""
+    WEBHOOK_ATTEMPTS.labels(_label(status)).inc()
 
 
 @_safely

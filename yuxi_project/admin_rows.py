@@ -23,3 +23,31 @@ class ActionCheckboxMixin:
             f'<input type="checkbox" name="{helpers.ACTION_CHECKBOX_NAME}" value="{html.escape(str(obj.pk))}"'
             f' class="action-select" aria-label="{label}">'
         )
+
+
+class ReadOnlyAdminMixin:
+    """A model admin that only shows: its rows are written by the product's
+    services (workers, governance commands, delivery passes), never through
+    the admin. Admin actions that call a service still work."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ReadOnlyInlineMixin:
+    """An inline that lists its rows and nothing more: no blank form, no
+    delete box, no link, no add."""
+
+    extra = 0
+    can_delete = False
+    show_change_link = False
+    max_num = 0
+
+    def has_add_permission(self, request, obj=None):
+        return False

@@ -74,6 +74,8 @@ INSTALLED_APPS = [
     # Append-only audit triggers declared on the models (R-GOV-3).
     "pgtrigger",
     "governance",
+    # Run ends announced to webhooks (R-API-3).
+    "webhooks",
 ]
 
 MIDDLEWARE = [
@@ -295,6 +297,15 @@ if CONFIG.OTEL_EXPORTER_OTLP_ENDPOINT:
         "task": "otel_export.export",
         "schedule": CONFIG.OTEL_EXPORT_INTERVAL_SECONDS,
         "options": {"queue": CONFIG.OTEL_EXPORT_QUEUE, "expires": CONFIG.OTEL_EXPORT_INTERVAL_SECONDS},
+    }
+# Webhook deliveries (R-API-3), on their own queue so a slow receiver never
+# delays agent runs or the sweeper: a worker must consume it (`-Q
+# webhooks`). Only scheduled when hosts are allowed.
+if CONFIG.WEBHOOK_ALLOWED_HOSTS:
+    CELERY_BEAT_SCHEDULE["deliver-webhooks"] = {
+        "task": "webhooks.deliver",
+        "schedule": CONFIG.WEBHOOK_INTERVAL_SECONDS,
+        "options": {"queue": CONFIG.WEBHOOK_QUEUE, "expires": max(30.0, 5 * CONFIG.WEBHOOK_INTERVAL_SECONDS)},
     }
 # Retention (R-GOV-1): the periodic purge of old payloads, on the
 # maintenance queue; only scheduled when RETENTION_DAYS is set.

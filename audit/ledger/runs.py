@@ -28,6 +28,7 @@ from core.db import (
 from core.errors import InvalidInput, NotFound
 from costs.budgets import budget_admit
 from ops import metrics
+from webhooks.targets import webhook_checked
 
 from ..errors import RunNotCancellable, RunNotResumable, RunNotStartable, ThreadBusy, ThreadInterrupted
 from ..models import AgentRun, RunCancelRequest, RunRollback, pending_action_requests
@@ -54,7 +55,13 @@ MULTITASK_STRATEGIES = ("enqueue", "reject", "interrupt", "rollback")
 
 
 def run_submit(
-    *, user, thread_id: uuid.UUID, request_id: str, text: str, multitask_strategy: str = "enqueue"
+    *,
+    user,
+    thread_id: uuid.UUID,
+    request_id: str,
+    text: str,
+    multitask_strategy: str = "enqueue",
+    webhook: str = "",
 ) -> tuple[AgentRun, bool]:
     """Submit one user turn to a thread.
 
@@ -75,6 +82,9 @@ def run_submit(
             rows stay, marked by a :class:`~audit.models.RunRollback`, and
             the new run starts from the agent's State before them). A
             repeat of the same request returns its run and cancels nothing.
+        webhook: a URL to announce the run's end to (R-API-3,
+            :mod:`webhooks`), or ``""``; a repeat of the same request
+            keeps the first request's.
 
     Returns ``(run, created)``. The same request again (same user, key,
     thread and text — also when both arrive at once) returns the existing
@@ -92,8 +102,10 @@ def run_submit(
         BudgetExceeded: the user's budget has no room for another run
             (402, R-COST-3; checked in the same transaction).
         InvalidInput: empty text or an unknown strategy (422).
+        WebhookNotAllowed: a ``webhook`` the product will not call (422
+            ``webhook_not_allowed``, :func:`webhooks.targets.webhook_checked`).
 
-    Implements R-RUN-1, R-IDEM-1 and R-API-2; the run is enqueued only
+    Implements R-RUN-1, R-IDEM-1, R-API-2 and R-API-3; the run is enqueued only
     after commit.
     """
     if not text.strip():
@@ -103,6 +115,8 @@ def run_submit(
             f"multitask_strategy must be one of {', '.join(MULTITASK_STRATEGIES)}",
             extra={"reason": "bad_multitask_strategy"},
         )
+    if webhook:
+        webhook_checked(webhook)
     fingerprint = turn_fingerprint(thread_id=thread_id, text=text)
     existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
     if existing is not None:
@@ -139,6 +153,7 @@ def run_submit(
                 agent_id=thread.agent_id,
                 model=thread.model,
                 input={"text": text},
+                webhook=webhook,
             )
             Message.objects.create(thread=thread, run=run, role=Message.Role.USER, content=text)
             if active:
@@ -717,7 +732,9 @@ DECISION_TYPES = ("approve", "edit", "reject", "retry", "skip")
 REVIEW_DECISIONS = ("approve", "edit", "reject")
 
 
-def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict[str, Any]]) -> tuple[AgentRun, bool]:
+def run_resume(
+    *, user, run_id: uuid.UUID, request_id: str, decisions: list[dict[str, Any]], webhook: str = ""
+) -> tuple[AgentRun, bool]:
     """Answer the pending approval of an interrupted run with a resume run.
 
     Args:
@@ -732,6 +749,8 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
             "outcome unknown" request (a tool call cut off by a worker
             that stopped, R-RUN-15) takes ``{"type": "retry"}`` (execute
             it again) or ``{"type": "skip"}`` (go on without it).
+        webhook: a URL to announce the resume run's end to (R-API-3), or
+            ``""``.
 
     Creates a ``pending`` run in the same turn with ``resumed_from`` set and
     ``input = {"decisions": [...]}`` in the approval middleware's shape, and
@@ -752,9 +771,12 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
             request (another run or decisions, or a turn); 409.
         BudgetExceeded: the user's budget has no room for another run
             (402, R-COST-3).
+        WebhookNotAllowed: a ``webhook`` the product will not call (422).
 
-    Implements R-TA-5, R-RUN-15 and R-IDEM-1.
+    Implements R-TA-5, R-RUN-15, R-IDEM-1 and R-API-3.
     """
+    if webhook:
+        webhook_checked(webhook)
     fingerprint = resume_fingerprint(run_id=run_id, decisions=decisions)
     existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
     if existing is not None:
@@ -789,6 +811,7 @@ def run_resume(*, user, run_id: uuid.UUID, request_id: str, decisions: list[dict
                 agent_id=interrupted.agent_id,
                 model=interrupted.model,
                 input={"decisions": _graph_decisions(interrupted, decisions)},
+                webhook=webhook,
             )
             _enqueue_on_commit(resume.id)
     except IntegrityError:

@@ -235,10 +235,18 @@ class Stack:
         overrides the stack's environment for this worker only."""
         name = name or f"worker-{len(self.workers) + 1}"
         # With beat, this worker also serves the maintenance queue (the
-        # dispatcher and the sweeper, R-RUN-9, R-RUN-7).
+        # dispatcher and the sweeper, R-RUN-9, R-RUN-7) and, when the stack
+        # names one, the webhook queue (R-API-3).
         beat_args = ["-B"] if beat else []
         queues = (
-            f"{self.env['CELERY_QUEUE']},{self.env['CELERY_MAINTENANCE_QUEUE']}" if beat else self.env["CELERY_QUEUE"]
+            ",".join(
+                filter(
+                    None,
+                    [self.env["CELERY_QUEUE"], self.env["CELERY_MAINTENANCE_QUEUE"], self.env.get("WEBHOOK_QUEUE")],
+                )
+            )
+            if beat
+            else self.env["CELERY_QUEUE"]
         )
         worker = start(
             name,

@@ -1,0 +1,73 @@
+"""Webhook deliveries and their attempts, read-only (R-API-3): written by
+the delivery passes only. A failed delivery can be sent again."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import F
+from django.utils import timezone
+
+from audit.templatetags.yx_admin import time_column
+from yuxi_project.admin_rows import ReadOnlyAdminMixin, ReadOnlyInlineMixin
+
+from .models import WebhookAttempt, WebhookDelivery
+
+
+class WebhookAttemptInline(ReadOnlyInlineMixin, admin.TabularInline):
+    model = WebhookAttempt
+    fields = ("number", "started_display", "duration_ms", "status_code", "error")
+    readonly_fields = fields
+    started_display = time_column("started_at", "started")
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = (
+        "id",
+        "run",
+        "run_status",
+        "status",
+        "attempts",
+        "last_status_code",
+        "last_error",
+        "created_display",
+        "next_attempt_display",
+        "delivered_display",
+    )
+    list_filter = ("status", "run_status")
+    search_fields = ("=id", "=run__id", "url")
+    readonly_fields = (
+        "id",
+        "run",
+        "run_status",
+        "run_finished_display",
+        "url",
+        "status",
+        "attempts",
+        "last_status_code",
+        "last_error",
+        "created_display",
+        "next_attempt_display",
+        "delivered_display",
+    )
+    fields = readonly_fields
+    raw_id_fields = ("run",)
+    created_display = time_column("created_at", "queued")
+    next_attempt_display = time_column("next_attempt_at", "next attempt")
+    delivered_display = time_column("delivered_at", "delivered")
+    run_finished_display = time_column("run_finished_at", "run ended")
+    inlines = (WebhookAttemptInline,)
+    actions = ("send_again",)
+    show_full_result_count = False
+
+    @admin.action(description="Send the selected failed deliveries again")
+    def send_again(self, request, queryset):
+        """A given-up delivery gets another ``WEBHOOK_MAX_ATTEMPTS`` from
+        now: its attempts so far stay listed."""
+        again = queryset.filter(status=WebhookDelivery.Status.FAILED)
+        changed = 0
+        for delivery in again:
+            changed += WebhookDelivery.objects.filter(pk=delivery.pk, status=WebhookDelivery.Status.FAILED).update(
+                status=WebhookDelivery.Status.PENDING, next_attempt_at=timezone.now(), resent_after=F("attempts")
+            )
+        self.message_user(request, f"{changed} deliveries will be sent again.", messages.SUCCESS)
