@@ -286,7 +286,11 @@ class RunExecutor:
                         self.continuing = True
                         self.prior_message_ids = await _message_ids_before(graph, graph_config, self.run.id)
                 stream_config = graph_config
-                if snapshot is not None and not self.continuing and not self.run.resumed_from_id:
+                # Almost no thread has a rolled-back run; the lease
+                # acquisition told whether this one has (R-API-2), and
+                # without one no rollback is read here.
+                has_rollback = getattr(self.run, "thread_has_rollback", True)
+                if snapshot is not None and has_rollback and not self.continuing and not self.run.resumed_from_id:
                     # A turn rolled back by this one (R-API-2): start from
                     # the State before it.
                     stream_config, snapshot = await _rolled_back_start(graph, graph_config, snapshot)

@@ -241,7 +241,9 @@ def run_acquire_with_row(
 
     The row carries ``thread_has_earlier_run``: False when no other run of
     its thread was created before it (its thread's first run: there is no
-    history to rebuild, R-READ-2).
+    history to rebuild, R-READ-2); and ``thread_has_rollback``: False when
+    no run of its thread was rolled back (R-API-2; the run then starts from
+    the thread's newest checkpoint without reading the rollbacks).
 
     The usual run — pending, and no run of another turn holds its thread —
     is acquired by one statement (:func:`_acquire_unheld`); any other goes
@@ -266,8 +268,8 @@ def _acquire_unheld(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now:
     """Acquire the run in one statement (its own transaction, or the
     caller's) when it is pending and no run of another turn of its thread
     holds the thread (:func:`_holding_runs`: then no earlier turn can block
-    it, R-RUN-2); the row comes back with ``thread_has_earlier_run``. None,
-    changing nothing, otherwise.
+    it, R-RUN-2); the row comes back with ``thread_has_earlier_run`` and
+    ``thread_has_rollback``. None, changing nothing, otherwise.
 
     The row lock is the UPDATE's own. The holding check reads the snapshot
     of the statement's start even when it waited for the lock, which errs
@@ -283,9 +285,10 @@ def _acquire_unheld(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now:
     found = execute_prepared(sql, [*params, Status.PENDING])
     if found is None:
         return None
-    *values, has_earlier = found
+    *values, has_earlier, has_rollback = found
     run = model_from_values(AgentRun, fields, converters, values)
     run.thread_has_earlier_run = has_earlier
+    run.thread_has_rollback = has_rollback
     metrics.lease_acquired(run)
     return run
 
@@ -299,18 +302,23 @@ _RUN_STANDIN = uuid.UUID(int=0x5EED)
 def _acquire_unheld_sql() -> tuple[str, tuple, list, list]:
     """The fast path's statement, its parameters between the SET values
     and the pending status, and the run's fields it returns (before
-    ``thread_has_earlier_run``) with their converters. The run it may take, with the thread's holding
-    runs (:func:`_holding_runs`) and ``thread_has_earlier_run``
-    (:func:`_earlier_run_exists`), is the ORM's own query, compiled once,
-    so neither rule is typed twice; the status is checked on the updated
-    row itself, so a run another worker took meanwhile is never taken
-    again."""
+    ``thread_has_earlier_run`` and ``thread_has_rollback``) with their
+    converters. The run it may take, with the thread's holding runs
+    (:func:`_holding_runs`), ``thread_has_earlier_run``
+    (:func:`_earlier_run_exists`) and ``thread_has_rollback``
+    (:func:`_rollback_exists`), is the ORM's own query, compiled once, so
+    no rule is typed twice; the status is checked on the updated row
+    itself, so a run another worker took meanwhile is never taken again."""
     candidate = (
         AgentRun.objects.filter(pk=_RUN_STANDIN)
         .filter(~Exists(_holding_runs(OuterRef("thread_id"), OuterRef("turn_id"))))
-        .annotate(thread_has_earlier_run=_earlier_run_exists(), others_finished=_other_turns_finished())
+        .annotate(
+            thread_has_earlier_run=_earlier_run_exists(),
+            thread_has_rollback=_rollback_exists(),
+            others_finished=_other_turns_finished(),
+        )
         .order_by()
-        .values("pk", "thread_has_earlier_run", "others_finished")
+        .values("pk", "thread_has_earlier_run", "thread_has_rollback", "others_finished")
     )
     candidate_sql, candidate_params = candidate.query.get_compiler(using=connection.alias).as_sql()
     candidate_params = stand_ins_checked(candidate_params, _RUN_STANDIN)
@@ -322,9 +330,9 @@ def _acquire_unheld_sql() -> tuple[str, tuple, list, list]:
         f"UPDATE {table} AS r SET status = %s, lease_owner = %s, fencing_token = r.fencing_token + 1, "
         "lease_expires_at = %s, started_at = COALESCE(r.started_at, GREATEST(%s, c.others_finished)), "
         "updated_at = %s "
-        f"FROM ({candidate_sql}) c(id, thread_has_earlier_run, others_finished) "
+        f"FROM ({candidate_sql}) c(id, thread_has_earlier_run, thread_has_rollback, others_finished) "
         "WHERE r.id = c.id AND r.status = %s "
-        f"RETURNING {columns}, c.thread_has_earlier_run"
+        f"RETURNING {columns}, c.thread_has_earlier_run, c.thread_has_rollback"
     )
     return sql, candidate_params, fields, field_converters(fields, AgentRun._meta.db_table, connection)
 
@@ -337,6 +345,14 @@ def _earlier_run_exists() -> Exists:
         .exclude(pk=OuterRef("pk"))
         .values("pk")
     )
+
+
+def _rollback_exists() -> Exists:
+    """Whether a run of the outer run's thread was rolled back (R-API-2):
+    false for almost every thread, and then the run's start reads no
+    rollback. The thread's runs (its ``thread_id`` index) are looked up in
+    the rollbacks by their primary key (``run_id``): a few pages."""
+    return Exists(RunRollback.objects.filter(run__thread_id=OuterRef("thread_id")).values("pk"))
 
 
 def _other_turns(thread_id, turn_id):
@@ -366,7 +382,7 @@ def _acquire_checked(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now
     with transaction.atomic():
         run = (
             AgentRun.objects.select_for_update(no_key=True, of=("self",))
-            .annotate(thread_has_earlier_run=_earlier_run_exists())
+            .annotate(thread_has_earlier_run=_earlier_run_exists(), thread_has_rollback=_rollback_exists())
             .filter(pk=run_id)
             .first()
         )

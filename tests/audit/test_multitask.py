@@ -6,13 +6,17 @@ run is cancelled and the new turn runs next (``interrupt``: the earlier run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 
 import pytest
+from django.db import connection
+from django.db.backends.signals import connection_created
 from django.test import Client
 
-from audit.execution.runner import run_execute
+from audit.execution.runner import run_execute, run_execute_acquired
+from audit.ledger.runs import run_acquire_with_row
 from audit.models import AgentRun, RunCancelRequest, RunRollback
 from conversations.models import Conversation, Message
 from tests.conftest import bearer, make_run, run_answering, sent_requests
@@ -250,3 +254,55 @@ def test_rolling_back_a_pending_turn_marks_every_run_of_it_R_API_2(thread, repla
     # Without a run pending or running, rollback rolls nothing back.
     quiet = submit(thread, "quietly", "rollback")
     assert quiet.status_code == 202 and RunRollback.objects.count() == 1
+
+
+@contextlib.contextmanager
+def _statements_on_every_connection():
+    """The SQL of every statement sent through Django while open, on any
+    thread's connection: the runner reads in threads of its own, each read
+    on a connection opened for it."""
+    sent: list[str] = []
+    wrapped = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    def wrap(sender=None, connection=connection, **kwargs):
+        if record not in connection.execute_wrappers:
+            connection.execute_wrappers.append(record)
+            wrapped.append(connection)
+
+    connection_created.connect(wrap)
+    wrap()  # this thread's connection, perhaps open already
+    try:
+        yield sent
+    finally:
+        connection_created.disconnect(wrap)
+        for each in wrapped:
+            with contextlib.suppress(ValueError):
+                each.execute_wrappers.remove(record)
+
+
+def test_a_run_of_a_thread_without_a_rollback_reads_no_rollback_at_its_start_R_API_2(thread, replay_models):
+    """Almost no thread has a rolled-back run: the acquisition tells
+    (``thread_has_rollback``), and the run's start then reads no rollback,
+    one query less at the start of every run but a thread's first. A
+    thread with one still reads them."""
+    _use_model(thread, "replay:plain_answer")
+    assert run_execute(run_id=make_run(thread, text="first").id, owner="in-process") == "completed"
+    lease, run = run_acquire_with_row(run_id=make_run(thread, text="second").id, owner="in-process", ttl_seconds=60)
+    assert (run.thread_has_earlier_run, run.thread_has_rollback) == (True, False)
+    with _statements_on_every_connection() as sent:
+        assert run_execute_acquired(lease=lease, run=run, owner="in-process") == "completed"
+    assert not [sql for sql in sent if "audit_runrollback" in sql]
+    # The same capture sees the read on a thread with a rollback.
+    make_run(thread, text="rolled back")
+    response = submit(thread, "instead", "rollback")
+    assert response.status_code == 202, response.content
+    run_id = uuid.UUID(response.json()["run_id"])
+    lease, run = run_acquire_with_row(run_id=run_id, owner="in-process", ttl_seconds=60)
+    assert run.thread_has_rollback is True
+    with _statements_on_every_connection() as sent:
+        assert run_execute_acquired(lease=lease, run=run, owner="in-process") == "completed"
+    assert [sql for sql in sent if "audit_runrollback" in sql]

@@ -22,8 +22,8 @@ from audit.errors import LeaseLost, RunNotCancellable, RunNotStartable, RunTermi
 from audit.ledger.cancellation import CancelSignalListener, cancel_key, cancel_signal_send
 from audit.ledger.lease import Lease
 from audit.ledger.runs import _acquire_checked, run_acquire_with_row
-from audit.models import AgentRun, RunCancelRequest
-from conversations.models import Message
+from audit.models import AgentRun, RunCancelRequest, RunRollback
+from conversations.models import Conversation, Message
 from tests.conftest import acquire, bearer, make_run, prepared_executed_since, prepared_executions, resume_row_of
 from tests.waiting import WAIT_SECONDS
 
@@ -213,6 +213,34 @@ def test_the_usual_acquisition_is_one_statement_and_tells_a_threads_first_run_R_
     # Not pending any more: the full check names the reason.
     with pytest.raises(RunNotStartable):
         acquire(second)
+
+
+@pytest.mark.parametrize("path", ["one statement", "full check"])
+def test_the_acquisition_tells_whether_a_run_of_the_thread_was_rolled_back_R_API_2(thread, path):
+    """The run's start reads the thread's rollbacks only when it has one
+    (almost never): the acquisition tells, in the statement that takes the
+    run."""
+
+    def acquired(run) -> AgentRun:
+        if path == "one statement":
+            return run_acquire_with_row(run_id=run.id, owner="worker-a", ttl_seconds=60)[1]
+        now = timezone.now()
+        return _acquire_checked(run_id=run.id, owner="worker-a", expires_at=now + dt.timedelta(seconds=60), now=now)
+
+    ledger.run_finish(lease=acquire(make_run(thread, text="first")), status="completed")
+    second = make_run(thread, text="second")
+    row = acquired(second)
+    assert (row.thread_has_earlier_run, row.thread_has_rollback) == (True, False)
+    AgentRun.objects.filter(pk=second.pk).update(status="completed")  # how it ends does not matter here
+    pending = make_run(thread, text="rolled back")
+    instead, _ = ledger.run_submit(
+        user=thread.user, thread_id=thread.id, request_id="instead", text="instead", multitask_strategy="rollback"
+    )
+    assert RunRollback.objects.filter(run_id=pending.id, by_run=instead).exists()
+    assert acquired(instead).thread_has_rollback is True
+    # Only the runs of the thread count.
+    other = Conversation.objects.create(user=thread.user, agent_id="assistant", model=thread.model)
+    assert acquired(make_run(other, text="elsewhere")).thread_has_rollback is False
 
 
 @pytest.mark.parametrize("path", ["one statement", "full check"])
