@@ -76,6 +76,8 @@ INSTALLED_APPS = [
     "governance",
     # Run ends announced to webhooks (R-API-3).
     "webhooks",
+    # The chat page (R-UI-1): views, template and static script; no model.
+    "chat",
 ]
 
 MIDDLEWARE = [

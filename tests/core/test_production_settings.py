@@ -146,7 +146,7 @@ def test_https_redirect_hsts_and_secure_cookies_behind_the_proxy_R_SEC_1(client,
     assert signed_in.status_code == 302 and signed_in.cookies["sessionid"]["secure"]
 
 
-@pytest.mark.parametrize("path", ["/admin/login/", "/api/docs", "/admin/"])
+@pytest.mark.parametrize("path", ["/admin/login/", "/api/docs", "/admin/", "/chat/", "/chat/login/"])
 def test_every_page_carries_a_content_security_policy_R_SEC_1(client, staff_user, path):
     client.force_login(staff_user)
     policy = client.get(path)["Content-Security-Policy"]
@@ -169,6 +169,7 @@ def test_the_admin_pages_use_no_inline_script_R_SEC_1(client, staff_user, thread
         reverse("admin:conversations_conversation_change", args=[thread.pk]),
         reverse("admin-dashboard"),
         "/api/docs",
+        "/chat/",
     ):
         page = client.get(url).content.decode()
         bodies = re.findall(r"<script(?![^>]*\bsrc=)(?![^>]*type=\"application/json\")[^>]*>(.*?)</script>", page, re.S)
