@@ -39,6 +39,7 @@ from core.workspace import (
     legacy_large_result_path,
     thread_workspace,
 )
+from webhooks.models import WebhookDelivery
 
 from . import payloads
 from .bypass import open_bypass
@@ -568,8 +569,8 @@ def _erase_content(
 
 def _erase_rest(action, feedback: Q, threads: list, *, now: datetime, outcome: Outcome) -> None:
     """What is not in a run: messages without a run, the reasons of the
-    ``feedback`` selected, thread titles, replay reports, checkpoints, admin
-    log texts."""
+    ``feedback`` selected, thread titles, replay reports, webhook URLs
+    (pending deliveries skipped), checkpoints, admin log texts."""
     from django.contrib.admin.models import LogEntry
     from django.contrib.contenttypes.models import ContentType
 
@@ -587,6 +588,14 @@ def _erase_rest(action, feedback: Q, threads: list, *, now: datetime, outcome: O
         Conversation.objects.filter(pk__in=threads).exclude(title="").update(title="")
         # A replay report quotes what the runs said (R-REPLAY-2).
         RunReplay.objects.filter(run__thread__in=threads).update(report="", first_divergence="")
+        # Where the runs' ends were announced (R-API-3): a URL may name the
+        # user. A delivery not sent yet is not sent any more.
+        AgentRun.objects.filter(thread__in=threads).exclude(webhook="").update(webhook="")
+        deliveries = WebhookDelivery.objects.filter(run__thread__in=threads)
+        deliveries.filter(status=WebhookDelivery.Status.PENDING).update(
+            status=WebhookDelivery.Status.SKIPPED, last_error="the run's content was erased: not sent"
+        )
+        deliveries.exclude(url="").update(url="")
         for model in (Conversation, Message, AgentRun):
             LogEntry.objects.filter(content_type=ContentType.objects.get_for_model(model)).filter(
                 object_id__in=[str(t) for t in threads]

@@ -36,12 +36,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from urllib.parse import urlsplit
 
 import requests
 from django.db import transaction
 from django.utils import timezone
 
 from core.config import get_config
+from core.errors import InvalidInput
 from ops import metrics
 from otel_export.selectors import export_horizon
 
@@ -207,7 +209,7 @@ def _attempt(delivery: WebhookDelivery, *, render: Callable[[object], bytes], se
         return _skip(delivery, "the run's thread was deleted: nothing is sent")
     try:
         webhook_checked(delivery.url)
-    except WebhookNotAllowed as refused:
+    except (WebhookNotAllowed, InvalidInput) as refused:  # hosts changed, or the URL was erased
         return _skip(delivery, f"not sent: {refused.message}")
     started_at = timezone.now()
     began = time.monotonic()
@@ -233,12 +235,24 @@ def _attempt(delivery: WebhookDelivery, *, render: Callable[[object], bytes], se
         if 300 <= status_code < 400:
             error += " (redirects are not followed)"
     except requests.RequestException as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error = f"{type(exc).__name__}: {_without_path(str(exc), delivery.url)}"
     except Exception as exc:  # the body could not be built: retried like a failed request
         log.exception("webhook delivery %s: the run's body could not be built", delivery.id)
         error = f"body not built: {type(exc).__name__}: {exc}"
     duration_ms = (time.monotonic() - began) * 1000
     return _record(delivery, started_at=started_at, duration_ms=duration_ms, status_code=status_code, error=error)
+
+
+def _without_path(text: str, url: str) -> str:
+    """``text`` (an error message of requests, which quotes the URL) with
+    the URL's path and query replaced by ``<path>``: they may name the user,
+    and an erasure blanks the URL but keeps the attempts (R-GOV-2)."""
+    parts = urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    for quoted in sorted({url, path, parts.path, parts.query}, key=len, reverse=True):
+        if quoted and quoted != "/":
+            text = text.replace(quoted, "<path>")
+    return text
 
 
 def _record(

@@ -279,9 +279,18 @@ def test_a_run_of_a_deleted_thread_is_not_announced_R_API_3(user, replay_models,
     run = ended_run(user, "plain_answer", receiver.url)
     response = Client().delete(f"/api/threads/{run.thread_id}", headers=bearer(user))
     assert response.status_code == 200, response.content
+    # The erasure blanked the run's webhook: its end is never queued.
     queued, sent = one_pass()
-    assert queued == 1 and sent.skipped == 1 and sent.attempts == 0
-    assert receiver.received == []
+    assert queued == 0 and sent.attempts == 0
+    assert receiver.received == [] and not WebhookDelivery.objects.exists()
+
+    # A delivery queued before its thread was deleted (a race the erasure
+    # did not see) is skipped, not sent.
+    run = ended_run(user, "plain_answer", receiver.url)
+    assert deliveries_queue() == 1
+    Conversation.objects.filter(pk=run.thread_id).update(status="deleted")
+    sent = deliveries_send(render=run_body)
+    assert sent.skipped == 1 and sent.attempts == 0 and receiver.received == []
     delivery = WebhookDelivery.objects.get()
     assert delivery.status == "skipped" and "deleted" in delivery.last_error
 
@@ -412,3 +421,32 @@ def test_attempts_are_counted_and_the_backlog_is_a_gauge_R_API_3_R_OPS_1(user, r
     assert delta(during, after, "yuxi_webhook_attempts_total", status="delivered") == 1
     assert value(after, "yuxi_webhook_deliveries_pending") == 0
     assert value(after, "yuxi_webhook_deliveries_pending_oldest_age_seconds") == 0
+
+
+@pytest.mark.parametrize("erasure", ["thread", "user"])
+def test_an_erasure_erases_the_webhook_urls_and_sends_nothing_more_R_API_3_R_GOV_2(
+    user, replay_models, webhook_config, erasure
+):
+    from governance.services import user_erase
+    from tests.governance.helpers import MARKER, scan
+
+    down = WebhookReceiver()
+    url = f"http://127.0.0.1:{down.port}/hooks/{MARKER}?user={MARKER}"
+    down.stop()
+    run = ended_run(user, "plain_answer", url)
+    one_pass()  # the receiver is down: the delivery waits
+    assert scan(MARKER) == {"audit_agentrun.webhook", "webhooks_webhookdelivery.url"}
+
+    if erasure == "thread":
+        assert Client().delete(f"/api/threads/{run.thread_id}", headers=bearer(user)).status_code == 200
+    else:
+        user_erase(username=user.username, actor="test")
+    assert scan(MARKER) == set()
+    delivery = WebhookDelivery.objects.get()
+    assert delivery.status == "skipped" and delivery.url == ""
+    receiver = WebhookReceiver(port=down.port)
+    try:
+        assert deliveries_send(render=run_body).attempts == 0
+        assert receiver.received == []
+    finally:
+        receiver.stop()
