@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 
 import pytest
 
@@ -72,3 +73,23 @@ def test_the_static_files_are_found_R_UI_1(client):
     from django.contrib.staticfiles import finders
 
     assert finders.find("chat/chat.js") and finders.find("chat/chat.css")
+
+
+def test_the_quick_starts_demo_prints_the_chat_url_R_UI_1(monkeypatch, capsys):
+    from django.core.management import call_command
+
+    from audit.demo import DemoRun
+    from audit.management.commands import demo
+
+    run = DemoRun(
+        model="replay:plain_answer",
+        run_id=str(uuid.uuid4()),
+        thread_id=str(uuid.uuid4()),
+        status="completed",
+        model_calls=1,
+        tool_calls=0,
+        total_tokens=10,
+    )
+    monkeypatch.setattr(demo, "run_demo", lambda **kwargs: [run])
+    call_command("demo", "--base-url", "http://127.0.0.1:8123")
+    assert "chat:         http://127.0.0.1:8123/chat/   (sign in as admin)" in capsys.readouterr().out

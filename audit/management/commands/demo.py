@@ -32,6 +32,7 @@ class Command(DatabaseCommand):
         first = runs[1] if len(runs) > 1 else runs[0]
         auth = f"-H 'Authorization: Bearer {token}'"
         lines = [
+            ("chat", f"{base_url}/chat/   (sign in as {username})"),
             (
                 "admin",
                 f"{base_url}/admin/   (user {username}, "
