@@ -37,7 +37,7 @@ from .agents.researcher import RESEARCHER_TOOL_NAMES
 from .agents.tools import ASSISTANT_TOOLS
 from .catalogue import AGENTS
 from .execution.rerun import replay_request
-from .models import AgentRun
+from .models import AgentRun, RunRollback
 from .reads import search, selectors
 from .schemas import RunFilterQuery
 from .templatetags.yx_admin import time_html
@@ -255,6 +255,10 @@ def duration_text(start: dt.datetime | None, end: dt.datetime | None) -> str:
     return text if end else f"{text} (running)"
 
 
+#: The run whose turn rolled the outer run's turn back (R-API-2), or null:
+#: a primary-key lookup per run shown.
+_ROLLED_BACK_BY = Subquery(RunRollback.objects.filter(run_id=OuterRef("pk")).values("by_run_id")[:1])
+
 #: The newest replays of a run shown on its page.
 REPLAYS_SHOWN = 10
 
@@ -377,7 +381,8 @@ class AgentRunAdmin(ActionCheckboxMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
 
     def get_queryset(self, request):
         return selectors.with_operation_counts(super().get_queryset(request)).annotate(
-            cost_usd=cost_of(Message.objects.model_calls())
+            cost_usd=cost_of(Message.objects.model_calls()),
+            rolled_back_by_id=_ROLLED_BACK_BY,
         )
 
     def get_search_results(self, request, queryset, search_term):
@@ -446,6 +451,16 @@ class AgentRunAdmin(ActionCheckboxMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
             # a run is listed.
             badge = format_html(
                 '{} <span class="yx-badge yx-replay" title="replay of {}">replay</span>', badge, run.replay_of
+            )
+        rolled_back_by = getattr(run, "rolled_back_by_id", None)
+        if rolled_back_by:
+            # Its turn left the history and the memory; its rows stay (R-API-2).
+            badge = format_html(
+                '{} <a class="yx-badge yx-rolled-back" href="{}" title="its turn was rolled back by run {}: out of '
+                "the history and the agent's memory, its audit rows kept\">rolled back</a>",
+                badge,
+                reverse("admin:audit_agentrun_change", args=[rolled_back_by]),
+                rolled_back_by,
             )
         if run.error_type:
             return format_html('{} <span class="yx-error-type">{}</span>', badge, run.error_type)
@@ -538,6 +553,7 @@ class AgentRunAdmin(ActionCheckboxMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
                 super()
                 .get_queryset(request)
                 .select_related("user", "thread", "output_message", "resumed_from")
+                .annotate(rolled_back_by_id=_ROLLED_BACK_BY)
                 .filter(pk=pk)
                 .first()
             )

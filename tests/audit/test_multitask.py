@@ -306,3 +306,20 @@ def test_a_run_of_a_thread_without_a_rollback_reads_no_rollback_at_its_start_R_A
     with _statements_on_every_connection() as sent:
         assert run_execute_acquired(lease=lease, run=run, owner="in-process") == "completed"
     assert [sql for sql in sent if "audit_runrollback" in sql]
+
+
+def test_the_admin_marks_a_rolled_back_run_with_a_link_to_the_run_that_rolled_it_back_R_API_2(thread, staff_user):
+    first = make_run(thread, text="first")
+    response = submit(thread, "instead", "rollback")
+    assert response.status_code == 202, response.content
+    by_run = response.json()["run_id"]
+    assert RunRollback.objects.get(run_id=first.pk).by_run_id == uuid.UUID(by_run)
+
+    admin = Client()
+    admin.force_login(staff_user)
+    link = f'href="/admin/audit/agentrun/{by_run}/change/"'
+    listing = admin.get("/admin/audit/agentrun/").content.decode()
+    assert listing.count("yx-rolled-back") == 1 and link in listing
+    page = admin.get(f"/admin/audit/agentrun/{first.pk}/change/").content.decode()
+    assert "rolled back</a>" in page and link in page
+    assert "yx-rolled-back" not in admin.get(f"/admin/audit/agentrun/{by_run}/change/").content.decode()
