@@ -11,6 +11,8 @@ from pydantic import WithJsonSchema
 from webhooks.targets import MAX_URL_LENGTH, URL_PATTERN
 from yuxi_project.api_types import USD_AMOUNT_SCHEMA, Cursor, IsoDateTime, comma_list_pattern
 
+NOT_ONLY_WHITE_SPACE = r"[^\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+
 
 class TurnInput(Schema):
     text: str = Field(
@@ -18,8 +20,11 @@ class TurnInput(Schema):
         min_length=1,
         max_length=100_000,
         description="The user's message: not only white space.",
-        # Documents the service's check (``input.text must not be empty``).
-        json_schema_extra={"pattern": r"\S"},
+        # Documents the service's check (``input.text must not be empty``,
+        # Python's ``str.strip``): a character that is not white space as
+        # Python counts it. Not ``\S``: JavaScript's white space leaves out
+        # U+0085 and U+001C-U+001F, which Python strips, and adds U+FEFF.
+        json_schema_extra={"pattern": NOT_ONLY_WHITE_SPACE},
     )
 
 

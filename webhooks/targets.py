@@ -20,10 +20,12 @@ MAX_URL_LENGTH = 2000
 # Scheme, host (no user, password, brackets or spaces), an optional port of
 # 0-65535, then anything without spaces or control characters. The API
 # schema's ``webhook`` pattern (audit.schemas); a URL that matches it is
-# one urllib splits without error.
-_VISIBLE = r"[^\s\x00-\x1f\x7f]"
+# one urllib splits without error. White space is listed, not ``\s``:
+# JavaScript's, Python's and pydantic's ``\s`` differ (U+0085, U+FEFF),
+# and the schema, pydantic and this module must agree.
+_NOT_VISIBLE = r"\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 _PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
-URL_PATTERN = rf"^[Hh][Tt][Tt][Pp][Ss]?://[^\s\x00-\x1f\x7f/?#@:\[\]\\]+(?::{_PORT})?(?:[/?#]{_VISIBLE}*)?$"
+URL_PATTERN = rf"^[Hh][Tt][Tt][Pp][Ss]?://[^{_NOT_VISIBLE}/?#@:\[\]\\]+(?::{_PORT})?(?:[/?#][^{_NOT_VISIBLE}]*)?$"
 _URL = re.compile(URL_PATTERN)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import threading
 import uuid
 from datetime import timedelta
@@ -450,3 +451,17 @@ def test_an_erasure_erases_the_webhook_urls_and_sends_nothing_more_R_API_3_R_GOV
         assert receiver.received == []
     finally:
         receiver.stop()
+
+
+@pytest.mark.parametrize("char", ["\x85", "\xa0", "\u2028", "\ufeff", "\x1f", "\x7f"])
+def test_white_space_in_a_webhook_is_malformed_for_the_schema_pydantic_and_the_service_R_API_3_R_READ_6(
+    thread, webhook_config, char
+):
+    url = f"http://127.0.0.1/hook{char}x"
+    response = submit(thread, webhook=url)
+    assert response.status_code == 422, response.content
+    with pytest.raises(InvalidInput):
+        webhook_checked(url)
+    schema = Client().get("/api/openapi.json").json()["components"]["schemas"]["RunIn"]["properties"]["webhook"]
+    [text] = [s for s in schema.get("anyOf", [schema]) if s.get("type") == "string"]
+    assert re.search(text["pattern"], url) is None
