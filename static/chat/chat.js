@@ -1,5 +1,7 @@
 /* The chat page (R-UI-1): threads, a new thread, history, send, the live
-   answer over Server-Sent Events, tool calls as they run, cancel.
+   answer over Server-Sent Events, tool calls as they run, cancel,
+   approvals (approve, edit, reject), feedback on final answers and the
+   cost of each turn.
 
    Everything goes through the JSON API (docs/api.md) with the session
    cookie; unsafe methods carry the CSRF token the template renders. The
@@ -26,6 +28,7 @@
     input: $("yc-input"),
     sendButton: $("yc-send-button"),
     cancel: $("yc-cancel"),
+    approval: $("yc-approval"),
   };
   const ACTIVE = new Set(["pending", "running", "cancel_requested"]);
   const TITLE_WORDS = 8;
@@ -33,7 +36,8 @@
   // `unsent`: a turn whose submission got no answer (network error); sending
   // the same text again reuses its request_id, so a turn that did reach the
   // server is answered with its run instead of starting twice.
-  const state = { threads: [], threadId: null, runId: null, source: null, unsent: null };
+  // `unresumed`: the same for a resume whose POST got no answer.
+  const state = { threads: [], threadId: null, runId: null, source: null, unsent: null, unresumed: null };
 
   // --- API -----------------------------------------------------------------
 
@@ -172,7 +176,10 @@
       if (threadId !== state.threadId) return; // another thread was chosen meanwhile
       const last = runs.items[0];
       if (last && ACTIVE.has(last.status)) follow(last.run_id);
-      else if (last && last.status === "interrupted") showFinished({ status: "interrupted" }, last.run_id);
+      else if (last && last.status === "interrupted") {
+        showFinished(last, last.run_id);
+        showApproval(last);
+      }
     } catch (error) {
       setStatus(`Could not load the thread: ${error.message}`, true);
     }
@@ -200,6 +207,8 @@
     const isUser = item.kind === "user";
     const li = node("li", "yc-msg " + (isUser ? "yc-user-msg" : "yc-assistant"));
     li.dataset.kind = item.kind;
+    if (item.id !== undefined) li.dataset.messageId = String(item.id);
+    if (item.turn_id) li.dataset.turnId = item.turn_id;
     li.append(node("span", "yc-role", isUser ? "You" : "Assistant"));
     // The model's words come before the tool calls it asked for.
     if (item.content) li.append(node("div", "yc-text", item.content));
@@ -213,7 +222,139 @@
       li.append(tools);
     }
     if (item.payload_note) li.append(node("div", "yc-role", item.payload_note));
+    // Feedback takes a final answer only (docs/api.md, Feedback).
+    if (item.kind === "answer" && item.id !== undefined) li.append(feedbackBar(item.id));
     return li;
+  }
+
+  // --- feedback --------------------------------------------------------------
+
+  // The history does not carry a message's rating: the page shows the
+  // ratings it sent itself (kept across history reloads, not page loads).
+  const ratings = new Map();
+
+  function feedbackBar(messageId) {
+    const bar = node("div", "yc-feedback");
+    bar.setAttribute("role", "group");
+    bar.setAttribute("aria-label", "Rate this answer");
+    for (const [rating, label] of [
+      ["like", "Like"],
+      ["dislike", "Dislike"],
+    ]) {
+      const button = node("button", "yc-rate", label);
+      button.type = "button";
+      button.dataset.rating = rating;
+      button.addEventListener("click", () => rate(bar, messageId, rating));
+      bar.append(button);
+    }
+    bar.append(node("span", "yc-feedback-note"));
+    showRating(bar, ratings.get(messageId) || "");
+    return bar;
+  }
+
+  function showRating(bar, rating) {
+    bar.dataset.rating = rating;
+    for (const button of bar.querySelectorAll("button")) {
+      button.setAttribute("aria-pressed", String(button.dataset.rating === rating));
+    }
+  }
+
+  async function rate(bar, messageId, rating) {
+    const buttons = bar.querySelectorAll("button");
+    const note = bar.querySelector(".yc-feedback-note");
+    buttons.forEach((b) => (b.disabled = true));
+    note.textContent = "";
+    note.classList.remove("yc-error");
+    try {
+      const feedback = await api("POST", `/messages/${messageId}/feedback`, { rating });
+      ratings.set(messageId, feedback.rating);
+      showRating(bar, feedback.rating);
+      note.textContent = "Thanks for the feedback.";
+    } catch (error) {
+      note.textContent = `Could not save the rating: ${error.message}`;
+      note.classList.add("yc-error");
+    } finally {
+      buttons.forEach((b) => (b.disabled = false));
+    }
+  }
+
+  // --- cost per turn ---------------------------------------------------------
+
+  const RUN_PAGES = 10; // at most 1000 runs read back for one history page
+
+  // The turns' runs (resume runs included), newest first, until every
+  // wanted turn is seen and the page has gone past them (a turn's runs are
+  // consecutive, but may straddle two pages).
+  async function runsByTurn(threadId, turnIds) {
+    const wanted = new Set(turnIds);
+    const byTurn = new Map();
+    let before = null;
+    for (let page = 0; page < RUN_PAGES && wanted.size; page++) {
+      const query = before ? `&before=${encodeURIComponent(before)}` : "";
+      const data = await api("GET", `/threads/${threadId}/runs?limit=100${query}`);
+      for (const run of data.items) {
+        if (!byTurn.has(run.turn_id)) byTurn.set(run.turn_id, []);
+        byTurn.get(run.turn_id).push(run);
+      }
+      const oldest = data.items[data.items.length - 1];
+      if (!data.has_more || !oldest) break;
+      for (const turnId of byTurn.keys()) if (turnId !== oldest.turn_id) wanted.delete(turnId);
+      before = data.next_before;
+    }
+    return byTurn;
+  }
+
+  function usdText(usd) {
+    if (usd > 0 && usd < 0.000001) return "< $0.000001";
+    const text = usd.toFixed(6).replace(/0+$/, ""); // "0.000123", "1.5", "2."
+    const decimals = text.length - text.indexOf(".") - 1;
+    return "$" + text + "0".repeat(Math.max(0, 2 - decimals));
+  }
+
+  // The cost of a turn: the sum of its runs' costs. A run's `total_usd` is
+  // null when no call has a known cost; calls of unknown cost are never
+  // counted as zero.
+  function turnCost(runs) {
+    let usd = 0;
+    let known = false;
+    let unknownCalls = 0;
+    let input = 0;
+    let output = 0;
+    for (const run of runs) {
+      if (run.cost.total_usd !== null) {
+        usd += Number(run.cost.total_usd);
+        known = true;
+      }
+      unknownCalls += run.cost.unknown_cost_calls || 0;
+      if (run.usage) {
+        input += run.usage.input_tokens || 0;
+        output += run.usage.output_tokens || 0;
+      }
+    }
+    let text = known ? `Turn cost ${usdText(usd)}` : "Turn cost unknown";
+    if (known && unknownCalls) text += ` + ${unknownCalls} call${unknownCalls > 1 ? "s" : ""} of unknown cost`;
+    text += ` · ${(input + output).toLocaleString()} tokens (${input.toLocaleString()} in, ${output.toLocaleString()} out)`;
+    return { text, usd: known ? usd.toFixed(6) : "" };
+  }
+
+  // Each finished turn's cost goes under its last item: the final answer
+  // when the turn has one. A turn with a run still going shows none yet.
+  async function showTurnCosts(threadId) {
+    const last = new Map();
+    for (const li of el.messages.children) if (li.dataset.turnId) last.set(li.dataset.turnId, li);
+    if (!last.size) return;
+    const byTurn = await runsByTurn(threadId, [...last.keys()]);
+    if (threadId !== state.threadId) return;
+    for (const [turnId, li] of last) {
+      const runs = byTurn.get(turnId);
+      if (!runs || !li.isConnected || runs.some((run) => ACTIVE.has(run.status))) continue;
+      const cost = turnCost(runs);
+      const line = node("div", "yc-cost", cost.text);
+      line.dataset.totalUsd = cost.usd;
+      line.dataset.runs = String(runs.length);
+      li.querySelector(".yc-cost")?.remove();
+      li.append(line);
+    }
   }
 
   async function loadHistory() {
@@ -221,6 +362,12 @@
     const page = await api("GET", `/threads/${threadId}/history?limit=200`);
     if (threadId !== state.threadId) return; // another thread was chosen meanwhile
     el.messages.replaceChildren(...page.items.map(renderItem));
+    try {
+      await showTurnCosts(threadId);
+    } catch (error) {
+      // The conversation stands without its costs.
+      setStatus(`Could not read the costs: ${error.message}`, true);
+    }
     el.messages.lastElementChild?.scrollIntoView({ block: "end" });
   }
 
@@ -277,6 +424,7 @@
     state.runId = null;
     el.live.hidden = true;
     el.cancel.hidden = true;
+    hideApproval();
     app.dataset.runStatus = "";
   }
 
@@ -318,7 +466,7 @@
     completed: "",
     cancelled: "The run was cancelled.",
     failed: "The run failed.",
-    interrupted: "The run waits for an approval (approvals come in a later version of this page).",
+    interrupted: "The run waits for your approval.",
   };
 
   function showRunStatus(status) {
@@ -409,16 +557,25 @@
     }
     el.live.hidden = true;
     showFinished(data, runId);
+    if (data.status === "interrupted") {
+      try {
+        const run = await api("GET", `/runs/${runId}`);
+        if (state.runId === runId) showApproval(run);
+      } catch (error) {
+        setStatus(`Could not read the approval: ${error.message}`, true);
+      }
+    }
   }
 
   // An interrupted run holds its thread until it is resumed or cancelled:
-  // until this page answers approvals, it offers Cancel to free the thread.
+  // the page offers its approval (showApproval) and Cancel.
   function showFinished(data, runId) {
     showRunStatus(data.status);
     const interrupted = data.status === "interrupted";
     state.runId = interrupted ? runId : null;
     el.cancel.hidden = !interrupted;
     el.cancel.disabled = false;
+    if (!interrupted) hideApproval();
     if (data.status === "failed" && data.error_type) setStatus(`The run failed (${data.error_type}).`, true);
     setComposer(!interrupted);
   }
@@ -442,11 +599,174 @@
     }
   }
 
+  // --- approvals -------------------------------------------------------------
+
+  const DECISION_LABEL = { approve: "Approve", edit: "Edit", reject: "Reject", retry: "Retry", skip: "Skip" };
+
+  function hideApproval() {
+    el.approval.hidden = true;
+    el.approval.replaceChildren();
+    delete el.approval.dataset.runId;
+  }
+
+  // `run`: the body of GET /api/runs/{id} of the thread's interrupted run.
+  // Its `approval` is pending until a resume run answers it.
+  function showApproval(run) {
+    const approval = run.approval;
+    if (!approval || approval.status !== "pending") return;
+    const form = el.approval;
+    form.replaceChildren();
+    form.dataset.runId = run.run_id;
+    const many = approval.action_requests.length > 1;
+    form.append(node("h3", "yc-approval-title", many ? "Approve these actions?" : "Approve this action?"));
+    approval.action_requests.forEach((request, index) => form.append(actionCard(request, index)));
+    const error = node("p", "yc-error yc-approval-error");
+    error.setAttribute("role", "alert");
+    const submit = node("button", null, many ? "Send decisions" : "Send decision");
+    submit.type = "submit";
+    submit.id = "yc-approval-submit";
+    const actions = node("div", "yc-actions");
+    actions.append(submit);
+    form.append(error, actions);
+    form.hidden = false;
+    form.scrollIntoView({ block: "nearest" });
+  }
+
+  // One action request: the tool and its arguments, and a choice among its
+  // allowed decisions; Edit opens the arguments as JSON, Reject a reason.
+  // Choosing, then sending, keeps one stray click from running a tool.
+  function actionCard(request, index) {
+    const card = node("fieldset", "yc-action");
+    card.dataset.index = String(index);
+    card.dataset.toolName = request.name || "";
+    const legend = node("legend");
+    legend.append(node("span", "yc-badge", request.kind === "outcome_unknown" ? "outcome unknown" : "approval"));
+    legend.append(node("span", "yc-tool-name", request.name || "tool"));
+    card.append(legend);
+    if (request.description) card.append(node("p", "yc-muted yc-action-description", request.description));
+    const args = JSON.stringify(request.args ?? {}, null, 2);
+    card.append(node("pre", "yc-args", args));
+    const choices = node("div", "yc-choices");
+    for (const type of request.allowed_decisions) {
+      const label = node("label", "yc-choice");
+      const radio = document.createElement("input");
+      radio.type = "radio";
+      radio.name = `yc-decision-${index}`;
+      radio.value = type;
+      label.append(radio, " ", DECISION_LABEL[type] || type);
+      choices.append(label);
+    }
+    card.append(choices);
+    const allowed = new Set(request.allowed_decisions);
+    let editBox = null;
+    let rejectBox = null;
+    if (allowed.has("edit")) {
+      editBox = node("label", "yc-decision-detail");
+      editBox.append("Arguments (JSON)");
+      const textarea = node("textarea", "yc-edit-args");
+      textarea.rows = Math.min(12, args.split("\n").length + 1);
+      textarea.spellcheck = false;
+      textarea.value = args;
+      editBox.append(textarea);
+      editBox.hidden = true;
+      card.append(editBox);
+    }
+    if (allowed.has("reject")) {
+      rejectBox = node("label", "yc-decision-detail");
+      rejectBox.append("Reason for the assistant (optional)");
+      const input = node("input", "yc-reject-message");
+      input.type = "text";
+      input.maxLength = 10000;
+      rejectBox.append(input);
+      rejectBox.hidden = true;
+      card.append(rejectBox);
+    }
+    choices.addEventListener("change", (event) => {
+      if (editBox) editBox.hidden = event.target.value !== "edit";
+      if (rejectBox) rejectBox.hidden = event.target.value !== "reject";
+    });
+    return card;
+  }
+
+  // One decision per action request, in order (docs/api.md, Approval and
+  // resume). Throws an Error with the user's mistake: nothing is sent then.
+  function collectDecisions(form) {
+    const decisions = [];
+    for (const card of form.querySelectorAll(".yc-action")) {
+      const name = card.dataset.toolName || "the action";
+      const chosen = card.querySelector("input[type=radio]:checked");
+      if (!chosen) throw new Error(`Choose a decision for ${name}.`);
+      const type = chosen.value;
+      if (type === "edit") {
+        let args;
+        try {
+          args = JSON.parse(card.querySelector(".yc-edit-args").value);
+        } catch (error) {
+          throw new Error(`The arguments of ${name} are not valid JSON: ${error.message}`);
+        }
+        if (args === null || typeof args !== "object" || Array.isArray(args)) {
+          throw new Error(`The arguments of ${name} must be a JSON object.`);
+        }
+        decisions.push({ type, args });
+      } else if (type === "reject") {
+        const message = card.querySelector(".yc-reject-message").value.trim();
+        decisions.push(message ? { type, message } : { type });
+      } else {
+        decisions.push({ type });
+      }
+    }
+    return decisions;
+  }
+
+  async function submitApproval(event) {
+    event.preventDefault();
+    const form = el.approval;
+    const runId = form.dataset.runId;
+    const error = form.querySelector(".yc-approval-error");
+    const submit = form.querySelector("#yc-approval-submit");
+    if (!runId || submit.disabled) return;
+    let decisions;
+    try {
+      decisions = collectDecisions(form);
+    } catch (mistake) {
+      error.textContent = mistake.message;
+      return;
+    }
+    error.textContent = "";
+    // As for a turn: a resume whose answer was lost is sent again with its
+    // request_id, so it starts one resume run, not two.
+    const body = JSON.stringify(decisions);
+    const unresumed = state.unresumed;
+    const requestId =
+      unresumed && unresumed.runId === runId && unresumed.body === body ? unresumed.requestId : newRequestId();
+    state.unresumed = { runId, body, requestId };
+    submit.disabled = true;
+    setStatus("Sending your decision…");
+    try {
+      const resume = await api("POST", `/runs/${runId}/resume`, { request_id: requestId, decisions });
+      state.unresumed = null;
+      if (state.runId !== runId) return; // another thread was chosen meanwhile
+      follow(resume.run_id);
+    } catch (failure) {
+      if (failure instanceof ApiError) state.unresumed = null;
+      if (failure.status === 409 && state.runId === runId) {
+        // Resumed or cancelled elsewhere meanwhile: show the thread as it is now.
+        await selectThread(state.threadId);
+        setStatus(`The approval was already answered: ${failure.message}`, true);
+        return;
+      }
+      submit.disabled = false;
+      error.textContent = `Could not send the decision: ${failure.message}`;
+      setStatus(STATUS_TEXT.interrupted);
+    }
+  }
+
   // --- start ---------------------------------------------------------------
 
   el.newThread.addEventListener("submit", createThread);
   el.send.addEventListener("submit", sendMessage);
   el.cancel.addEventListener("click", cancelRun);
+  el.approval.addEventListener("submit", submitApproval);
   el.input.addEventListener("keydown", (event) => {
     // Enter sends, Shift+Enter starts a new line.
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {

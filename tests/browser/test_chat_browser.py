@@ -1,17 +1,26 @@
 """The chat page in a real browser (R-UI-1, R-SEC-1): a user who is not
 staff signs in, creates a thread, sends a message, watches the answer
 stream in with its tool call, and finds both messages in the history;
-a long answer is cancelled from the page. Real processes: uvicorn, a Celery
-worker and the replay model server (tests/e2e/stack.py), Chromium through
-Playwright. No console error and no Content Security Policy violation."""
+a long answer is cancelled from the page; an email the assistant wants to
+send is approved, rejected or edited from the page; final answers are
+liked and disliked; each turn shows its cost. Real processes: uvicorn, a
+Celery worker and the replay model server (tests/e2e/stack.py), Chromium
+through Playwright. No console error and no Content Security Policy
+violation."""
 
 from __future__ import annotations
+
+import json
+from decimal import Decimal
 
 import pytest
 from django.conf import settings
 from django.db import connection
 
+from audit.models import AgentRun
 from audit.replay.scenarios import load_scenarios
+from conversations.models import MessageFeedback
+from costs.selectors import run_cost
 from tests.e2e.stack import database_url_of, start_stack
 
 from .conftest import SCREENSHOTS, _backends_of, _wait_for_backends_to_leave
@@ -89,6 +98,55 @@ def _send(page, text: str) -> None:
     page.click("#yc-send-button")
 
 
+def _wait_for_status(page, status: str) -> None:
+    page.wait_for_function(f"() => document.getElementById('yc-app').dataset.runStatus === {status!r}")
+
+
+def _kinds(page) -> list[str]:
+    messages = page.locator("#yc-messages > li")
+    return [messages.nth(i).get_attribute("data-kind") for i in range(messages.count())]
+
+
+def _turn_usd(turn_id: str) -> Decimal:
+    """The cost of a turn as the server sums it: its runs' costs."""
+    costs = [run_cost(run.id)["total_usd"] for run in AgentRun.objects.filter(turn_id=turn_id)]
+    assert costs and all(c is not None for c in costs), costs
+    return sum(costs, Decimal(0))
+
+
+def _assert_turn_cost(item, runs: int) -> None:
+    """The cost line under a turn's last item: its runs' summed cost."""
+    cost = item.locator(".yc-cost")
+    assert cost.inner_text().startswith("Turn cost $"), cost.inner_text()
+    assert "tokens (" in cost.inner_text()
+    assert cost.get_attribute("data-runs") == str(runs)
+    shown = Decimal(cost.get_attribute("data-total-usd"))
+    assert abs(shown - _turn_usd(item.get_attribute("data-turn-id"))) < Decimal("0.000001"), shown
+
+
+def _close_orm_connection() -> None:
+    """The ORM reads made while Playwright's sync API runs (greenlets, each
+    with its own context) open their own Django connection: close it, or
+    it outlives the test and keeps the test database from being dropped."""
+    connection.close()
+
+
+#: What the replay scenario's model asks to send, and answers after.
+EMAIL = load_scenarios()["approval_send_email"]
+
+
+def _ask_for_the_email(page):
+    """A thread on the approval scenario, the run interrupted for
+    ``send_email``: its approval card."""
+    _new_thread(page, "replay:approval_send_email")
+    _send(page, "Mail Bob")
+    _wait_for_status(page, "interrupted")
+    card = page.locator("#yc-approval .yc-action")
+    card.wait_for()
+    assert card.count() == 1
+    return card
+
+
 @pytest.mark.parametrize(
     "viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["1280", "390"]
 )
@@ -124,6 +182,11 @@ def test_a_user_chats_and_sees_the_answer_stream_in_R_UI_1(chat_stack, chat_user
         assert tool.locator(".yc-tool-name").inner_text() == "get_weather"
         assert tool.locator(".yc-tool-status").inner_text() == "completed"
         assert "18°C and sunny in Paris" in messages.nth(2).inner_text()
+        # Only the final answer takes feedback; the turn's cost shows under it.
+        assert messages.nth(1).locator(".yc-feedback").count() == 0
+        assert messages.nth(2).locator(".yc-feedback button").all_inner_texts() == ["Like", "Dislike"]
+        assert page.locator("#yc-messages .yc-cost").count() == 1
+        _assert_turn_cost(messages.nth(2), runs=1)
         # The thread is named after the first words of its first message.
         page.wait_for_function(
             "() => document.querySelector('#yc-thread-list .yc-thread').textContent.startsWith('What is the weather')"
@@ -140,6 +203,7 @@ def test_a_user_chats_and_sees_the_answer_stream_in_R_UI_1(chat_stack, chat_user
         watch.check()
     finally:
         context.close()
+        _close_orm_connection()
 
 
 def test_a_user_cancels_a_long_answer_R_UI_1(chat_stack, chat_user, browser):
@@ -171,3 +235,159 @@ def test_a_user_cancels_a_long_answer_R_UI_1(chat_stack, chat_user, browser):
         watch.check()
     finally:
         context.close()
+
+
+@pytest.mark.parametrize(
+    "viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["1280", "390"]
+)
+def test_a_user_approves_the_email_the_assistant_wants_to_send_R_UI_1(chat_stack, chat_user, browser, viewport):
+    width = viewport["width"]
+    context, page, watch = _open_chat(browser, chat_stack.base_url, viewport, chat_user)
+    try:
+        card = _ask_for_the_email(page)
+        # The tool and its arguments, the decisions it allows; the thread
+        # is held: no new message, Cancel offered.
+        assert card.locator(".yc-tool-name").inner_text() == "send_email"
+        assert json.loads(card.locator(".yc-args").inner_text()) == EMAIL.turns[0].tool_calls[0].arguments
+        assert [t.strip() for t in card.locator(".yc-choice").all_inner_texts()] == ["Approve", "Edit", "Reject"]
+        assert page.locator("#yc-status").inner_text() == "The run waits for your approval."
+        assert page.locator("#yc-input").is_disabled() and page.locator("#yc-cancel").is_visible()
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+        page.screenshot(path=SCREENSHOTS / f"chat-approval-{width}.png", full_page=True)
+
+        # A reload shows the pending approval again (the thread's newest run).
+        page.reload()
+        page.locator("#yc-approval .yc-action").wait_for()
+        _wait_for_status(page, "interrupted")
+        # Sending without a decision sends nothing.
+        page.click("#yc-approval-submit")
+        assert page.locator(".yc-approval-error").inner_text() == "Choose a decision for send_email."
+        assert not AgentRun.objects.filter(resumed_from__isnull=False).exists()
+
+        page.check("#yc-approval input[value='approve']")
+        page.click("#yc-approval-submit")
+        _wait_for_status(page, "completed")
+        assert page.locator("#yc-approval").is_hidden()
+        assert _kinds(page) == ["user", "tool_carrier", "answer"]
+        messages = page.locator("#yc-messages > li")
+        tool = messages.nth(1).locator(".yc-tool")
+        assert tool.locator(".yc-tool-name").inner_text() == "send_email"
+        assert tool.locator(".yc-tool-status").inner_text() == "completed"
+        assert messages.nth(2).locator(".yc-text").inner_text() == EMAIL.turns[1].text
+        # The turn's cost: the interrupted run and its resume.
+        _assert_turn_cost(messages.nth(2), runs=2)
+        resume = AgentRun.objects.get(resumed_from__isnull=False)
+        assert resume.status == "completed" and resume.input["decisions"][0]["type"] == "approve"
+        assert page.locator("#yc-input").is_enabled()
+        page.screenshot(path=SCREENSHOTS / f"chat-approved-{width}.png", full_page=True)
+
+        page.reload()
+        page.wait_for_selector("#yc-messages > li[data-kind='answer'] .yc-cost")
+        assert page.locator("#yc-approval").is_hidden()
+        watch.check()
+    finally:
+        context.close()
+        _close_orm_connection()
+
+
+def test_a_user_rejects_the_email_with_a_reason_R_UI_1(chat_stack, chat_user, browser):
+    context, page, watch = _open_chat(browser, chat_stack.base_url, {"width": 1280, "height": 900}, chat_user)
+    try:
+        card = _ask_for_the_email(page)
+        card.locator("input[value='reject']").check()
+        # The reason field opens with Reject; the arguments editor stays shut.
+        assert card.locator(".yc-edit-args").is_hidden()
+        card.locator(".yc-reject-message").fill("Not now, Bob is on holiday.")
+        page.click("#yc-approval-submit")
+        _wait_for_status(page, "completed")
+        assert _kinds(page) == ["user", "tool_carrier", "answer"]
+        messages = page.locator("#yc-messages > li")
+        assert messages.nth(1).locator(".yc-tool-status").inner_text() == "rejected"
+        assert messages.nth(2).locator(".yc-text").inner_text() == EMAIL.turns[1].text_if_rejected
+        resume = AgentRun.objects.get(resumed_from__isnull=False)
+        [decision] = resume.input["decisions"]
+        assert decision["type"] == "reject" and "Not now, Bob is on holiday." in json.dumps(decision)
+        _assert_turn_cost(messages.nth(2), runs=2)
+        watch.check()
+    finally:
+        context.close()
+        _close_orm_connection()
+
+
+def test_a_user_edits_the_email_before_it_is_sent_R_UI_1(chat_stack, chat_user, browser):
+    context, page, watch = _open_chat(browser, chat_stack.base_url, {"width": 390, "height": 844}, chat_user)
+    try:
+        card = _ask_for_the_email(page)
+        card.locator("input[value='edit']").check()
+        editor = card.locator(".yc-edit-args")
+        assert json.loads(editor.input_value()) == EMAIL.turns[0].tool_calls[0].arguments
+        # Invalid JSON: an error, and nothing is sent.
+        editor.fill('{"to": "bob@example.com",')
+        page.click("#yc-approval-submit")
+        assert "not valid JSON" in page.locator(".yc-approval-error").inner_text()
+        editor.fill('["bob@example.com"]')
+        page.click("#yc-approval-submit")
+        assert page.locator(".yc-approval-error").inner_text() == "The arguments of send_email must be a JSON object."
+        assert not AgentRun.objects.filter(resumed_from__isnull=False).exists()
+        page.screenshot(path=SCREENSHOTS / "chat-approval-edit-390.png", full_page=True)
+
+        edited = {**EMAIL.turns[0].tool_calls[0].arguments, "to": "bob@example.com"}
+        editor.fill(json.dumps(edited, indent=2))
+        page.click("#yc-approval-submit")
+        _wait_for_status(page, "completed")
+        messages = page.locator("#yc-messages > li")
+        tool = messages.nth(1).locator(".yc-tool")
+        assert tool.locator(".yc-tool-status").inner_text() == "completed"
+        assert tool.locator("pre").text_content().startswith("Email to bob@example.com recorded as ")
+        assert messages.nth(2).locator(".yc-text").inner_text() == EMAIL.turns[1].text
+        [decision] = AgentRun.objects.get(resumed_from__isnull=False).input["decisions"]
+        assert decision["type"] == "edit" and decision["edited_action"]["args"] == edited
+        watch.check()
+    finally:
+        context.close()
+        _close_orm_connection()
+
+
+def test_a_user_rates_answers_and_sees_each_turns_cost_R_UI_1(chat_stack, chat_user, browser):
+    context, page, watch = _open_chat(browser, chat_stack.base_url, {"width": 1280, "height": 900}, chat_user)
+    try:
+        _new_thread(page, "replay:plain_answer")
+        for text in ("Hello", "Hello again"):
+            _send(page, text)
+            page.wait_for_function(
+                f"() => document.querySelectorAll('#yc-messages > li[data-kind=answer]').length === "
+                f"{1 if text == 'Hello' else 2} && document.getElementById('yc-app').dataset.runStatus === 'completed'"
+            )
+        answers = page.locator("#yc-messages > li[data-kind='answer']")
+        # One cost line per turn, under its answer.
+        assert page.locator("#yc-messages .yc-cost").count() == 2
+        for i in range(2):
+            _assert_turn_cost(answers.nth(i), runs=1)
+        assert answers.nth(0).get_attribute("data-turn-id") != answers.nth(1).get_attribute("data-turn-id")
+
+        first = answers.nth(0)
+        message_id = int(first.get_attribute("data-message-id"))
+        first.get_by_role("button", name="Like", exact=True).click()
+        page.wait_for_selector(f"li[data-message-id='{message_id}'] .yc-feedback[data-rating='like']")
+        assert first.get_by_role("button", name="Like", exact=True).get_attribute("aria-pressed") == "true"
+        assert first.get_by_role("button", name="Dislike", exact=True).get_attribute("aria-pressed") == "false"
+        assert MessageFeedback.objects.get(message_id=message_id).rating == "like"
+        first.get_by_role("button", name="Dislike", exact=True).click()
+        page.wait_for_selector(f"li[data-message-id='{message_id}'] .yc-feedback[data-rating='dislike']")
+        assert first.get_by_role("button", name="Like", exact=True).get_attribute("aria-pressed") == "false"
+        feedback = MessageFeedback.objects.get(message_id=message_id)
+        assert feedback.rating == "dislike" and feedback.user_id == chat_user.pk
+        page.screenshot(path=SCREENSHOTS / "chat-feedback-cost-1280.png", full_page=True)
+
+        # After a reload the rating stays (one row, dislike); the answer
+        # still takes feedback, and the costs show again.
+        page.reload()
+        page.wait_for_selector("#yc-messages > li[data-kind='answer'] .yc-cost")
+        assert page.locator("#yc-messages .yc-cost").count() == 2
+        assert MessageFeedback.objects.filter(message_id=message_id).count() == 1
+        assert MessageFeedback.objects.get(message_id=message_id).rating == "dislike"
+        assert page.locator(f"li[data-message-id='{message_id}'] .yc-feedback button").count() == 2
+        watch.check()
+    finally:
+        context.close()
+        _close_orm_connection()
