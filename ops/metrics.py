@@ -157,8 +157,12 @@ DISPATCHER_REENQUEUES = Counter(
 )
 WEBHOOK_ATTEMPTS = Counter(
     "yuxi_webhook_attempts",
-    "Webhook delivery attempts by the delivery's status after them: delivered (2xx), retrying, failed (given up), skipped (not sent).",
+    "Webhook delivery attempts (requests sent) by the delivery's status after them: delivered (2xx), retrying, failed (given up).",
     ["status"],
+)
+WEBHOOK_SKIPPED = Counter(
+    "yuxi_webhook_deliveries_skipped",
+    "Webhook deliveries skipped without a request: the run's thread deleted, the URL erased or its host no longer allowed.",
 )
 
 #: Label used for a model name that is not a configured one.
@@ -317,10 +321,16 @@ def record_lease_takeover() -> None:
 
 @_safely
 def webhook_attempted(status: str) -> None:
-    """A webhook delivery attempt ended (R-API-3); ``status`` is the
-    delivery's after it: ``delivered``, ``retrying``, ``failed`` (given
-    up) or ``skipped`` (not sent)."""
+    """A webhook delivery attempt (a request sent) ended (R-API-3);
+    ``status`` is the delivery's after it: ``delivered``, ``retrying`` or
+    ``failed`` (given up)."""
     WEBHOOK_ATTEMPTS.labels(_label(status)).inc()
+
+
+@_safely
+def webhook_skipped() -> None:
+    """A webhook delivery was skipped without a request (R-API-3)."""
+    WEBHOOK_SKIPPED.inc()
 
 
 @_safely

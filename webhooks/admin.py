@@ -20,36 +20,24 @@ class WebhookAttemptInline(ReadOnlyInlineMixin, admin.TabularInline):
     started_display = time_column("started_at", "started")
 
 
+# A delivery's progress, on the list and on its page.
+_OUTCOME = (
+    "status",
+    "attempts",
+    "last_status_code",
+    "last_error",
+    "created_display",
+    "next_attempt_display",
+    "delivered_display",
+)
+
+
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = (
-        "id",
-        "run",
-        "run_status",
-        "status",
-        "attempts",
-        "last_status_code",
-        "last_error",
-        "created_display",
-        "next_attempt_display",
-        "delivered_display",
-    )
+    list_display = ("id", "run", "run_status", "receiver", *_OUTCOME)
     list_filter = ("status", "run_status")
     search_fields = ("=id", "=run__id", "url")
-    readonly_fields = (
-        "id",
-        "run",
-        "run_status",
-        "run_finished_display",
-        "url",
-        "status",
-        "attempts",
-        "last_status_code",
-        "last_error",
-        "created_display",
-        "next_attempt_display",
-        "delivered_display",
-    )
+    readonly_fields = ("id", "run", "run_status", "run_finished_display", "url", "receiver", *_OUTCOME)
     fields = readonly_fields
     raw_id_fields = ("run",)
     created_display = time_column("created_at", "queued")

@@ -54,6 +54,9 @@ class WebhookDelivery(models.Model):
     # The run's status at that end (completed, failed, cancelled, interrupted).
     run_status = models.CharField(max_length=20)
     url = models.CharField(max_length=2000)
+    # The URL's scheme, host and port (webhooks.targets.receiver_of): a
+    # receiver that fails is not tried again in the same delivery pass.
+    receiver = models.CharField(max_length=300, blank=True, default="")
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     # ``attempts`` when an admin last sent the delivery again: it gets

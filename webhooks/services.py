@@ -22,6 +22,8 @@ the beat task ``webhooks.deliver`` and ``manage.py deliver_webhooks``):
    :class:`~webhooks.models.WebhookAttempt` and retried after
    ``WEBHOOK_RETRY_BASE_SECONDS`` doubled per attempt (at most
    ``WEBHOOK_RETRY_MAX_SECONDS``), ``WEBHOOK_MAX_ATTEMPTS`` times in all.
+   A receiver whose attempt failed is passed over for the rest of the
+   pass: one that is down or slow costs a pass one timeout.
 
 Delivery is at least once: a receiver that answers after the timeout may
 get the same delivery id again.
@@ -40,6 +42,7 @@ from urllib.parse import urlsplit
 
 import requests
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from core.config import get_config
@@ -50,7 +53,7 @@ from otel_export.selectors import export_horizon
 from .errors import WebhookNotAllowed
 from .models import WebhookAttempt, WebhookCursor, WebhookDelivery
 from .selectors import ended_runs_with_webhook, readable_run
-from .targets import webhook_checked
+from .targets import receiver_of, webhook_checked
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +115,7 @@ def deliveries_queue(*, settle_seconds: float | None = None) -> int:
                         run_finished_at=run["finished_at"],
                         run_status=run["status"],
                         url=run["webhook"],
+                        receiver=receiver_of(run["webhook"]),
                         next_attempt_at=now,
                     )
                     for run in runs
@@ -144,7 +148,10 @@ def deliveries_send(
 ) -> SendProgress:
     """Send the deliveries due when the pass starts, oldest due first,
     until none is left or ``max_seconds`` (seconds, checked between
-    deliveries) ran out: each is tried at most once per pass.
+    deliveries) ran out: each is tried at most once per pass, and a
+    receiver (scheme, host and port) whose attempt failed is not tried
+    again in the pass, so one that is down or slow costs a pass one
+    timeout, not one per delivery (``caught_up`` is then false).
 
     Args:
         render: the body of a run (an :class:`~audit.models.AgentRun`), as
@@ -161,15 +168,29 @@ def deliveries_send(
     due_by = timezone.now()
     own_session = session is None
     session = session or requests.Session()
+    failing: set[str] = set()
     try:
         while deadline is None or time.monotonic() < deadline:
-            delivery = _claim_next(due_by=due_by, claim_seconds=config.WEBHOOK_TIMEOUT_SECONDS + CLAIM_MARGIN_SECONDS)
+            delivery = _claim_next(
+                due_by=due_by,
+                claim_seconds=config.WEBHOOK_TIMEOUT_SECONDS + CLAIM_MARGIN_SECONDS,
+                passed_over=failing,
+            )
             if delivery is None:
-                result.caught_up = True
+                result.caught_up = not failing
                 break
             outcome = _attempt(delivery, render=render, session=session)
-            if outcome != Status.SKIPPED:
-                result.attempts += 1
+            if outcome == Status.SKIPPED:
+                result.skipped += 1
+                metrics.webhook_skipped()
+                continue
+            if outcome != Status.DELIVERED:
+                # A receiver that failed (down, slow past the timeout, an
+                # error status) is not tried again in this pass: its other
+                # deliveries wait for the next one, and the receivers
+                # behind it are not held up by its timeouts.
+                failing.add(delivery.receiver)
+            result.attempts += 1
             counter = "retrying" if outcome == Status.PENDING else str(outcome)
             setattr(result, counter, getattr(result, counter) + 1)
             metrics.webhook_attempted(counter)
@@ -179,16 +200,17 @@ def deliveries_send(
     return result
 
 
-def _claim_next(*, due_by: datetime, claim_seconds: float) -> WebhookDelivery | None:
-    """The oldest pending delivery due by ``due_by``, claimed: its attempt
-    counted and its ``next_attempt_at`` moved ``claim_seconds`` on, in a
-    transaction of its own (no lock is held during the request). None when
-    none is due."""
+def _claim_next(*, due_by: datetime, claim_seconds: float, passed_over: set[str]) -> WebhookDelivery | None:
+    """The oldest pending delivery due by ``due_by`` whose receiver is not
+    in ``passed_over``, claimed: its attempt counted and its
+    ``next_attempt_at`` moved ``claim_seconds`` on, in a transaction of its
+    own (no lock is held during the request). None when none is due."""
     now = timezone.now()
     with transaction.atomic():
         delivery = (
             WebhookDelivery.objects.select_for_update(skip_locked=True)
             .filter(status=Status.PENDING, next_attempt_at__lte=due_by)
+            .exclude(receiver__in=passed_over)
             .order_by("next_attempt_at")
             .first()
         )
@@ -299,7 +321,11 @@ def _record(
 
 
 def _skip(delivery: WebhookDelivery, reason: str) -> str:
-    WebhookDelivery.objects.filter(pk=delivery.pk, status=Status.PENDING).update(
-        status=Status.SKIPPED, last_error=reason[:500]
+    """Skip a claimed delivery without a request: its claim's count is
+    given back, so ``attempts`` stays the number of requests sent (one
+    :class:`~webhooks.models.WebhookAttempt` each). A later claim that took
+    it over (``attempts`` moved on) is left alone."""
+    WebhookDelivery.objects.filter(pk=delivery.pk, status=Status.PENDING, attempts=delivery.attempts).update(
+        status=Status.SKIPPED, attempts=F("attempts") - 1, last_error=reason[:500]
     )
     return Status.SKIPPED

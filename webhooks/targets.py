@@ -42,6 +42,21 @@ def host_allowed(host: str, allowed: list[str]) -> bool:
     return False
 
 
+def receiver_of(url: str) -> str:
+    """The receiver of ``url``: its scheme, host and port in lower case
+    (``https://hooks.example.com:443``), the unit a delivery pass isolates
+    (a receiver that fails is not tried again in the same pass). ``""`` for
+    a URL that does not split (an erased one)."""
+    try:
+        parts = urlsplit(url)
+        scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return ""
+    if not host or scheme not in ("http", "https"):
+        return ""
+    return f"{scheme}://{host}:{port or (443 if scheme == 'https' else 80)}"
+
+
 def webhook_checked(url: str) -> str:
     """``url`` if the product may POST to it, unchanged.
 

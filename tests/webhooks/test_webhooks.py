@@ -150,6 +150,45 @@ def test_a_receiver_that_is_down_delays_and_loses_nothing_R_API_3(user, replay_m
         receiver.stop()
 
 
+def test_a_failing_receiver_is_tried_once_a_pass_and_holds_no_other_back_R_API_3(user, replay_models, webhook_config):
+    """Three deliveries to a receiver slower than the timeout and one to
+    another: a pass tries the slow one once (one timeout, not three) and
+    delivers the other; the next pass, the slow receiver fixed, delivers
+    its three."""
+    slow, other = WebhookReceiver(), WebhookReceiver()
+    try:
+        slow.default, slow.slow_seconds = "slow", 3 * webhook_config.WEBHOOK_TIMEOUT_SECONDS
+        for _ in range(3):
+            ended_run(user, "plain_answer", slow.url)
+        ended_run(user, "plain_answer", other.url)
+        queued, sent = one_pass()
+        assert queued == 4 and sent.attempts == 2 and sent.delivered == 1 and sent.retrying == 1
+        assert not sent.caught_up
+        assert len(slow.received) == 1 and len(other.received) == 1
+        attempts = sorted(
+            WebhookDelivery.objects.filter(receiver=f"http://127.0.0.1:{slow.port}").values_list("attempts", flat=True)
+        )
+        assert attempts == [0, 0, 1]
+        assert "Timeout" in WebhookAttempt.objects.get(delivery__receiver=f"http://127.0.0.1:{slow.port}").error
+
+        slow.default = "ok"
+        sent = deliveries_send(render=run_body)
+        assert sent.delivered == 3 and sent.caught_up
+        assert set(WebhookDelivery.objects.values_list("status", flat=True)) == {"delivered"}
+    finally:
+        slow.stop()
+        other.stop()
+
+
+def test_the_receiver_of_a_url_is_its_scheme_host_and_port_R_API_3():
+    from webhooks.targets import receiver_of
+
+    assert receiver_of("HTTP://Hooks.Example.com/a?b") == "http://hooks.example.com:80"
+    assert receiver_of("https://hooks.example.com") == "https://hooks.example.com:443"
+    assert receiver_of("https://hooks.example.com:8443/x") == "https://hooks.example.com:8443"
+    assert receiver_of("") == receiver_of("http://") == receiver_of("http://[::1/x") == ""
+
+
 def test_retries_back_off_and_give_up_after_the_last_attempt_R_API_3(user, replay_models, webhook_config, receiver):
     assert [retry_delay(n, base=5, cap=60) for n in (1, 2, 3, 4, 5, 9)] == [5, 10, 20, 40, 60, 60]
     webhook_config.WEBHOOK_MAX_ATTEMPTS = 2
@@ -294,6 +333,7 @@ def test_a_run_of_a_deleted_thread_is_not_announced_R_API_3(user, replay_models,
     assert sent.skipped == 1 and sent.attempts == 0 and receiver.received == []
     delivery = WebhookDelivery.objects.get()
     assert delivery.status == "skipped" and "deleted" in delivery.last_error
+    assert delivery.attempts == 0 and not WebhookAttempt.objects.exists()
 
 
 def test_a_run_without_webhook_is_not_queued_R_API_3(user, replay_models, webhook_config, receiver):
@@ -422,6 +462,33 @@ def test_attempts_are_counted_and_the_backlog_is_a_gauge_R_API_3_R_OPS_1(user, r
     assert delta(during, after, "yuxi_webhook_attempts_total", status="delivered") == 1
     assert value(after, "yuxi_webhook_deliveries_pending") == 0
     assert value(after, "yuxi_webhook_deliveries_pending_oldest_age_seconds") == 0
+
+
+def test_a_skipped_delivery_counts_no_attempt_R_API_3_R_OPS_1(user, replay_models, webhook_config):
+    """A delivery skipped without a request (its host no longer allowed)
+    keeps ``attempts`` equal to the requests it had, and counts as skipped,
+    not as an attempt."""
+    from tests.ops.test_metrics import delta, scrape
+
+    down = WebhookReceiver()
+    url = down.url
+    down.stop()
+    ended_run(user, "plain_answer", url)
+    one_pass()  # one real attempt, refused: the delivery waits
+    delivery = WebhookDelivery.objects.get()
+    assert delivery.attempts == 1 and WebhookAttempt.objects.count() == 1
+
+    webhook_config.WEBHOOK_ALLOWED_HOSTS = ["hooks.example.com"]
+    before = scrape()
+    sent = deliveries_send(render=run_body)
+    after = scrape()
+    assert sent.skipped == 1 and sent.attempts == 0
+    delivery.refresh_from_db()
+    assert delivery.status == "skipped" and "not sent" in delivery.last_error
+    assert delivery.attempts == WebhookAttempt.objects.filter(delivery=delivery).count() == 1
+    assert delta(before, after, "yuxi_webhook_deliveries_skipped_total") == 1
+    for status in ("delivered", "retrying", "failed", "skipped"):
+        assert delta(before, after, "yuxi_webhook_attempts_total", status=status) == 0
 
 
 @pytest.mark.parametrize("erasure", ["thread", "user"])
