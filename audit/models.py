@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from core.storable import StorableCharField, StorableJSONField, StorableTextField
-from governance.triggers import RUN_TRIGGERS
+from governance.triggers import ROLLBACK_TRIGGERS, RUN_TRIGGERS
 
 
 class AgentRunQuerySet(models.QuerySet):
@@ -219,6 +219,10 @@ class RunRollback(models.Model):
     # The run of the turn that rolled it back.
     by_run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, db_constraint=False, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        # Append-only once recorded (R-GOV-3): see governance.triggers.
+        triggers = ROLLBACK_TRIGGERS
 
     def __str__(self) -> str:
         return f"run {self.run_id} rolled back by run {self.by_run_id}"

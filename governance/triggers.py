@@ -1,5 +1,6 @@
 """Append-only audit in the database (R-GOV-3): django-pgtrigger triggers
-declared on ``AgentRun`` and ``Message`` (so their migrations own them).
+declared on ``AgentRun``, ``Message`` and ``RunRollback`` (so their
+migrations own them).
 
 What they refuse, unless the transaction names an open governance action
 (the audited bypass, :func:`governance.bypass.audited_bypass`):
@@ -25,6 +26,9 @@ What they refuse, unless the transaction names an open governance action
   the run from seal version 4).
 * DELETE of audit rows and of runs (a thread or user deleted with its runs
   cascades into this and is refused the same way).
+* UPDATE or DELETE of a run's rollback mark (``RunRollback``, R-API-2):
+  it is written after the run may be sealed, so it is append-only on its
+  own rather than through the seal.
 
 Rows still ``running`` and ordinary chat messages are not restricted: the
 lifecycle writes them under the run's lease (R-RUN-4). TRUNCATE fires no row
@@ -180,5 +184,22 @@ sealed_prompt = pgtrigger.Trigger(
     """,
 )
 
+# A rollback mark (audit.models.RunRollback) cannot be in the seal of the
+# run it marks: the run may have been sealed before a later turn rolled it
+# back (a resumed interrupted run). It is append-only by itself instead:
+# once recorded, never changed nor removed.
+run_rollback_append_only = pgtrigger.Trigger(
+    name="run_rollback_append_only",
+    when=pgtrigger.Before,
+    operation=pgtrigger.Update | pgtrigger.Delete,
+    func=f"""
+        IF {_BYPASS} THEN
+            RETURN COALESCE(NEW, OLD);
+        END IF;
+        RAISE EXCEPTION 'the rollback mark of run % is append-only (R-GOV-3)', OLD.run_id {_REFUSE};
+    """,
+)
+
 MESSAGE_TRIGGERS = [closed_audit_facts, audit_row_delete, sealed_prompt]
 RUN_TRIGGERS = [run_delete, sealed_run]
+ROLLBACK_TRIGGERS = [run_rollback_append_only]

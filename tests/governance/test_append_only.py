@@ -10,7 +10,7 @@ from django.db import IntegrityError, connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from audit.models import AgentRun
+from audit.models import AgentRun, RunRollback
 from conversations.models import Conversation, Message
 from governance.bypass import audited_bypass, open_bypass
 from governance.models import GovernanceAction
@@ -76,6 +76,25 @@ def test_delete_of_audit_rows_runs_and_threads_fails_R_GOV_3(thread):
         with transaction.atomic():
             Conversation.objects.filter(pk=thread.pk).delete()
     assert Message.objects.filter(run=run).count() == 4 and AgentRun.objects.filter(pk=run.pk).exists()
+
+
+def test_a_rollback_mark_is_append_only_though_its_run_was_sealed_before_R_GOV_3_R_API_2(thread):
+    """A sealed run marked rolled back by a later turn (the mark is not in
+    its seal): the mark cannot be changed nor removed, except through the
+    audited bypass."""
+    rolled, later = tool_turn(thread), tool_turn(thread, prefix="b")
+    assert AgentRun.objects.get(pk=rolled.pk).sealed_at is not None
+    RunRollback.objects.create(run=rolled, by_run=later)
+    with pytest.raises(IntegrityError, match="rollback mark of run .* is append-only"):
+        _sql("DELETE FROM audit_runrollback WHERE run_id = %s", [rolled.pk])
+    with pytest.raises(IntegrityError, match="append-only"):
+        _sql("UPDATE audit_runrollback SET by_run_id = %s WHERE run_id = %s", [rolled.pk, rolled.pk])
+    with pytest.raises(IntegrityError, match="append-only"):
+        _sql("UPDATE audit_runrollback SET created_at = now() WHERE run_id = %s", [rolled.pk])
+    assert RunRollback.objects.get(run=rolled).by_run_id == later.pk
+    with audited_bypass(reason="test: remove a mark", actor="tester"):
+        RunRollback.objects.filter(run=rolled).delete()
+    assert not RunRollback.objects.exists()
 
 
 def test_the_bypass_needs_an_open_recorded_action_R_GOV_3(thread):
