@@ -190,6 +190,11 @@ class ToolExecutionOut(Schema):
         }
 
 
+class HistoryFeedbackOut(Schema):
+    rating: Literal["like", "dislike"]
+    reason: str
+
+
 class HistoryItemOut(Schema):
     id: int
     run_id: uuid.UUID | None
@@ -202,6 +207,11 @@ class HistoryItemOut(Schema):
     metadata: dict[str, Any] = Field(..., description="Public operation metadata only (model name, finish reason).")
     created_at: datetime
     payload_note: str | None = Field(None, description=_PAYLOAD_NOTE)
+    feedback: HistoryFeedbackOut | None = Field(
+        None,
+        description="On an answer the thread's owner rated (`POST /api/messages/{id}/feedback`): the rating and "
+        "reason; null otherwise.",
+    )
 
     @staticmethod
     def from_entry(entry) -> HistoryItemOut:
@@ -218,6 +228,7 @@ class HistoryItemOut(Schema):
             metadata=entry.public_metadata(),
             created_at=row.created_at,
             payload_note=payload_note(row.metadata),
+            feedback=entry.feedback,
         )
 
     @staticmethod
@@ -238,6 +249,7 @@ class HistoryItemOut(Schema):
             "metadata": entry.public_metadata(),
             "created_at": row.created_at,
             "payload_note": payload_note(row.metadata),
+            "feedback": entry.feedback,
         }
 
 

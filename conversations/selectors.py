@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.db import connection
@@ -26,7 +26,7 @@ from core.storable import (
 )
 from core.workspace import PREVIEW_CHARS, offloaded_summary, tool_row_large_result_path
 
-from .models import Conversation, Message, history_carrier_q, history_ordinary_q
+from .models import Conversation, Message, MessageFeedback, history_carrier_q, history_ordinary_q
 from .sql import MESSAGE_TABLE, message_columns, message_rows, predicate_sql
 
 
@@ -82,6 +82,8 @@ class HistoryEntry:
     message: Message
     kind: str
     tool_executions: list[Message] = field(default_factory=list)
+    # The thread owner's feedback on an answer: {"rating", "reason"}.
+    feedback: dict[str, str] | None = None
 
     def public_metadata(self) -> dict[str, Any]:
         return {k: v for k, v in (self.message.metadata or {}).items() if k in PUBLIC_METADATA_FIELDS}
@@ -197,7 +199,27 @@ def thread_history(*, thread: Conversation, limit: int = 50, before: str | None 
     for row in page:
         row.sequence_key = _NO_SEQUENCE if row.sequence is None else row.sequence
     next_before = page_cursor(page[0], _HISTORY_KEY) if has_more else None
-    return HistoryPage(items=_with_tool_executions(thread.id, page), has_more=has_more, next_before=next_before)
+    entries = _with_feedback(thread.user_id, _with_tool_executions(thread.id, page))
+    return HistoryPage(items=entries, has_more=has_more, next_before=next_before)
+
+
+def _with_feedback(user_id: int, entries: list[HistoryEntry]) -> list[HistoryEntry]:
+    """The entries, each answer carrying the thread owner's feedback on it
+    (``MessageFeedback``, one per user and message), so that a chat page
+    shows a rating after a reload (R-READ-1, R-UI-1). One query, and none
+    for a page without answers."""
+    answer_ids = [entry.message.id for entry in entries if entry.kind == "answer"]
+    if not answer_ids:
+        return entries
+    given = {
+        message_id: {"rating": rating, "reason": reason}
+        for message_id, rating, reason in MessageFeedback.objects.filter(
+            user_id=user_id, message_id__in=answer_ids
+        ).values_list("message_id", "rating", "reason")
+    }
+    if not given:
+        return entries
+    return [replace(e, feedback=given[e.message.id]) if e.message.id in given else e for e in entries]
 
 
 def _with_tool_executions(thread_id: uuid.UUID, rows: list[Message]) -> list[HistoryEntry]:

@@ -213,7 +213,9 @@ def test_history_query_count_does_not_grow_with_turns_R_READ_1(thread):
     with CaptureQueriesContext(connection) as six:
         body = history(thread, headers)
     assert len(body["items"]) == 18
-    assert len(six) == len(one) <= 4, [q["sql"] for q in six]
+    # The token, the thread, the page, its tool executions and the feedback
+    # on its answers.
+    assert len(six) == len(one) <= 5, [q["sql"] for q in six]
 
 
 # -- feedback ------------------------------------------------------------------
@@ -231,6 +233,34 @@ def test_feedback_on_final_answer_once_per_user_R_READ_4(thread):
     assert second.status_code == 200, second.content
     assert second.json()["rating"] == "dislike" and second.json()["reason"] == "too short"
     assert list(MessageFeedback.objects.values_list("rating", flat=True)) == ["dislike"]
+
+
+def test_history_carries_the_owners_feedback_on_each_answer_R_READ_1_R_READ_4(thread, other_user):
+    first, second, third = (tool_turn(thread, prefix=p) for p in "abc")
+    client, headers = Client(), bearer(thread.user)
+    for run, body in ((first, {"rating": "like"}), (third, {"rating": "dislike", "reason": "too short"})):
+        url = f"/api/messages/{run.output_message_id}/feedback"
+        assert client.post(url, body, content_type="application/json", headers=headers).status_code == 201
+    # Someone else's feedback on the same answer (a row the API cannot
+    # make: it answers 404 to another user) is not the owner's.
+    MessageFeedback.objects.create(message_id=second.output_message_id, user=other_user, rating="like")
+
+    items = history(thread, headers)["items"]
+    feedback = {i["id"]: i["feedback"] for i in items if i["kind"] == "answer"}
+    assert feedback == {
+        first.output_message_id: {"rating": "like", "reason": ""},
+        second.output_message_id: None,
+        third.output_message_id: {"rating": "dislike", "reason": "too short"},
+    }
+    assert all(i["feedback"] is None for i in items if i["kind"] != "answer")
+    # Paging back keeps each answer's.
+    page = history(thread, headers, limit=1)
+    assert [i["feedback"] for i in page["items"]] == [{"rating": "dislike", "reason": "too short"}]
+    older = history(thread, headers, limit=6, before=page["next_before"])
+    assert [(i["kind"], i["feedback"]) for i in older["items"] if i["kind"] == "answer"] == [
+        ("answer", {"rating": "like", "reason": ""}),
+        ("answer", None),
+    ]
 
 
 def test_feedback_refuses_audit_rows_user_messages_and_others_R_READ_4_R_READ_5(thread, other_user):
