@@ -83,8 +83,10 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First, so every line logged for the request carries its id (R-OPS-1).
     "ops.middleware.RequestContextMiddleware",
-    "django.middleware.security.SecurityMiddleware",
+    # Before SecurityMiddleware, whose HTTPS redirect answers early: every
+    # response carries the policy, redirects included (R-SEC-1).
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
+    "django.middleware.security.SecurityMiddleware",
     # Serves admin CSS/JS and the vendored chart library from the ASGI
     # process itself (uvicorn has no static file handler).
     "whitenoise.middleware.WhiteNoiseMiddleware",

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from django.test import Client
 from django.urls import reverse
 
 from core.config import BASE_DIR, INSECURE_SECRET_KEY, Config, ConfigError, get_config, proxy_ssl_header
@@ -154,6 +155,26 @@ def test_every_page_carries_a_content_security_policy_R_SEC_1(client, staff_user
     assert directives["script-src"] == "'self'", "no inline script, no other origin"
     assert directives["frame-ancestors"] == "'none'" and directives["object-src"] == "'none'"
     assert directives["default-src"] == "'self'"
+
+
+def test_redirects_and_errors_carry_the_policy_too_R_SEC_1(client, settings):
+    """The HTTPS redirect (answered by SecurityMiddleware before any view),
+    the sign-in and slash redirects, a 404, a 405 and the API's JSON errors
+    all carry the same policy as the pages."""
+    page_policy = client.get("/admin/login/")["Content-Security-Policy"]
+    answers = [
+        client.get("/admin/"),  # 302 to the sign-in
+        client.get("/admin"),  # 301 to /admin/
+        client.get("/no-such-page/"),
+        client.get("/chat/logout/"),  # 405
+        client.get("/api/threads"),  # 401, JSON
+        client.get("/api/no-such-endpoint"),  # 404, JSON
+    ]
+    settings.SECURE_SSL_REDIRECT = True
+    answers.append(Client().get("/admin/login/"))  # a new client loads the middleware anew
+    assert [a.status_code for a in answers] == [302, 301, 404, 405, 401, 404, 301]
+    for answer in answers:
+        assert answer.get("Content-Security-Policy") == page_policy, answer
 
 
 def test_the_admin_pages_use_no_inline_script_R_SEC_1(client, staff_user, thread):
