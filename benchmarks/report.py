@@ -237,6 +237,7 @@ def run_overhead_rows(result, reproduce: str, *, warmup: int) -> list[Performanc
             reproduce,
         ),
     ]
+    rows += run_cpu_rows(result, reproduce)
     # Samples taken during the warm-up are not the baseline: the process
     # still grows then (imports, caches, connections).
     settled = [sample for sample in result.rss_mib if sample[0] >= warmup]
@@ -250,6 +251,33 @@ def run_overhead_rows(result, reproduce: str, *, warmup: int) -> list[Performanc
                 last / first,
                 reproduce,
                 target=Target(1.05),
+            )
+        )
+    return rows
+
+
+def run_cpu_rows(result, reproduce: str) -> list[PerformanceRow]:
+    """CPU rows of a :class:`benchmarks.run_overhead.RunOverheadResult`
+    (issue 38 item 4): the audit alone (product − kept checkpointer, both
+    keeping their connection) against LangGraph's checkpointer (kept
+    checkpointer − bare graph), per run, in this process and with the
+    local PostgreSQL server's CPU added; target ≤ 1.0x. Wall-time
+    differences swing with the machine's load, CPU time much less."""
+    if not result.round_cpu_ms.get("product"):
+        return []
+    rows = []
+    for server in (False, True) if result.has_server_cpu else (False,):
+        where = "process + PostgreSQL" if server else "process"
+        audit = result.cpu_overhead_ms("product", "kept checkpointer", server=server)
+        saver = result.cpu_overhead_ms("kept checkpointer", "plain graph", server=server)
+        rows.append(
+            row(
+                f"the audit alone, CPU per run ({where})",
+                f"+{audit:.1f} ms CPU (product − kept checkpointer)",
+                f"+{saver:.1f} ms CPU LangGraph checkpointer (kept checkpointer − bare graph)",
+                audit / saver if saver > 0 else None,
+                reproduce,
+                target=Target(1.0),
             )
         )
     return rows

@@ -30,7 +30,12 @@ is no variant's overhead. Per round the medians give the checkpointer's
 overhead (checkpointer - plain) and the product's (product - checkpointer)
 and their ratio (target: at most 1.0x), and the audit's alone (product -
 kept checkpointer) and its ratio to the checkpointer's overhead; the
-figures are the median over the rounds. The process's resident memory is sampled every ``rss_every``
+figures are the median over the rounds. Each run's CPU time is measured
+too (:mod:`benchmarks.cpu`: this process's, every thread, and the local
+PostgreSQL servers'), its mean per round: the audit's CPU alone (product
+- kept checkpointer) against the checkpointer's (kept checkpointer -
+plain graph), like for like, since wall-time differences swing with the
+machine's load. The process's resident memory is sampled every ``rss_every``
 product runs (R-OPS: worker memory must stay flat after warm-up).
 
 It creates a throw-away user, threads, runs, checkpoints and Redis streams
@@ -68,6 +73,8 @@ from core.config import get_config
 from core.db import release_connection
 from core.redis_client import stream_key
 
+from .cpu import CpuMeter
+
 SCENARIO_MODEL = "replay:tool_then_answer"
 VARIANTS = ("plain graph", "checkpointer", "product", "kept checkpointer")
 
@@ -89,6 +96,28 @@ class RunOverheadResult:
     round_audit_ratio: list[float] = field(default_factory=list)
     # (product runs so far, resident set size in MiB)
     rss_mib: list[tuple[int, float]] = field(default_factory=list)
+    # variant -> per-round mean CPU per run (ms): this process (every
+    # thread), and the local PostgreSQL servers (empty where /proc cannot
+    # tell); see benchmarks.cpu. Means, not medians: the server's time
+    # comes in 10 ms clock ticks.
+    round_cpu_ms: dict[str, list[float]] = field(default_factory=dict)
+    round_server_cpu_ms: dict[str, list[float]] = field(default_factory=dict)
+
+    def cpu_overhead_ms(self, variant: str, over: str, *, server: bool = False) -> float:
+        """Median over the rounds of ``variant``'s CPU per run minus
+        ``over``'s (ms): this process's, plus the servers' with ``server``."""
+
+        def per_round(v: str) -> list[float]:
+            process = self.round_cpu_ms[v]
+            if not server:
+                return process
+            return [p + s for p, s in zip(process, self.round_server_cpu_ms[v], strict=True)]
+
+        return statistics.median(a - b for a, b in zip(per_round(variant), per_round(over), strict=True))
+
+    @property
+    def has_server_cpu(self) -> bool:
+        return all(self.round_server_cpu_ms.get(v) for v in VARIANTS)
 
     def median(self, values: list[float]) -> float:
         return statistics.median(values)
@@ -202,7 +231,12 @@ def bench_run_overhead(
     workspace.mkdir(parents=True, exist_ok=True)
     thread_ids: list[uuid.UUID] = []
     run_ids: list[uuid.UUID] = []
-    result = RunOverheadResult(runs_per_round=runs, round_median_ms={v: [] for v in VARIANTS})
+    result = RunOverheadResult(
+        runs_per_round=runs,
+        round_median_ms={v: [] for v in VARIANTS},
+        round_cpu_ms={v: [] for v in VARIANTS},
+        round_server_cpu_ms={v: [] for v in VARIANTS},
+    )
     product_runs = 0
 
     def new_thread() -> uuid.UUID:
@@ -210,35 +244,39 @@ def bench_run_overhead(
         thread_ids.append(thread.id)
         return thread.id
 
-    def one(variant: str) -> float:
+    def one(variant: str) -> tuple[float, CpuMeter]:
+        """One run of ``variant``: its wall time (s) and its CPU."""
         nonlocal product_runs
         if variant == "product":
             thread_id = new_thread()
             run, _ = run_submit(user=user, thread_id=thread_id, request_id=uuid.uuid4().hex, text="weather in Paris?")
             release_connection()
             run_ids.append(run.id)
-            began = time.perf_counter()
-            status = run_execute(run_id=run.id, owner="bench")
-            elapsed = time.perf_counter() - began
+            with CpuMeter() as cpu:
+                began = time.perf_counter()
+                status = run_execute(run_id=run.id, owner="bench")
+                elapsed = time.perf_counter() - began
             if status != "completed":
                 raise RuntimeError(f"a product run ended {status}")
             product_runs += 1
             if product_runs % rss_every == 0:
                 result.rss_mib.append((product_runs, _rss_mib()))
-            return elapsed
+            return elapsed, cpu
         saved = variant != "plain graph"
         thread_id = new_thread() if saved else uuid.uuid4()
         release_connection()
-        began = time.perf_counter()
-        run_in_worker_loop(
-            _graph_run(
-                thread_id,
-                conninfo=conninfo if saved else None,
-                workspace=workspace,
-                kept_connection=variant == "kept checkpointer",
+        with CpuMeter() as cpu:
+            began = time.perf_counter()
+            run_in_worker_loop(
+                _graph_run(
+                    thread_id,
+                    conninfo=conninfo if saved else None,
+                    workspace=workspace,
+                    kept_connection=variant == "kept checkpointer",
+                )
             )
-        )
-        return time.perf_counter() - began
+            elapsed = time.perf_counter() - began
+        return elapsed, cpu
 
     previous_url = config.REPLAY_MODEL_URL
     quiet = [logging.getLogger(name) for name in ("audit.replay.server", "uvicorn.error", "audit.execution.runner")]
@@ -254,13 +292,19 @@ def bench_run_overhead(
             result.rss_mib.append((product_runs, _rss_mib()))
             for r in range(rounds):
                 samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+                cpu: dict[str, list[CpuMeter]] = {v: [] for v in VARIANTS}
                 for i in range(runs):
                     shift = (r * runs + i) % len(VARIANTS)
                     for variant in VARIANTS[shift:] + VARIANTS[:shift]:
-                        samples[variant].append(one(variant) * 1000)
+                        elapsed, meter = one(variant)
+                        samples[variant].append(elapsed * 1000)
+                        cpu[variant].append(meter)
                 medians = {v: statistics.median(samples[v]) for v in VARIANTS}
                 for v in VARIANTS:
                     result.round_median_ms[v].append(medians[v])
+                    result.round_cpu_ms[v].append(statistics.fmean(m.process_ms for m in cpu[v]))
+                    if all(m.server_ms is not None for m in cpu[v]):
+                        result.round_server_cpu_ms[v].append(statistics.fmean(m.server_ms for m in cpu[v]))
                 saver = medians["checkpointer"] - medians["plain graph"]
                 product = medians["product"] - medians["checkpointer"]
                 result.round_checkpointer_overhead_ms.append(saver)

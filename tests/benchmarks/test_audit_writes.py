@@ -74,6 +74,8 @@ def test_bench_run_overhead_prints_the_variants_the_ratio_and_memory_and_cleans_
     # Beside the ratio, the audit's own cost: the product's run also keeps
     # its checkpointer connection, which the baseline does not.
     assert "the audit alone (product - kept checkpointer):" in text
+    # And CPU per run, beside the wall time (issue 38 item 4).
+    assert "CPU per run" in text and "the audit alone (product - kept checkpointer), process:" in text
     assert "worker memory (RSS)" in text and "MiB" in text
     assert "3 runs:" in text  # one timed product run, then two for memory only
     assert "rollups of the days it ran recomputed" in text

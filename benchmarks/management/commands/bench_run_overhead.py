@@ -17,7 +17,8 @@ class Command(DatabaseCommand):
         "the plain graph, the graph with AsyncPostgresSaver (a connection per run, as LangGraph documents it), "
         "the product's full run path, and the graph with the product's checkpointer (its connection kept from "
         "run to run). Prints the medians, the checkpointer's and the product's overhead and their ratio "
-        "(target <= 1.0x), the audit's cost alone (product - kept checkpointer), and the "
+        "(target <= 1.0x), the audit's cost alone (product - kept checkpointer), the CPU per run of each (this "
+        "process and the local PostgreSQL servers) with the audit's CPU against the checkpointer's, and the "
         "process's memory every --rss-every product runs. Creates and deletes its own user, threads and runs."
     )
 
@@ -66,6 +67,22 @@ class Command(DatabaseCommand):
             f" ({med(result.round_audit_ratio):.2f}x the checkpointer's overhead; the product's run keeps its"
             " checkpointer connection from run to run, LangGraph's opens one per run)"
         )
+        out(
+            "CPU per run (ms; mean per round, median of the rounds): this process"
+            + (" / the local PostgreSQL servers" if result.has_server_cpu else " (the servers' cannot be read here)")
+        )
+        for v in VARIANTS:
+            server = f" / {med(result.round_server_cpu_ms[v]):.1f}" if result.has_server_cpu else ""
+            out(f"  {v + ':':<17} {med(result.round_cpu_ms[v]):.1f}{server}")
+        for server in (False, True) if result.has_server_cpu else (False,):
+            audit = result.cpu_overhead_ms("product", "kept checkpointer", server=server)
+            saver = result.cpu_overhead_ms("kept checkpointer", "plain graph", server=server)
+            ratio = f"{audit / saver:.2f}x" if saver > 0 else "n/a"
+            out(
+                f"  the audit alone (product - kept checkpointer), {'process + server' if server else 'process'}:"
+                f" +{audit:.1f} against the checkpointer's +{saver:.1f} (kept checkpointer - plain graph):"
+                f" {ratio} (target <= 1.0x)"
+            )
         out(f"worker memory (RSS) after N product runs (counting the {warmup} warm-up runs):")
         for count, rss in result.rss_mib:
             out(f"  {count:>6} runs: {rss:.1f} MiB")
