@@ -223,17 +223,15 @@
     }
     if (item.payload_note) li.append(node("div", "yc-role", item.payload_note));
     // Feedback takes a final answer only (docs/api.md, Feedback).
-    if (item.kind === "answer" && item.id !== undefined) li.append(feedbackBar(item.id));
+    if (item.kind === "answer" && item.id !== undefined) li.append(feedbackBar(item.id, item.feedback));
     return li;
   }
 
   // --- feedback --------------------------------------------------------------
 
-  // The history does not carry a message's rating: the page shows the
-  // ratings it sent itself (kept across history reloads, not page loads).
-  const ratings = new Map();
-
-  function feedbackBar(messageId) {
+  // `feedback`: the history item's (`{rating, reason}` when the thread's
+  // owner rated the answer, else null), so a rating shows after a reload.
+  function feedbackBar(messageId, feedback) {
     const bar = node("div", "yc-feedback");
     bar.setAttribute("role", "group");
     bar.setAttribute("aria-label", "Rate this answer");
@@ -248,7 +246,7 @@
       bar.append(button);
     }
     bar.append(node("span", "yc-feedback-note"));
-    showRating(bar, ratings.get(messageId) || "");
+    showRating(bar, (feedback && feedback.rating) || "");
     return bar;
   }
 
@@ -267,7 +265,6 @@
     note.classList.remove("yc-error");
     try {
       const feedback = await api("POST", `/messages/${messageId}/feedback`, { rating });
-      ratings.set(messageId, feedback.rating);
       showRating(bar, feedback.rating);
       note.textContent = "Thanks for the feedback.";
     } catch (error) {

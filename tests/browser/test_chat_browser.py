@@ -3,9 +3,9 @@ staff signs in, creates a thread, sends a message, watches the answer
 stream in with its tool call, and finds both messages in the history;
 a long answer is cancelled from the page; an email the assistant wants to
 send is approved, rejected or edited from the page; final answers are
-liked and disliked; each turn shows its cost. Real processes: uvicorn, a
-Celery worker and the replay model server (tests/e2e/stack.py), Chromium
-through Playwright. No console error and no Content Security Policy
+liked and disliked, and show their rating again after a reload; each turn
+shows its cost. Real processes: uvicorn, a Celery worker and the replay
+model server (tests/e2e/stack.py), Chromium through Playwright. No console error and no Content Security Policy
 violation."""
 
 from __future__ import annotations
@@ -379,14 +379,22 @@ def test_a_user_rates_answers_and_sees_each_turns_cost_R_UI_1(chat_stack, chat_u
         assert feedback.rating == "dislike" and feedback.user_id == chat_user.pk
         page.screenshot(path=SCREENSHOTS / "chat-feedback-cost-1280.png", full_page=True)
 
-        # After a reload the rating stays (one row, dislike); the answer
-        # still takes feedback, and the costs show again.
+        # After a reload the rating stays (one row, dislike) and shows: the
+        # history carries it; the answer still takes feedback, the other
+        # answer shows none, and the costs show again.
         page.reload()
         page.wait_for_selector("#yc-messages > li[data-kind='answer'] .yc-cost")
         assert page.locator("#yc-messages .yc-cost").count() == 2
         assert MessageFeedback.objects.filter(message_id=message_id).count() == 1
         assert MessageFeedback.objects.get(message_id=message_id).rating == "dislike"
-        assert page.locator(f"li[data-message-id='{message_id}'] .yc-feedback button").count() == 2
+        first = page.locator(f"li[data-message-id='{message_id}']")
+        assert first.locator(".yc-feedback button").count() == 2
+        assert first.locator(".yc-feedback").get_attribute("data-rating") == "dislike"
+        assert first.get_by_role("button", name="Dislike", exact=True).get_attribute("aria-pressed") == "true"
+        assert first.get_by_role("button", name="Like", exact=True).get_attribute("aria-pressed") == "false"
+        unrated = page.locator("#yc-messages > li[data-kind='answer']").nth(1)
+        assert unrated.locator(".yc-feedback").get_attribute("data-rating") == ""
+        assert unrated.locator("button[aria-pressed='true']").count() == 0
         watch.check()
     finally:
         context.close()
