@@ -1,7 +1,7 @@
 /* The chat page (R-UI-1): threads, a new thread, history, send, the live
    answer over Server-Sent Events, tool calls as they run, cancel,
-   approvals (approve, edit, reject), feedback on final answers and the
-   cost of each turn.
+   approvals (approve, edit, reject), feedback on final answers, the
+   cost of each turn, and renaming, archiving and deleting a thread.
 
    Everything goes through the JSON API (docs/api.md) with the session
    cookie; unsafe methods carry the CSRF token the template renders. The
@@ -19,7 +19,23 @@
     newThread: $("yc-new-thread"),
     threadList: $("yc-thread-list"),
     threadsEmpty: $("yc-threads-empty"),
+    showArchived: $("yc-show-archived"),
     title: $("yc-thread-title"),
+    archivedBadge: $("yc-thread-archived"),
+    actions: $("yc-thread-actions"),
+    renameButton: $("yc-rename-button"),
+    archiveButton: $("yc-archive-button"),
+    deleteButton: $("yc-delete-button"),
+    rename: $("yc-rename"),
+    renameInput: $("yc-rename-input"),
+    renameCancel: $("yc-rename-cancel"),
+    renameError: $("yc-rename-error"),
+    deleteDialog: $("yc-delete-dialog"),
+    deleteText: $("yc-delete-text"),
+    deleteError: $("yc-delete-error"),
+    deleteKeep: $("yc-delete-keep"),
+    deleteConfirm: $("yc-delete-confirm"),
+    deleteCancelRun: $("yc-delete-cancel-run"),
     messages: $("yc-messages"),
     live: $("yc-live"),
     liveText: $("yc-live-text"),
@@ -32,12 +48,23 @@
   };
   const ACTIVE = new Set(["pending", "running", "cancel_requested"]);
   const TITLE_WORDS = 8;
+  const NO_THREAD_TITLE = el.title.textContent;
 
   // `unsent`: a turn whose submission got no answer (network error); sending
   // the same text again reuses its request_id, so a turn that did reach the
   // server is answered with its run instead of starting twice.
   // `unresumed`: the same for a resume whose POST got no answer.
-  const state = { threads: [], threadId: null, runId: null, source: null, unsent: null, unresumed: null };
+  // `thread`: the open thread (GET /threads/{id}'s body), kept apart from
+  // `threads`, the list, which leaves archived threads out by default.
+  const state = {
+    threads: [],
+    threadId: null,
+    thread: null,
+    runId: null,
+    source: null,
+    unsent: null,
+    unresumed: null,
+  };
 
   // --- API -----------------------------------------------------------------
 
@@ -126,18 +153,34 @@
       button.dataset.threadId = thread.thread_id;
       button.title = threadLabel(thread);
       button.setAttribute("aria-current", String(thread.thread_id === state.threadId));
-      button.append(node("small", null, `${thread.model} · ${when(thread.created_at)}`));
+      button.dataset.archived = String(thread.archived);
+      const facts = `${thread.model} · ${when(thread.created_at)}`;
+      button.append(node("small", null, thread.archived ? `archived · ${facts}` : facts));
       button.addEventListener("click", () => selectThread(thread.thread_id));
       item.append(button);
       el.threadList.append(item);
     }
     el.threadsEmpty.hidden = state.threads.length > 0;
+    el.threadsEmpty.textContent = el.showArchived.checked
+      ? "No threads yet."
+      : "No threads to show (archived threads are hidden).";
   }
 
+  // Archived threads are left out of the list unless "Show archived
+  // threads" is ticked; then the list holds both, archived ones marked.
   async function loadThreads() {
-    const page = await api("GET", "/threads?archived=false&limit=100");
+    const filter = el.showArchived.checked ? "" : "&archived=false";
+    const page = await api("GET", `/threads?limit=100${filter}`);
     state.threads = page.items;
     renderThreads();
+  }
+
+  async function reloadThreads() {
+    try {
+      await loadThreads();
+    } catch (error) {
+      setStatus(`Could not load your threads: ${error.message}`, true);
+    }
   }
 
   async function createThread(event) {
@@ -154,20 +197,46 @@
   }
 
   function currentThread() {
-    return state.threads.find((t) => t.thread_id === state.threadId) || null;
+    return state.thread;
+  }
+
+  // The open thread's title, its archived mark and its actions.
+  function showThreadHead() {
+    const thread = state.thread;
+    el.title.textContent = thread ? threadLabel(thread) : state.threadId ? "Thread" : NO_THREAD_TITLE;
+    el.archivedBadge.hidden = !(thread && thread.archived);
+    el.actions.hidden = !thread || !el.rename.hidden;
+    el.archiveButton.textContent = thread && thread.archived ? "Unarchive" : "Archive";
+  }
+
+  // A thread as the API now gives it: the list's copy and the open one.
+  function updateThread(thread) {
+    const listed = state.threads.find((t) => t.thread_id === thread.thread_id);
+    if (listed) Object.assign(listed, thread);
+    if (state.threadId === thread.thread_id) state.thread = listed || thread;
+    renderThreads();
+    showThreadHead();
   }
 
   async function selectThread(threadId) {
     stopFollowing();
+    closeRename();
     state.threadId = threadId;
+    // An archived thread is not in the list unless it shows them: read it.
+    state.thread = state.threads.find((t) => t.thread_id === threadId) || null;
     if (location.hash !== "#" + threadId) history.replaceState(null, "", "#" + threadId);
     renderThreads();
-    const thread = currentThread();
-    el.title.textContent = thread ? threadLabel(thread) : "Thread";
+    showThreadHead();
     el.messages.replaceChildren();
     setStatus("Loading…");
     setComposer(true);
     try {
+      if (!state.thread) {
+        const thread = await api("GET", `/threads/${threadId}`);
+        if (threadId !== state.threadId) return;
+        state.thread = thread;
+        showThreadHead();
+      }
       await loadHistory();
       setStatus("");
       // A run of this thread may still be going (the page was reloaded
@@ -181,7 +250,143 @@
         showApproval(last);
       }
     } catch (error) {
-      setStatus(`Could not load the thread: ${error.message}`, true);
+      if (threadId !== state.threadId) return;
+      if (error.status === 404) {
+        forgetThread(threadId);
+        setStatus("That thread does not exist any more.", true);
+      } else {
+        setStatus(`Could not load the thread: ${error.message}`, true);
+      }
+    }
+  }
+
+  // The thread is gone (deleted here or elsewhere): out of the list, and
+  // the page shows no thread if it was the open one.
+  function forgetThread(threadId) {
+    state.threads = state.threads.filter((t) => t.thread_id !== threadId);
+    if (state.threadId === threadId) {
+      stopFollowing();
+      closeRename();
+      state.threadId = null;
+      state.thread = null;
+      history.replaceState(null, "", location.pathname + location.search);
+      el.messages.replaceChildren();
+      setComposer(false);
+    }
+    renderThreads();
+    showThreadHead();
+  }
+
+  // --- rename, archive, delete (R-API-1) -------------------------------------
+
+  function openRename() {
+    if (!state.thread) return;
+    el.renameInput.value = state.thread.title;
+    el.renameError.textContent = "";
+    el.rename.hidden = false;
+    el.title.hidden = true;
+    showThreadHead();
+    el.renameInput.focus();
+    el.renameInput.select();
+  }
+
+  // `refocus`: the user closed it; focus goes back to Rename.
+  function closeRename(refocus = false) {
+    const wasOpen = !el.rename.hidden;
+    el.rename.hidden = true;
+    el.title.hidden = false;
+    showThreadHead();
+    if (refocus && wasOpen && state.thread) el.renameButton.focus();
+  }
+
+  async function saveRename(event) {
+    event.preventDefault();
+    const thread = state.thread;
+    const title = el.renameInput.value.trim();
+    if (!thread) return;
+    if (!title) {
+      el.renameError.textContent = "The title cannot be blank.";
+      el.renameInput.focus();
+      return;
+    }
+    el.rename.querySelectorAll("button, input").forEach((c) => (c.disabled = true));
+    el.renameError.textContent = "";
+    try {
+      updateThread(await api("PATCH", `/threads/${thread.thread_id}`, { title }));
+      if (state.threadId === thread.thread_id) closeRename(true);
+      setStatus("Thread renamed.");
+    } catch (error) {
+      el.renameError.textContent = `Could not rename the thread: ${error.message}`;
+    } finally {
+      el.rename.querySelectorAll("button, input").forEach((c) => (c.disabled = false));
+    }
+  }
+
+  async function toggleArchived() {
+    const thread = state.thread;
+    if (!thread) return;
+    const archived = !thread.archived;
+    el.archiveButton.disabled = true;
+    try {
+      updateThread(await api("PATCH", `/threads/${thread.thread_id}`, { archived }));
+      // The list changes: an archived thread leaves it (unless it shows
+      // them), a restored one comes back in its place.
+      await loadThreads();
+      if (!archived) setStatus("Thread unarchived: it is back in the list.");
+      else if (el.showArchived.checked) setStatus("Thread archived.");
+      else setStatus("Thread archived: the list hides it (Show archived threads lists it).");
+    } catch (error) {
+      setStatus(`Could not ${archived ? "archive" : "unarchive"} the thread: ${error.message}`, true);
+    } finally {
+      el.archiveButton.disabled = false;
+    }
+  }
+
+  function openDelete() {
+    if (!state.thread) return;
+    el.deleteText.textContent = `“${threadLabel(state.thread)}” and its messages are erased. This cannot be undone.`;
+    el.deleteError.textContent = "";
+    el.deleteConfirm.hidden = false;
+    el.deleteCancelRun.hidden = true;
+    el.deleteDialog.showModal();
+    el.deleteKeep.focus();
+  }
+
+  // `cancel`: cancel the thread's pending or running runs first (the
+  // server refuses the deletion with 409 run_active otherwise).
+  async function deleteThread(cancel) {
+    const threadId = state.threadId;
+    if (!threadId) return;
+    const buttons = el.deleteDialog.querySelectorAll("button");
+    buttons.forEach((b) => (b.disabled = true));
+    el.deleteError.textContent = "";
+    // The run about to be cancelled and deleted is no longer followed: its
+    // last events would only tell of a thread that is gone.
+    if (cancel) stopFollowing();
+    try {
+      const deletion = await api("DELETE", `/threads/${threadId}${cancel ? "?cancel=true" : ""}`);
+      el.deleteDialog.close();
+      forgetThread(threadId);
+      setStatus(deletion.erased ? "Thread deleted." : "Thread deleted; its messages are erased in a moment.");
+      $("yc-new-button").focus();
+    } catch (error) {
+      if (error.code === "run_active") {
+        el.deleteText.textContent =
+          "A run of this thread is still going. Cancel it and delete the thread, or keep the thread?";
+        el.deleteConfirm.hidden = true;
+        el.deleteCancelRun.hidden = false;
+      } else if (error.status === 404) {
+        el.deleteDialog.close();
+        forgetThread(threadId);
+        setStatus("The thread was already deleted.");
+      } else {
+        el.deleteError.textContent = `Could not delete the thread: ${error.message}`;
+      }
+      // Not deleted: follow the thread's run again, as the page left it.
+      if (cancel && state.threadId === threadId) selectThread(threadId);
+    } finally {
+      buttons.forEach((b) => (b.disabled = false));
+      if (!el.deleteCancelRun.hidden && el.deleteDialog.open) el.deleteCancelRun.focus();
     }
   }
 
@@ -406,10 +611,7 @@
   // message, so the thread list can tell threads apart.
   async function nameThread(thread, text) {
     try {
-      const named = await api("PATCH", `/threads/${thread.thread_id}`, { title: firstWords(text) });
-      Object.assign(thread, named);
-      renderThreads();
-      if (thread.thread_id === state.threadId) el.title.textContent = threadLabel(thread);
+      updateThread(await api("PATCH", `/threads/${thread.thread_id}`, { title: firstWords(text) }));
     } catch (error) {
       // The list keeps "Untitled thread": nothing else depends on the title.
     }
@@ -542,6 +744,7 @@
 
   async function finish(source, data, runId) {
     if (state.source !== source) return;
+    const threadId = state.threadId;
     source.close();
     state.source = null;
     state.runId = null;
@@ -549,7 +752,8 @@
     try {
       await loadHistory();
     } catch (error) {
-      setStatus(`Could not reload the history: ${error.message}`, true);
+      // A thread deleted meanwhile has no history left to show.
+      if (state.threadId === threadId) setStatus(`Could not reload the history: ${error.message}`, true);
       return;
     }
     el.live.hidden = true;
@@ -764,6 +968,22 @@
   el.send.addEventListener("submit", sendMessage);
   el.cancel.addEventListener("click", cancelRun);
   el.approval.addEventListener("submit", submitApproval);
+  el.showArchived.addEventListener("change", reloadThreads);
+  el.renameButton.addEventListener("click", openRename);
+  el.rename.addEventListener("submit", saveRename);
+  el.renameCancel.addEventListener("click", () => closeRename(true));
+  el.renameInput.addEventListener("input", () => (el.renameError.textContent = ""));
+  el.renameInput.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") {
+      event.preventDefault();
+      closeRename(true);
+    }
+  });
+  el.archiveButton.addEventListener("click", toggleArchived);
+  el.deleteButton.addEventListener("click", openDelete);
+  el.deleteKeep.addEventListener("click", () => el.deleteDialog.close());
+  el.deleteConfirm.addEventListener("click", () => deleteThread(false));
+  el.deleteCancelRun.addEventListener("click", () => deleteThread(true));
   el.input.addEventListener("keydown", (event) => {
     // Enter sends, Shift+Enter starts a new line.
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
@@ -775,8 +995,9 @@
   fillModels();
   loadThreads()
     .then(() => {
+      // The address names the open thread; an archived one is read by id.
       const wanted = location.hash.slice(1);
-      if (wanted && state.threads.some((t) => t.thread_id === wanted)) selectThread(wanted);
+      if (/^[0-9a-f-]{36}$/i.test(wanted)) selectThread(wanted);
     })
     .catch((error) => setStatus(`Could not load your threads: ${error.message}`, true));
 })();

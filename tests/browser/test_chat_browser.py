@@ -19,7 +19,7 @@ from django.db import connection
 
 from audit.models import AgentRun
 from audit.replay.scenarios import load_scenarios
-from conversations.models import MessageFeedback
+from conversations.models import Conversation, MessageFeedback
 from costs.selectors import run_cost
 from tests.e2e.stack import database_url_of, start_stack
 
@@ -55,14 +55,36 @@ def chat_user(django_user_model):
 
 
 class Watch:
-    """A page's console errors, uncaught exceptions and CSP violations."""
+    """A page's console errors, uncaught exceptions and CSP violations;
+    error responses too, but those a test provokes on purpose
+    (:meth:`allow`)."""
 
     def __init__(self, page):
         self.page = page
         self.errors: list[str] = []
+        self.allowed: list[tuple[int, str]] = []
         page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
-        page.on("console", lambda m: m.type == "error" and self.errors.append(f"console: {m.text}"))
-        page.on("response", lambda r: r.status >= 400 and self.errors.append(f"{r.status}: {r.url}"))
+        page.on("console", self._console)
+        page.on("response", lambda r: r.status >= 400 and not self._allowed(r.status, r.url) and self._error(r))
+
+    def allow(self, status: int, url_part: str) -> None:
+        """An error answer the test expects (a 409 the page handles), and
+        the console line Chromium logs for every failed request."""
+        self.allowed.append((status, url_part))
+
+    def _allowed(self, status: int, url: str) -> bool:
+        return any(status == s and part in url for s, part in self.allowed)
+
+    def _error(self, response) -> None:
+        self.errors.append(f"{response.status}: {response.url}")
+
+    def _console(self, message) -> None:
+        if message.type != "error":
+            return
+        url = message.location.get("url") or ""
+        if any(f"status of {s} " in message.text and part in url for s, part in self.allowed):
+            return
+        self.errors.append(f"console: {message.text} ({url})")
 
     def check(self) -> None:
         violations = self.page.evaluate("window.__cspViolations")
@@ -395,6 +417,183 @@ def test_a_user_rates_answers_and_sees_each_turns_cost_R_UI_1(chat_stack, chat_u
         unrated = page.locator("#yc-messages > li[data-kind='answer']").nth(1)
         assert unrated.locator(".yc-feedback").get_attribute("data-rating") == ""
         assert unrated.locator("button[aria-pressed='true']").count() == 0
+        watch.check()
+    finally:
+        context.close()
+        _close_orm_connection()
+
+
+def _thread_id(page) -> str:
+    return page.locator("#yc-thread-list .yc-thread[aria-current='true']").get_attribute("data-thread-id")
+
+
+def _listed(page) -> list[str]:
+    return page.locator("#yc-thread-list .yc-thread").evaluate_all("buttons => buttons.map(b => b.dataset.threadId)")
+
+
+def _answered(page, text: str) -> None:
+    """Send ``text`` on the open thread and wait for its answer."""
+    answers = page.locator("#yc-messages > li[data-kind='answer']").count()
+    _send(page, text)
+    page.wait_for_function(
+        f"() => document.querySelectorAll('#yc-messages > li[data-kind=answer]').length === {answers + 1}"
+        " && document.getElementById('yc-app').dataset.runStatus === 'completed'"
+    )
+
+
+@pytest.mark.parametrize(
+    "viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["1280", "390"]
+)
+def test_a_user_renames_archives_and_unarchives_a_thread_R_UI_1(chat_stack, chat_user, browser, viewport):
+    width = viewport["width"]
+    context, page, watch = _open_chat(browser, chat_stack.base_url, viewport, chat_user)
+    try:
+        _new_thread(page, "replay:plain_answer")
+        _answered(page, "Hello there")
+        thread_id = _thread_id(page)
+        page.wait_for_function("() => document.getElementById('yc-thread-title').textContent === 'Hello there'")
+
+        # Rename inline: the field opens with the title, Escape leaves it as it was.
+        page.get_by_role("button", name="Rename", exact=True).click()
+        field = page.get_by_label("Thread title")
+        assert field.evaluate("f => f === document.activeElement") and field.input_value() == "Hello there"
+        assert page.locator("#yc-thread-actions").is_hidden()
+        field.press("Escape")
+        assert page.locator("#yc-rename").is_hidden()
+        assert page.locator("#yc-thread-title").inner_text() == "Hello there"
+        # A blank title is refused in the page; nothing is sent.
+        page.get_by_role("button", name="Rename", exact=True).click()
+        field.fill("   ")
+        page.click("#yc-rename-save")
+        assert page.locator("#yc-rename-error").inner_text() == "The title cannot be blank."
+        assert Conversation.objects.get(pk=thread_id).title == "Hello there"
+        field.fill("Trip to Paris")
+        page.screenshot(path=SCREENSHOTS / f"chat-rename-{width}.png", full_page=True)
+        field.press("Enter")
+        page.wait_for_function("() => document.getElementById('yc-thread-title').textContent === 'Trip to Paris'")
+        assert page.locator("#yc-rename").is_hidden()
+        assert page.locator(f".yc-thread[data-thread-id='{thread_id}']").inner_text().startswith("Trip to Paris")
+        assert Conversation.objects.get(pk=thread_id).title == "Trip to Paris"
+        page.reload()
+        page.wait_for_selector("#yc-messages > li[data-kind='answer']")
+        assert page.locator("#yc-thread-title").inner_text() == "Trip to Paris"
+
+        # Archive: the thread stays open, marked, and leaves the list.
+        page.get_by_role("button", name="Archive", exact=True).click()
+        page.wait_for_function("() => !document.getElementById('yc-thread-archived').hidden")
+        page.wait_for_function(f"() => !document.querySelector(\".yc-thread[data-thread-id='{thread_id}']\")")
+        assert "the list hides it" in page.locator("#yc-status").inner_text()
+        assert page.get_by_role("button", name="Unarchive", exact=True).is_visible()
+        assert Conversation.objects.get(pk=thread_id).archived
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+        page.screenshot(path=SCREENSHOTS / f"chat-archived-{width}.png", full_page=True)
+        # After a reload the address still opens it; the list shows it only
+        # with "Show archived threads".
+        page.reload()
+        page.wait_for_selector("#yc-messages > li[data-kind='answer']")
+        assert page.locator("#yc-thread-archived").is_visible()
+        assert thread_id not in _listed(page)
+        page.get_by_label("Show archived threads").check()
+        archived = page.locator(f".yc-thread[data-thread-id='{thread_id}']")
+        archived.wait_for()
+        assert archived.get_attribute("data-archived") == "true" and "archived ·" in archived.inner_text()
+        page.get_by_label("Show archived threads").uncheck()
+        page.wait_for_function(f"() => !document.querySelector(\".yc-thread[data-thread-id='{thread_id}']\")")
+
+        # Unarchive: back in the list, after a reload too.
+        page.get_by_role("button", name="Unarchive", exact=True).click()
+        page.wait_for_selector(f".yc-thread[data-thread-id='{thread_id}'][data-archived='false']")
+        assert page.locator("#yc-thread-archived").is_hidden()
+        assert not Conversation.objects.get(pk=thread_id).archived
+        page.reload()
+        page.wait_for_selector(f".yc-thread[data-thread-id='{thread_id}'][aria-current='true']")
+        assert page.get_by_role("button", name="Archive", exact=True).is_visible()
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+        watch.check()
+    finally:
+        context.close()
+        _close_orm_connection()
+
+
+@pytest.mark.parametrize(
+    "viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["1280", "390"]
+)
+def test_a_user_deletes_a_thread_after_confirming_R_UI_1(chat_stack, chat_user, browser, viewport):
+    width = viewport["width"]
+    context, page, watch = _open_chat(browser, chat_stack.base_url, viewport, chat_user)
+    try:
+        _new_thread(page, "replay:plain_answer")
+        kept = _thread_id(page)
+        _new_thread(page, "replay:plain_answer")
+        _answered(page, "Forget me")
+        thread_id = _thread_id(page)
+
+        # The confirmation; keeping the thread changes nothing.
+        page.get_by_role("button", name="Delete", exact=True).click()
+        dialog = page.get_by_role("dialog", name="Delete this thread?")
+        dialog.wait_for()
+        assert "cannot be undone" in dialog.inner_text()
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+        page.screenshot(path=SCREENSHOTS / f"chat-delete-{width}.png")
+        dialog.get_by_role("button", name="Keep the thread").click()
+        assert dialog.is_hidden()
+        assert Conversation.objects.get(pk=thread_id).status != "deleted"
+
+        page.get_by_role("button", name="Delete", exact=True).click()
+        dialog.get_by_role("button", name="Delete", exact=True).click()
+        page.wait_for_function("() => document.getElementById('yc-status').textContent.startsWith('Thread deleted')")
+        assert dialog.is_hidden()
+        assert _listed(page) == [kept]
+        assert page.locator("#yc-thread-title").inner_text() == "Choose a thread or start a new one"
+        assert page.locator("#yc-messages > li").count() == 0
+        assert page.locator("#yc-thread-actions").is_hidden() and page.locator("#yc-input").is_disabled()
+        assert page.evaluate("() => location.hash") == ""
+        assert Conversation.objects.get(pk=thread_id).status == "deleted"
+        assert page.request.get(f"/api/threads/{thread_id}").status == 404
+
+        page.reload()
+        page.wait_for_selector(f".yc-thread[data-thread-id='{kept}']")
+        assert _listed(page) == [kept]
+        page.get_by_label("Show archived threads").check()
+        page.wait_for_function("() => document.querySelectorAll('#yc-thread-list .yc-thread').length === 1")
+        watch.check()
+    finally:
+        context.close()
+        _close_orm_connection()
+
+
+def test_deleting_a_thread_whose_run_goes_on_offers_to_cancel_it_R_UI_1(chat_stack, chat_user, browser):
+    context, page, watch = _open_chat(browser, chat_stack.base_url, {"width": 390, "height": 844}, chat_user)
+    try:
+        _new_thread(page, "replay:long_answer")
+        thread_id = _thread_id(page)
+        _send(page, "Tell me a long story.")
+        page.wait_for_function("() => Number(document.getElementById('yc-app').dataset.deltas) >= 1")
+
+        # The server refuses (409 run_active): the page says so and offers
+        # to cancel the run; nothing is deleted yet.
+        watch.allow(409, f"/api/threads/{thread_id}")
+        page.get_by_role("button", name="Delete", exact=True).click()
+        dialog = page.get_by_role("dialog", name="Delete this thread?")
+        dialog.get_by_role("button", name="Delete", exact=True).click()
+        cancel_and_delete = dialog.get_by_role("button", name="Cancel the run and delete")
+        cancel_and_delete.wait_for()
+        assert "still going" in dialog.inner_text()
+        assert dialog.get_by_role("button", name="Delete", exact=True).is_hidden()
+        assert Conversation.objects.get(pk=thread_id).status != "deleted"
+        assert AgentRun.objects.get(thread_id=thread_id).status == "running"
+        page.screenshot(path=SCREENSHOTS / "chat-delete-running-390.png")
+
+        cancel_and_delete.click()
+        page.wait_for_function("() => document.getElementById('yc-status').textContent.startsWith('Thread deleted')")
+        assert dialog.is_hidden()
+        assert thread_id not in _listed(page)
+        assert Conversation.objects.get(pk=thread_id).status == "deleted"
+        assert AgentRun.objects.get(thread_id=thread_id).status in {"cancel_requested", "cancelled"}
+        page.reload()
+        page.wait_for_selector("#yc-thread-title")
+        assert thread_id not in _listed(page)
+        assert page.request.get(f"/api/threads/{thread_id}").status == 404
         watch.check()
     finally:
         context.close()
