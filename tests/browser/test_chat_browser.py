@@ -11,17 +11,21 @@ violation."""
 from __future__ import annotations
 
 import json
+import time
 from decimal import Decimal
 
 import pytest
+import redis
 from django.conf import settings
 from django.db import connection
 
 from audit.models import AgentRun
 from audit.replay.scenarios import load_scenarios
 from conversations.models import Conversation, MessageFeedback
+from core.redis_client import stream_key
 from costs.selectors import run_cost
-from tests.e2e.stack import database_url_of, start_stack
+from tests.e2e.stack import database_url_of, free_port, start_stack, start_web
+from tests.waiting import WAIT_SECONDS
 
 from .conftest import SCREENSHOTS, _backends_of, _wait_for_backends_to_leave
 from .test_admin_browser import _CSP_WATCH
@@ -63,6 +67,7 @@ class Watch:
         self.page = page
         self.errors: list[str] = []
         self.allowed: list[tuple[int, str]] = []
+        self.lost_connections: list[str] = []
         page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
         page.on("console", self._console)
         page.on("response", lambda r: r.status >= 400 and not self._allowed(r.status, r.url) and self._error(r))
@@ -71,6 +76,11 @@ class Watch:
         """An error answer the test expects (a 409 the page handles), and
         the console line Chromium logs for every failed request."""
         self.allowed.append((status, url_part))
+
+    def allow_lost_connections(self, url_part: str) -> None:
+        """The console lines Chromium logs for requests whose connection
+        broke or was refused (a web server the test stops): expected."""
+        self.lost_connections.append(url_part)
 
     def _allowed(self, status: int, url: str) -> bool:
         return any(status == s and part in url for s, part in self.allowed)
@@ -83,6 +93,9 @@ class Watch:
             return
         url = message.location.get("url") or ""
         if any(f"status of {s} " in message.text and part in url for s, part in self.allowed):
+            return
+        lost = "Failed to load resource: net::ERR_" in message.text
+        if lost and any(part in url for part in self.lost_connections):
             return
         self.errors.append(f"console: {message.text} ({url})")
 
@@ -597,4 +610,90 @@ def test_deleting_a_thread_whose_run_goes_on_offers_to_cancel_it_R_UI_1(chat_sta
         watch.check()
     finally:
         context.close()
+        _close_orm_connection()
+
+
+#: The slow answer the restart test follows: about 105 chunks, one a second.
+LONG = load_scenarios()["long_answer"].turns[0]
+
+
+def _published_deltas(run_id) -> int:
+    """The ``model.delta`` events the worker has published for the run."""
+    client = redis.Redis.from_url(settings.CONFIG.REDIS_URL)
+    try:
+        return sum(1 for _id, fields in client.xrange(stream_key(run_id)) if fields[b"type"] == b"model.delta")
+    finally:
+        client.close()
+
+
+def _shown_deltas(page) -> int:
+    return int(page.locator("#yc-app").get_attribute("data-deltas"))
+
+
+def _wait(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not condition():
+        assert time.monotonic() < deadline, f"still not {what} after {WAIT_SECONDS}s"
+        time.sleep(0.2)
+
+
+def test_the_answer_streams_on_across_a_web_server_restart_R_UI_1(chat_stack, chat_user, browser):
+    """The web server the page follows a run through is killed mid-stream
+    and started again on the same port: the browser's EventSource
+    reconnects with Last-Event-ID, and the page ends with the whole answer
+    once, as the history has it. A web server of this test's own (the
+    module's stays up); the stack's worker runs the turn."""
+    port = free_port()
+    web = start_web("chat-web-restart", port, chat_stack.env)
+    context = None
+    try:
+        context, page, watch = _open_chat(
+            browser, f"http://127.0.0.1:{port}", {"width": 1280, "height": 900}, chat_user
+        )
+        # The requests the stream makes: the first, then each reconnect.
+        streams: list = []
+        page.on("request", lambda r: "/events" in r.url and streams.append(r))
+        _new_thread(page, "replay:long_answer")
+        _send(page, "Tell me a long story.")
+        page.wait_for_function("() => Number(document.getElementById('yc-app').dataset.deltas) >= 3")
+        run = AgentRun.objects.get(thread__user=chat_user)
+        # Chromium logs the broken stream and each refused reconnect.
+        watch.allow_lost_connections(f"/api/runs/{run.id}/events")
+
+        web.kill()  # SIGKILL: no draining, the connection just breaks
+        # The run goes on without a web server: events the page must get
+        # on reconnecting, with none of those it holds repeated.
+        shown = _shown_deltas(page)
+        _wait(lambda: _published_deltas(run.id) >= shown + 3, "three more chunks published")
+        assert AgentRun.objects.get(pk=run.pk).status == "running"
+        web = start_web("chat-web-restart", port, chat_stack.env)
+
+        # The answer streams on, then completes; the bound: the answer's
+        # length (one chunk a second) and the usual wait.
+        page.wait_for_function(
+            "() => document.getElementById('yc-app').dataset.runStatus === 'completed'",
+            timeout=(len(LONG.text) / LONG.chunk_chars * LONG.chunk_delay_ms / 1000 + WAIT_SECONDS) * 1000,
+        )
+        # The stream was opened again (Playwright does not show the
+        # Last-Event-ID it carried)...
+        assert len(streams) >= 2, streams
+        # ...and went on after the last chunk the page held: every chunk
+        # once, in order (a stream read again from its start would repeat
+        # chunks: the page counts them all), the live answer the whole text.
+        assert _shown_deltas(page) == _published_deltas(run.id)
+        assert page.locator("#yc-live-text").text_content() == LONG.text
+        assert "yc-error" not in page.locator("#yc-status").get_attribute("class")
+        assert _kinds(page) == ["user", "answer"]
+        assert page.locator("#yc-messages > li[data-kind='answer'] .yc-text").inner_text() == LONG.text
+        page.screenshot(path=SCREENSHOTS / "chat-after-restart-1280.png", full_page=True)
+
+        page.reload()
+        page.wait_for_selector("#yc-messages > li[data-kind='answer'] .yc-cost")
+        assert _kinds(page) == ["user", "answer"]
+        assert page.locator("#yc-messages > li[data-kind='answer'] .yc-text").inner_text() == LONG.text
+        watch.check()
+    finally:
+        if context is not None:
+            context.close()
+        web.stop()
         _close_orm_connection()
