@@ -93,3 +93,15 @@ def test_the_quick_starts_demo_prints_the_chat_url_R_UI_1(monkeypatch, capsys):
     monkeypatch.setattr(demo, "run_demo", lambda **kwargs: [run])
     call_command("demo", "--base-url", "http://127.0.0.1:8123")
     assert "chat:         http://127.0.0.1:8123/chat/   (sign in as admin)" in capsys.readouterr().out
+
+
+def test_the_page_has_the_thread_actions_hidden_until_a_thread_is_open_R_UI_1(client, user):
+    """Rename, archive and delete (R-API-1) wait for chat.js to open a
+    thread; the rename field has a label and the deletion its dialog."""
+    client.force_login(user)
+    html = client.get("/chat/").content.decode()
+    assert '<div id="yc-thread-actions" class="yc-thread-actions" role="group" aria-label="Thread" hidden>' in html
+    assert '<form id="yc-rename" class="yc-rename" aria-label="Rename the thread" hidden>' in html
+    assert '<label for="yc-rename-input" class="yc-visually-hidden">Thread title</label>' in html
+    assert re.search(r'<dialog id="yc-delete-dialog"[^>]*aria-labelledby="yc-delete-heading"', html)
+    assert '<input type="checkbox" id="yc-show-archived"> Show archived threads' in html
