@@ -11,6 +11,8 @@ figures, never by timed assertions).
   LangGraph's own checkpointer, ``bench_run_overhead``;
 - :mod:`benchmarks.seal`: what the seal adds to the terminal transaction
   (R-GOV-3), ``bench_seal``;
+- :mod:`benchmarks.purge`: the payload purge against the same work done by
+  hand, re-seal included (R-GOV-1, issue 38), ``bench_purge``;
 - :mod:`benchmarks.otel_export`: the OpenTelemetry export against the same
   rows read and sent without the product (R-OTEL-1, issue 38),
   ``bench_otel_export``;

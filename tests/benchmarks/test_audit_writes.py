@@ -103,6 +103,50 @@ def test_bench_seal_leaves_the_dashboard_as_it_was(finished_run):
     assert _rollups() == before
 
 
+def test_bench_purge_prints_both_ways_purges_its_own_runs_only_and_cleans_up_R_GOV_1(finished_run):
+    from governance.models import GovernanceAction
+
+    before = _rollups()
+    kept = list(Message.objects.filter(run=finished_run).order_by("id").values("id", "content", "metadata"))
+    seal = AgentRun.objects.values_list("seal_head", flat=True).get(pk=finished_run.pk)
+    out = io.StringIO()
+    call_command("bench_purge", runs=2, rows=4, batch_runs=1, rounds=1, profile=True, stdout=out)
+    text = out.getvalue()
+    assert "purge_payloads:" in text and "same work by hand:" in text and "(8 rows)" in text
+    assert "ratio purge / by hand:" in text and "(target >= 0.50x)" in text
+    assert "cumulative" in text and "payloads_purge" in text  # the profile
+    assert "rollups of the days it ran recomputed" in text
+    # Only its own runs were old enough: the finished run keeps its payload and seal.
+    assert list(AgentRun.objects.all()) == [finished_run]
+    assert list(Message.objects.order_by("id").values("id", "content", "metadata")) == kept
+    assert AgentRun.objects.values_list("seal_head", flat=True).get(pk=finished_run.pk) == seal
+    assert _rollups() == before
+    # Each pass is a recorded, completed purge (two measured, one profiled).
+    purges = GovernanceAction.objects.filter(kind=GovernanceAction.Kind.PURGE)
+    assert purges.count() == 3 and not purges.exclude(status=GovernanceAction.Status.COMPLETED).exists()
+    assert sorted(purges.values_list("rows_changed", flat=True)) == [8, 8, 8]
+
+
+def test_bench_purge_baseline_leaves_runs_as_the_purge_does_R_GOV_3(user):
+    """The baseline does the purge's work: the same rows emptied and marked,
+    every run re-sealed so that it verifies, a reseal recorded per run."""
+    from benchmarks.purge import _age, _baseline_pass, _sealed_runs
+    from governance.models import RunReseal
+    from governance.payloads import payload_note
+    from tests.governance.helpers import verify
+
+    run_ids = _sealed_runs(user, runs=3, rows=4)
+    _age(run_ids)
+    assert _baseline_pass(batch_runs=2) == (12, 3)
+    audit = Message.objects.audit().filter(run__in=run_ids)
+    assert audit.count() == 12 and all(payload_note(m) for m in audit.values_list("metadata", flat=True))
+    assert not audit.exclude(content="").exists() and not audit.filter(tool_input__isnull=False).exists()
+    assert not audit.filter(metadata__has_key="raw_output").exists()
+    assert RunReseal.objects.filter(run_id__in=run_ids).count() == 3
+    status, stdout, stderr = verify()
+    assert status == 0, stdout + stderr
+
+
 def test_benchmarks_start_their_own_runs_even_beside_a_worker(settings, user):
     """A running worker — here the embedded one, which starts a run in a
     thread the moment its submission commits — must not take a benchmark's

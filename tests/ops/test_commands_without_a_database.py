@@ -23,6 +23,7 @@ NEEDS_DATABASE = {
     "bench_dashboard": ["--rows", "1000", "--days", "1"],
     "bench_metrics": ["--models", "2", "--tools", "2", "--ended", "1", "--live", "0", "--rounds", "1"],
     "bench_otel_export": ["--runs", "1", "--rounds", "1"],
+    "bench_purge": ["--runs", "1", "--rounds", "1"],
     "bench_read_paths": ["--rows", "1000", "--rounds", "1"],
     "bench_run_overhead": ["--runs", "1", "--rounds", "1", "--warmup", "0"],
     "bench_seal": [],
