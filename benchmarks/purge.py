@@ -57,7 +57,7 @@ from django.utils import timezone
 
 from audit import ledger
 from audit.models import AgentRun
-from conversations.models import Conversation
+from conversations.models import Conversation, Message
 from core.workspace import (
     LARGE_RESULTS_DIR,
     OUTBOX_DIR,
@@ -140,7 +140,7 @@ _SEAL_FIELDS = ("seal_head", "seal_row_count", "seal_rows", "seal_version", "sea
 
 _UPDATE_ROWS = """
 UPDATE conversations_message AS m
-SET content = '', tool_input = NULL, tool_calls = v.tool_calls, metadata = v.metadata, updated_at = %s
+SET content = '', tool_input = NULL, tool_calls = v.tool_calls, metadata = v.metadata
 FROM (VALUES {values}) AS v (id, tool_calls, metadata)
 WHERE m.id = v.id
 """
@@ -153,9 +153,9 @@ WHERE r.id = v.id
 """
 
 
-def _json(value) -> str | None:
-    # Django's JSONField stores None as SQL NULL, not JSON null.
-    return None if value is None else json.dumps(value)
+def _stored(name: str, value):
+    # As a save stores it: the storable escapes (R-RUN-11), None as NULL.
+    return Message._meta.get_field(name).get_db_prep_save(value, connection)
 
 
 def _workspace_files(run: dict, tool_call_ids: list[str]) -> list[Path]:
@@ -205,7 +205,9 @@ def _baseline_batch(action: GovernanceAction, run_ids: list, *, at: dt.datetime)
                     continue
                 purged = SimpleNamespace(**row)
                 payloads.purge_row(purged, at=at)
-                changed.append((row["id"], _json(purged.tool_calls), _json(purged.metadata)))
+                changed.append(
+                    (row["id"], _stored("tool_calls", purged.tool_calls), _stored("metadata", purged.metadata))
+                )
                 calls.setdefault(run["id"], [])
                 if row["role"] == "tool":
                     calls[run["id"]].append(row["operation_id"])
@@ -214,7 +216,7 @@ def _baseline_batch(action: GovernanceAction, run_ids: list, *, at: dt.datetime)
         with connection.cursor() as cursor:
             if changed:
                 values = ", ".join(["(%s::bigint, %s::jsonb, %s::jsonb)"] * len(changed))
-                cursor.execute(_UPDATE_ROWS.format(values=values), [at, *(v for row in changed for v in row)])
+                cursor.execute(_UPDATE_ROWS.format(values=values), [v for row in changed for v in row])
             stored = audit_row_facts([run["id"] for run in resealed]) if resealed else {}
             seals = [(run, compute_seal(run["id"], stored[run["id"]], run=run)) for run in resealed]
             if seals:

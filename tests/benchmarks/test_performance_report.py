@@ -136,6 +136,7 @@ TINY = {
     "rounds": 1,
     "runs": 1,
     "seal_runs": 4,
+    "purge_runs": 2,
     "otel_runs": 2,
     "metrics_models": 2,
     "read_rows": 1000,
@@ -154,6 +155,7 @@ FIGURES = (
     "the audit alone (product − kept checkpointer)",
     "worker RSS after",
     "terminal transaction with the seal (10 audit rows), median",
+    "payload purge, rows per second (10 audit rows per run, batches of 50 runs), median",
     "OpenTelemetry export, spans per second",
     "/metrics scrape (",
     "/metrics scrape against the files as written",
@@ -182,6 +184,7 @@ def test_performance_report_prints_every_figure_and_leaves_the_database_as_it_wa
         "bench_audit_writes",
         "bench_run_overhead",
         "bench_seal",
+        "bench_purge --runs 2",
         "bench_otel_export",
         "bench_metrics --models 2",
         "bench_read_paths --rows 1000",
@@ -206,7 +209,7 @@ def test_performance_report_writes_the_page_and_skips_benchmarks(tmp_path):
     call_command(
         "performance_report",
         **TINY,
-        skip=["run_overhead", "bench_read_paths", "seal", "otel_export", "metrics"],
+        skip=["run_overhead", "bench_read_paths", "seal", "purge", "otel_export", "metrics"],
         write=str(target),
         stdout=out,
     )
@@ -221,7 +224,11 @@ def test_performance_report_writes_the_page_and_skips_benchmarks(tmp_path):
     ("options", "message"),
     [
         ({"skip": ["dashboard"]}, "--skip takes"),
-        ({"skip": ["audit_writes", "run_overhead", "seal", "otel_export", "metrics", "read_paths"]}, "no benchmark"),
+        (
+            {"skip": ["audit_writes", "run_overhead", "seal", "purge", "otel_export", "metrics", "read_paths"]},
+            "no benchmark",
+        ),
+        ({"purge_runs": 0}, "--purge-runs must be at least 1"),
         ({"otel_runs": 0}, "--otel-runs must be at least 1"),
         ({"metrics_models": 0}, "--metrics-models must be at least 1"),
         ({"writes": 1}, "--writes must be at least 2"),
@@ -248,3 +255,23 @@ def test_the_committed_page_keeps_the_generated_structure():
     assert page.count(TABLE_HEADER) == 1  # one table, no dated history
     for heading in ("## Machine", "## Figures", "## Reproduce"):
         assert f"\n{heading}\n" in page
+
+
+def test_the_purge_row_compares_rows_per_second_with_the_same_work_by_hand():
+    from benchmarks.purge import PurgeBench
+    from benchmarks.report import purge_rows
+
+    result = PurgeBench(
+        runs=100,
+        rows_per_run=10,
+        batch_runs=50,
+        rows_per_pass=1000,
+        product_rows_per_s=[600.0, 800.0],
+        baseline_rows_per_s=[1500.0, 1400.0],
+        product_runs_per_s=[60.0, 80.0],
+        baseline_runs_per_s=[150.0, 140.0],
+    )
+    (r,) = purge_rows(result, "manage.py bench_purge --runs 100")
+    assert (r.product, r.baseline, r.target) == ("700 rows/s", "1,450 rows/s by hand", "≥ 0.50x")
+    # The median of the rounds' ratios (0.40 and 0.57), not of the medians' ratio.
+    assert r.ratio == pytest.approx((600 / 1500 + 800 / 1400) / 2) and r.met is False

@@ -5,7 +5,7 @@ with one current table; see :mod:`benchmarks.report`.
 Runs, in this order and each inside ``dispatch_held`` (its runs are its
 own, no worker may take them): ``bench_audit_writes``,
 ``bench_run_overhead`` (after ``settle_unless_autovacuum``, as its command
-does), ``bench_seal``, ``bench_otel_export``, ``bench_metrics`` and ``bench_read_paths`` (its dataset in a database
+does), ``bench_seal``, ``bench_purge``, ``bench_otel_export``, ``bench_metrics`` and ``bench_read_paths`` (its dataset in a database
 of its own, ``<database>_report_bench``, created, migrated and dropped
 here). ``bench_dashboard`` is not run: it empties the rollup tables of the
 database it is given and has no library function returning figures; the
@@ -28,12 +28,13 @@ from django.db import connection
 from audit.management.commands._database import DatabaseCommand
 from benchmarks import report
 
-BENCHMARKS = ("audit_writes", "run_overhead", "seal", "otel_export", "metrics", "read_paths")
+BENCHMARKS = ("audit_writes", "run_overhead", "seal", "purge", "otel_export", "metrics", "read_paths")
 
 # Short defaults, so that the whole report takes a few minutes on a 2-core
 # machine: measured on an idle one, bench_audit_writes 24 s,
 # bench_run_overhead 44 s, bench_seal 2 s, bench_read_paths at 200,000 rows
-# 47 s with 3 rounds (about a minute with 5): about 2.5 minutes in all.
+# 47 s with 3 rounds (about a minute with 5): about 2.5 minutes in all;
+# bench_purge adds about 50 s, most of it driving its 400 sealed runs.
 # The first three are the sizes the README's figures were taken with; the
 # read paths' targets are for 1M rows (--read-rows 1000000: several minutes
 # more, most of it building the dataset and its rollups).
@@ -42,6 +43,7 @@ DEFAULTS = {
     "rounds": 5,
     "runs": 30,
     "seal_runs": 40,
+    "purge_runs": 100,
     "otel_runs": 60,
     "metrics_models": 300,
     "read_rows": 200_000,
@@ -52,7 +54,7 @@ DEFAULTS = {
 
 class Command(DatabaseCommand):
     help = (
-        "Run the benchmarks (bench_audit_writes, bench_run_overhead, bench_seal, bench_otel_export, bench_metrics, bench_read_paths) at short sizes "
+        "Run the benchmarks (bench_audit_writes, bench_run_overhead, bench_seal, bench_purge, bench_otel_export, bench_metrics, bench_read_paths) at short sizes "
         "and print the performance page: one table of every figure beside its same-work baseline, the ratio, the "
         "target and whether it is met, the machine's load before and after, and the command reproducing each. "
         "With --write PATH the page is written there (docs/performance.md). Leaves the database as it was."
@@ -71,6 +73,7 @@ class Command(DatabaseCommand):
         )
         parser.add_argument("--runs", type=int, default=d["runs"], help="bench_run_overhead --runs (per round)")
         parser.add_argument("--seal-runs", type=int, default=d["seal_runs"], help="bench_seal --runs")
+        parser.add_argument("--purge-runs", type=int, default=d["purge_runs"], help="bench_purge --runs")
         parser.add_argument("--otel-runs", type=int, default=d["otel_runs"], help="bench_otel_export --runs")
         parser.add_argument(
             "--metrics-models", type=int, default=d["metrics_models"], help="bench_metrics --models (100 tools)"
@@ -102,6 +105,7 @@ class Command(DatabaseCommand):
                 ("rounds", 1),
                 ("runs", 1),
                 ("seal_runs", 4),
+                ("purge_runs", 1),
                 ("otel_runs", 1),
                 ("metrics_models", 1),
                 ("read_rows", 1000),
@@ -191,6 +195,17 @@ class Command(DatabaseCommand):
         with dispatch_held():
             result = bench_seal(runs=runs, rows=rows)
         return report.seal_rows(result, f"manage.py bench_seal --runs {runs} --rows {rows}")
+
+    def _purge(self, sizes: dict, log) -> list[report.PerformanceRow]:
+        from audit.ledger.handover import dispatch_held
+        from benchmarks.purge import bench_purge
+
+        runs, rows, batch_runs, rounds = sizes["purge_runs"], 10, 50, 2
+        with dispatch_held():
+            result = bench_purge(runs=runs, rows=rows, batch_runs=batch_runs, rounds=rounds)
+        return report.purge_rows(
+            result, f"manage.py bench_purge --runs {runs} --rows {rows} --batch-runs {batch_runs} --rounds {rounds}"
+        )
 
     def _otel_export(self, sizes: dict, log) -> list[report.PerformanceRow]:
         from audit.ledger.handover import dispatch_held
