@@ -287,8 +287,10 @@ def seal_run(run, *, save: bool = False, rows: list[dict[str, Any]] | None = Non
     The terminal transaction calls it with every row closed, the run row
     locked and its terminal fields set, right before it saves the run: the
     seal is written by that same save (one UPDATE of the run, whose status
-    and seal change together). A purge or erasure passes ``save=True``
-    under the audited bypass, and the seal fields alone are updated. One
+    and seal change together). A purge or erasure passes the facts of the
+    rows as it left them (read again in one query for its whole batch) and
+    saves its batch's seals together, under the audited bypass; with
+    ``save=True`` the seal fields alone of this run are updated. One
     SELECT of the run's rows, unless ``rows`` gives their facts (each with
     :data:`FACT_FIELDS` as :func:`audit_row_facts` reads them, the user's
     message included, in any order: the terminal transaction has just read
