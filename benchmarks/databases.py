@@ -1,7 +1,8 @@
 """Databases of their own for the benchmarks that build large datasets
 (``bench_read_paths``, ``performance_report``): created and dropped through
 the server's ``postgres`` database, with the configured connection's host,
-port and user; Django's default connection switched between them."""
+port and user; Django's default connection switched between them. Also how a
+benchmark deletes its throw-away user and what it ran."""
 
 from __future__ import annotations
 
@@ -48,3 +49,16 @@ def use_database(name: str) -> None:
     if conn.settings_dict.get("OPTIONS", {}).get("pool"):
         conn.close_pool()
     conn.settings_dict["NAME"] = name
+
+
+def throwaway_user_delete(user, *, bench: str, since) -> None:
+    """Delete a benchmark's throw-away ``user`` with its threads, runs and
+    rows, through the recorded bypass (the audit is append-only, R-GOV-3),
+    then recompute the dashboard's rollups from the day ``since`` (a date),
+    to which their terminal transactions had added them."""
+    from dashboard.rollups import rollups_rebuild
+    from governance.bypass import audited_bypass
+
+    with audited_bypass(reason=f"{bench}: delete its throw-away user, threads and runs"):
+        user.delete()
+    rollups_rebuild(since=since)

@@ -48,11 +48,10 @@ from audit import ledger
 from audit.models import AgentRun
 from conversations.models import Conversation
 from core.config import get_config
-from dashboard.rollups import rollups_rebuild
-from governance.bypass import audited_bypass
 from otel_export.models import ExportCursor
 from otel_export.services import RUN_PAGE, OtlpReceiver, export_closed_runs
 
+from .databases import throwaway_user_delete
 from .seal import _driven_run
 
 
@@ -309,10 +308,7 @@ def bench_otel_export(*, runs: int = 60, rows: int = 10, rounds: int = 3, log=la
         config.OTEL_EXPORT_SETTLE_SECONDS = settle
         receiver.stop()
         ExportCursor.objects.filter(name__in=cursor_names).delete()
-        with audited_bypass(reason="bench_otel_export: delete its throw-away user, threads and runs"):
-            user.delete()
-        # Their terminal transactions added them to the dashboard's rollups.
-        rollups_rebuild(since=first_day)
+        throwaway_user_delete(user, bench="bench_otel_export", since=first_day)
     return OtelExportBench(
         runs=runs,
         rows_per_run=rows,

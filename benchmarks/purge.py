@@ -65,13 +65,13 @@ from core.workspace import (
     legacy_large_result_path,
     thread_workspace,
 )
-from dashboard.rollups import rollups_rebuild
 from governance import payloads
 from governance.bypass import audited_bypass, open_bypass
 from governance.models import GovernanceAction, RunReseal
 from governance.seal import RUN_FACT_FIELDS, audit_row_facts, check_run, compute_seal, seal_run
 from governance.services import payloads_purge
 
+from .databases import throwaway_user_delete
 from .seal import _driven_run
 
 #: Where the benchmark moves its runs' end: older than any real run, so
@@ -316,10 +316,7 @@ def bench_purge(
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(15)
             profile_text = out.getvalue()
     finally:
-        with audited_bypass(reason="bench_purge: delete its throw-away user, threads and runs"):
-            user.delete()
-        # Their terminal transactions added them to the dashboard's rollups.
-        rollups_rebuild(since=first_day)
+        throwaway_user_delete(user, bench="bench_purge", since=first_day)
     return PurgeBench(
         runs=runs,
         rows_per_run=rows,

@@ -329,19 +329,12 @@ def bench_run_overhead(
 def _clean_up(user, thread_ids: list[uuid.UUID], run_ids: list[uuid.UUID], workspace: Path, *, first_day) -> None:
     import shutil
 
-    from dashboard.rollups import rollups_rebuild
+    from .databases import throwaway_user_delete
 
     with connection.cursor() as cursor:
         for table in ("checkpoint_writes", "checkpoint_blobs", "checkpoints"):
             cursor.execute(f"DELETE FROM {table} WHERE thread_id = ANY(%s)", [[str(t) for t in thread_ids]])
-    from governance.bypass import audited_bypass
-
-    # Audit rows and runs are append-only (R-GOV-3): the benchmark's own
-    # throw-away rows go through the recorded bypass.
-    with audited_bypass(reason="bench_run_overhead: delete its throw-away user, threads and runs"):
-        user.delete()  # threads, runs and their rows
-    # Their terminal transactions added them to the dashboard's rollups.
-    rollups_rebuild(since=first_day)
+    throwaway_user_delete(user, bench="bench_run_overhead", since=first_day)
     release_connection()
     redis_url = get_config().REDIS_URL
     if redis_url and run_ids:

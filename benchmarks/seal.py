@@ -24,10 +24,9 @@ from django.utils import timezone
 from audit import ledger
 from audit.ledger import StateMessage
 from conversations.models import Conversation
-from dashboard.rollups import rollups_rebuild
-from governance.bypass import audited_bypass
 from governance.seal import recompute_seal
 
+from .databases import throwaway_user_delete
 from .figures import LatencySummary, summarize
 
 
@@ -110,10 +109,7 @@ def bench_seal(*, runs: int = 40, rows: int = 10) -> SealBench:
             recompute_seal(run_id)
             alone.append(time.perf_counter() - started)
     finally:
-        with audited_bypass(reason="bench_seal: delete its throw-away user, threads and runs"):
-            user.delete()
-        # Their terminal transactions added them to the dashboard's rollups.
-        rollups_rebuild(since=first_day)
+        throwaway_user_delete(user, bench="bench_seal", since=first_day)
     return SealBench(
         rows_per_run=rows,
         with_seal=summarize(with_seal),
