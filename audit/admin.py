@@ -40,7 +40,7 @@ from .execution.rerun import replay_request
 from .models import AgentRun, RunRollback
 from .reads import search, selectors
 from .schemas import RunFilterQuery
-from .templatetags.yx_admin import time_html
+from .templatetags.yx_admin import model_html, time_html
 from .timeline_html import rows_html
 
 # The characters of each payload of a timeline row (content, declared tool
@@ -276,7 +276,7 @@ class AgentRunAdmin(ActionCheckboxMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
         "status_display",
         "created_display",
         "user",
-        "model",
+        "model_display",
         "calls",
         "tokens",
         "cost",
@@ -378,6 +378,11 @@ class AgentRunAdmin(ActionCheckboxMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     # Read-only (ReadOnlyAdminMixin): workers write runs (R-RUN-4).
 
     # --- changelist ---------------------------------------------------------
+
+    @admin.display(description="model", ordering="model")
+    def model_display(self, run):
+        """The run's model name, wrapping only between its parts (issue 37)."""
+        return model_html(run.model) if run.model else self.get_empty_value_display()
 
     def get_queryset(self, request):
         return selectors.with_operation_counts(super().get_queryset(request)).annotate(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from html import escape
 
 from django import template
@@ -62,6 +63,29 @@ def time_column(field: str, description: str, *, ordering: bool = True):
 
     show.__name__ = f"{field}_display"
     return show
+
+
+# A model name may wrap after the ":" of its provider and after each "-"
+# or "/" (``openai:gpt-4o-mini-2024-07-18``), never inside a word.
+_MODEL_BREAK = re.compile(r"(?<=[:/-])")
+#: Characters of one piece of a model name between those breaks that a
+#: list shows; a longer piece is cut with "…" (the title has it whole).
+MODEL_PIECE_CHARS = 20
+
+
+def model_html(name: str) -> str:
+    """A model name (``replay:tool_then_answer``) for a narrow list column
+    (issue 37): it may wrap only after ``:``, ``-`` or ``/`` (a ``<wbr>``
+    there; CSS keeps the rest whole), so a column beside the filters at
+    1280 px is as wide as the longest piece, never squeezed to a letter; a
+    piece longer than :data:`MODEL_PIECE_CHARS` is cut with "…", and the
+    whole name is the element's ``title``."""
+    pieces = [
+        piece if len(piece) <= MODEL_PIECE_CHARS else piece[: MODEL_PIECE_CHARS - 1] + "…"
+        for piece in _MODEL_BREAK.split(name)
+    ]
+    shown = "<wbr>".join(escape(piece) for piece in pieces if piece)
+    return mark_safe(f'<span class="yx-model" title="{escape(name)}">{shown}</span>')  # noqa: S308
 
 
 @register.filter

@@ -62,3 +62,20 @@ def test_pretty_json_is_the_standard_encoders_indented_form(value):
 @given(value=st.floats(allow_nan=False, allow_infinity=False) | st.integers(min_value=2**64))
 def test_pretty_json_of_floats_and_huge_integers_reads_back_the_same(value):
     assert json.loads(_pretty({"v": value})) == {"v": value}
+
+
+def test_model_names_wrap_only_between_their_parts_issue_37():
+    from audit.templatetags.yx_admin import MODEL_PIECE_CHARS, model_html
+
+    assert model_html("replay:tool_then_answer") == (
+        '<span class="yx-model" title="replay:tool_then_answer">replay:<wbr>tool_then_answer</span>'
+    )
+    assert model_html("openai:gpt-4o-mini-2024-07-18") == (
+        '<span class="yx-model" title="openai:gpt-4o-mini-2024-07-18">'
+        "openai:<wbr>gpt-<wbr>4o-<wbr>mini-<wbr>2024-<wbr>07-<wbr>18</span>"
+    )
+    long = "acme:" + "x" * 40 + "<&>"
+    assert model_html(long) == (
+        f'<span class="yx-model" title="acme:{"x" * 40}&lt;&amp;&gt;">acme:<wbr>{"x" * (MODEL_PIECE_CHARS - 1)}…</span>'
+    )
+    assert model_html("plain") == '<span class="yx-model" title="plain">plain</span>'

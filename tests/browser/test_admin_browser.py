@@ -417,3 +417,67 @@ def test_wide_tables_scroll_in_their_box_with_a_hint_on_a_phone_issue_37(web_url
             assert _no_horizontal_scroll(page)
     finally:
         context.close()
+
+
+# Model names as providers spell them, and one longer than a list shows.
+MODEL_NAMES = [
+    "replay:tool_then_answer",
+    "openai:gpt-4o-mini-2024-07-18",
+    "anthropic:claude-3-5-sonnet-20241022",
+    "acme:a-model-name-with-a-piece-far-too-long_for_any_list_column",
+]
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_run_list_model_names_wrap_only_between_their_parts_issue_37(web_url, admin_world, browser, width):
+    """At 1280 px (beside the filters) and at 390 px, each model name on the
+    run list wraps only after ":", "-" or "/": no piece of a name is broken
+    over two lines or squeezed; a piece too long is cut with "…" and the
+    whole name is the title. At 1280 px the list still fits."""
+    staff, run, _resume, _live = admin_world
+    for model in MODEL_NAMES:
+        AgentRun.objects.create(
+            request_id=f"browser-model-{model}",
+            thread=run.thread,
+            user=run.user,
+            agent_id="assistant",
+            model=model,
+            status=AgentRun.Status.COMPLETED,
+        )
+    context = browser.new_context(viewport={"width": width, "height": 900}, base_url=web_url)
+    page = context.new_page()
+    try:
+        _sign_in(page, staff)
+        page.goto("/admin/audit/agentrun/")
+        page.wait_for_load_state("load")
+        cells = page.evaluate(
+            """() => [...document.querySelectorAll('#result_list td.field-model_display .yx-model')].map(span => {
+                 const pieces = [...span.childNodes].filter(n => n.nodeType === Node.TEXT_NODE).map(node => {
+                   const range = document.createRange();
+                   range.selectNodeContents(node);
+                   const lines = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+                   return {text: node.textContent, lines: lines.size};
+                 });
+                 const range = document.createRange();
+                 range.selectNodeContents(span);
+                 const lines = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+                 return {title: span.title, pieces, lines: lines.size};
+               })"""
+        )
+        by_title = {cell["title"]: cell for cell in cells}
+        assert set(MODEL_NAMES) <= set(by_title), by_title.keys()
+        for name in MODEL_NAMES:
+            cell = by_title[name]
+            # Every piece on one line: a name breaks only between pieces.
+            assert all(piece["lines"] == 1 for piece in cell["pieces"]), (width, cell)
+            shown = "".join(piece["text"] for piece in cell["pieces"])
+            assert shown == name or (shown.endswith("…") and len(shown) < len(name)), (width, shown)
+        # A short name takes one or two lines, not a letter a line.
+        assert by_title["replay:tool_then_answer"]["lines"] <= 2, by_title["replay:tool_then_answer"]
+        # At 390 px the list scrolls in its box: show the model column.
+        page.evaluate("() => document.querySelector('td.field-model_display').scrollIntoView({inline: 'center'})")
+        page.screenshot(path=SCREENSHOTS / f"runs-models-{width}.png")
+        if width == 1280:
+            assert _no_horizontal_scroll(page), "run list"
+    finally:
+        context.close()
