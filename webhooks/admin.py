@@ -7,7 +7,7 @@ from django.contrib import admin, messages
 from django.db.models import F
 from django.utils import timezone
 
-from audit.templatetags.yx_admin import time_column
+from audit.templatetags.yx_admin import time_column, time_html
 from yuxi_project.admin_rows import ReadOnlyAdminMixin, ReadOnlyInlineMixin
 
 from .models import WebhookAttempt, WebhookDelivery
@@ -15,9 +15,13 @@ from .models import WebhookAttempt, WebhookDelivery
 
 class WebhookAttemptInline(ReadOnlyInlineMixin, admin.TabularInline):
     model = WebhookAttempt
-    fields = ("number", "started_display", "duration_ms", "status_code", "error")
+    fields = ("number", "started_display", "duration_display", "status_code", "error")
     readonly_fields = fields
     started_display = time_column("started_at", "started")
+
+    @admin.display(description="duration")
+    def duration_display(self, attempt):
+        return f"{attempt.duration_ms:,.0f} ms"
 
 
 # A delivery's progress, on the list and on its page.
@@ -41,12 +45,19 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     fields = readonly_fields
     raw_id_fields = ("run",)
     created_display = time_column("created_at", "queued")
-    next_attempt_display = time_column("next_attempt_at", "next attempt")
     delivered_display = time_column("delivered_at", "delivered")
     run_finished_display = time_column("run_finished_at", "run ended")
     inlines = (WebhookAttemptInline,)
     actions = ("send_again",)
     show_full_result_count = False
+
+    @admin.display(description="next attempt", ordering="next_attempt_at")
+    def next_attempt_display(self, delivery):
+        """Only while the delivery is pending: a delivered, failed or
+        skipped one has no next attempt (its field keeps the last claim)."""
+        if delivery.status != WebhookDelivery.Status.PENDING:
+            return self.get_empty_value_display()
+        return time_html(delivery.next_attempt_at)
 
     @admin.action(description="Send the selected failed deliveries again")
     def send_again(self, request, queryset):

@@ -71,6 +71,7 @@ class WebhookDelivery(models.Model):
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "webhook deliveries"
         ordering = ["-created_at"]
         constraints = [
             models.UniqueConstraint(fields=["run", "run_finished_at"], name="webhook_delivery_run_end_uniq"),

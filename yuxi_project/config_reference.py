@@ -134,7 +134,7 @@ def render() -> str:
         if bounds:
             kind = f"{kind}, {bounds}"
         lines.append(
-            f"| `{name}` | {_cell(kind)} | {_cell(_default(field.default))} | {_cell(field.description or '')} |"
+            f"| `{name}` | {_cell(kind)} | {_cell(_default(field.get_default(call_default_factory=True)))} | {_cell(field.description or '')} |"
         )
     lines += ["", SCRIPTS]
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -424,6 +424,12 @@ def test_deliveries_and_attempts_in_the_admin_and_sent_again_R_API_3(
     assert page.status_code == 200
     content = page.content.decode()
     assert "HTTP 500" in content and receiver.url in content
+    assert "Webhook deliveries" in listing.content.decode()  # not "deliverys"
+    # A given-up delivery has no next attempt; durations are whole ms.
+    next_attempt = content.split("Next attempt:</label>", 1)[1].split("</div>", 1)[0]
+    assert re.sub(r"<[^>]+>", "", next_attempt).strip() == "-", next_attempt
+    duration = WebhookAttempt.objects.get(delivery=delivery).duration_ms
+    assert f"{duration:,.0f} ms" in content and str(duration) not in content
 
     response = admin.post(
         "/admin/webhooks/webhookdelivery/",
