@@ -47,6 +47,10 @@
     approval: $("yc-approval"),
   };
   const ACTIVE = new Set(["pending", "running", "cancel_requested"]);
+  // The pause before reading a run whose stream the browser gave up on,
+  // doubled after each failed attempt up to the most (ms).
+  const RETRY_FIRST_MS = 1000;
+  const RETRY_MOST_MS = 15000;
   const TITLE_WORDS = 8;
   const NO_THREAD_TITLE = el.title.textContent;
 
@@ -62,6 +66,7 @@
     thread: null,
     runId: null,
     source: null,
+    retry: null,
     unsent: null,
     unresumed: null,
   };
@@ -619,6 +624,8 @@
 
   function stopFollowing() {
     if (state.source) state.source.close();
+    clearTimeout(state.retry);
+    state.retry = null;
     state.source = null;
     state.runId = null;
     el.live.hidden = true;
@@ -678,10 +685,20 @@
   function follow(runId) {
     stopFollowing();
     state.runId = runId;
-    el.liveText.replaceChildren();
     el.live.hidden = false;
     setComposer(false);
     showRunStatus("pending");
+    listen(runId, RETRY_FIRST_MS);
+  }
+
+  // Opens the run's event stream. A new EventSource has no event id to
+  // resume from: the server sends the run from its first event, so the
+  // live answer starts over, empty, and nothing shows twice. `retryMs`:
+  // the pause before the next attempt should this stream fail at once.
+  function listen(runId, retryMs) {
+    el.liveText.replaceChildren();
+    app.dataset.deltas = "0";
+    app.dataset.toolEvents = "0";
     // EventSource sends the session cookie (same origin) and, when it
     // reconnects after a dropped connection, the last event id it received
     // as Last-Event-ID: the server resumes with no gap and no repeat.
@@ -693,6 +710,11 @@
         handle(event.data ? JSON.parse(event.data) : {}, event);
       });
 
+    source.addEventListener("open", () => {
+      if (state.source !== source) return;
+      retryMs = RETRY_FIRST_MS; // connected: a later loss starts the pauses again
+      showRunStatus(app.dataset.runStatus || "pending"); // no more "Reconnecting…"
+    });
     on("run.status", (data) => showRunStatus(data.status));
     on("model.started", (data) => liveSegment(data.operation_id));
     on("model.delta", (data) => {
@@ -722,30 +744,62 @@
         // The server's own `error` event: the run is gone (deleted).
         finish(source, { status: "failed", error_type: JSON.parse(event.data).error }, runId);
       } else if (source.readyState === EventSource.CLOSED) {
-        // The browser gave up reconnecting: read the run's state instead.
-        recoverFromClosedStream(source, runId);
+        // The browser gave up on the stream: a reconnect got an answer
+        // that is no stream (a proxy's 502 while the web server restarts).
+        scheduleRecovery(source, runId, retryMs);
+      } else {
+        // The browser reconnects by itself, with Last-Event-ID.
+        setStatus("Reconnecting…");
       }
-      // Otherwise the browser reconnects by itself, with Last-Event-ID.
     });
   }
 
-  async function recoverFromClosedStream(source, runId) {
+  // Recovers a run whose stream closed for good before its end: after
+  // `delayMs`, reads the run; an ended one shows from the history (its
+  // answer is there), a running one is followed by a new stream. Each
+  // failed attempt doubles the pause, up to RETRY_MOST_MS. `source`, the
+  // closed stream, stays the page's own meanwhile: leaving the thread
+  // (stopFollowing) or following another run drops the recovery, so one
+  // run never has two followers.
+  function scheduleRecovery(source, runId, delayMs) {
+    source.close();
+    setStatus("Reconnecting…");
+    clearTimeout(state.retry);
+    state.retry = setTimeout(() => recover(source, runId, delayMs), delayMs);
+  }
+
+  async function recover(source, runId, delayMs) {
+    if (state.source !== source) return;
+    clearTimeout(state.retry);
+    state.retry = null;
+    const nextMs = Math.min(delayMs * 2, RETRY_MOST_MS);
+    let run;
     try {
-      const run = await api("GET", `/runs/${runId}`);
-      if (ACTIVE.has(run.status)) {
-        if (state.source === source) follow(runId);
-      } else {
-        finish(source, run, runId);
-      }
+      run = await api("GET", `/runs/${runId}`);
     } catch (error) {
-      if (state.source === source) setStatus(`Lost the run's live events: ${error.message}`, true);
+      if (state.source !== source) return;
+      if (error.status === 404) {
+        // The run is gone with its thread: show what is left of it.
+        selectThread(state.threadId);
+      } else if (error instanceof ApiError && error.status < 500 && error.status !== 429) {
+        stopFollowing();
+        setStatus(`Lost the run's live events: ${error.message}`, true);
+      } else {
+        scheduleRecovery(source, runId, nextMs); // unreachable or overloaded: later
+      }
+      return;
     }
+    if (state.source !== source) return; // left, or recovered already
+    if (ACTIVE.has(run.status)) listen(runId, nextMs);
+    else finish(source, run, runId);
   }
 
   async function finish(source, data, runId) {
     if (state.source !== source) return;
     const threadId = state.threadId;
     source.close();
+    clearTimeout(state.retry);
+    state.retry = null;
     state.source = null;
     state.runId = null;
     el.cancel.hidden = true;
@@ -788,8 +842,15 @@
     try {
       const run = await api("POST", `/runs/${runId}/cancel`);
       if (state.runId !== runId) return;
-      if (ACTIVE.has(run.status)) showRunStatus(run.status);
-      else if (!state.source) {
+      if (ACTIVE.has(run.status)) {
+        showRunStatus(run.status);
+        // Waiting to recover its stream: read it now rather than after
+        // the pause, to show how the cancellation ends.
+        if (state.retry) recover(state.source, runId, RETRY_FIRST_MS);
+      } else if (state.source && state.source.readyState === EventSource.CLOSED) {
+        // Its stream was lost and is being recovered: the end is known now.
+        await finish(state.source, run, runId);
+      } else if (!state.source) {
         // No live stream to tell the end (an interrupted run, cancelled at once).
         await loadHistory();
         showFinished(run, runId);
