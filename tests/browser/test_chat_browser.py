@@ -697,3 +697,95 @@ def test_the_answer_streams_on_across_a_web_server_restart_R_UI_1(chat_stack, ch
             context.close()
         web.stop()
         _close_orm_connection()
+
+
+def _poll(page, condition, what: str) -> None:
+    """:func:`_wait` with Playwright's own pause, so that the page's
+    routes are answered meanwhile (the sync API runs their handlers only
+    inside its calls)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not condition():
+        assert time.monotonic() < deadline, f"still not {what} after {WAIT_SECONDS}s"
+        page.wait_for_timeout(200)
+
+
+def test_the_page_recovers_when_the_browser_gives_up_on_the_stream_R_UI_1(chat_stack, chat_user, browser):
+    """A proxy answers 502 while the web server behind it restarts: the
+    browser's EventSource gets no stream on reconnecting and gives up
+    (readyState CLOSED). The page tries again after a pause, doubling,
+    reads the run once the server is back, follows it with a new stream,
+    which starts from the run's first event, and rebuilds the live answer
+    from it: the whole answer shows once, with no lasting error. The
+    proxy is Playwright's routes on the run's URLs, in front of a web
+    server of this test's own."""
+    port = free_port()
+    web = start_web("chat-web-gateway", port, chat_stack.env)
+    context = None
+    try:
+        context, page, watch = _open_chat(
+            browser, f"http://127.0.0.1:{port}", {"width": 1280, "height": 900}, chat_user
+        )
+        _new_thread(page, "replay:long_answer")
+        _send(page, "Tell me a long story.")
+        page.wait_for_function("() => Number(document.getElementById('yc-app').dataset.deltas) >= 3")
+        run = AgentRun.objects.get(thread__user=chat_user)
+        events_url = f"/api/runs/{run.id}/events"
+
+        down = True
+        refused: list[str] = []  # the paths the proxy answered 502
+        passed: list[str] = []
+
+        def gateway(route):
+            path = route.request.url.removeprefix(f"http://127.0.0.1:{port}")
+            if down:
+                refused.append(path)
+                route.fulfill(status=502, content_type="text/html", body="<h1>502 Bad Gateway</h1>")
+            else:
+                passed.append(path)
+                route.continue_()
+
+        page.route(f"**{events_url}", gateway)
+        page.route(f"**/api/runs/{run.id}", gateway)
+        watch.allow(502, f"/api/runs/{run.id}")
+        watch.allow_lost_connections(events_url)  # the stream the kill breaks
+
+        web.kill()
+        shown = _shown_deltas(page)
+        # The reconnect gets the proxy's 502: the browser closes the stream,
+        # the page says it reconnects (no error) and reads the run after a
+        # pause, again after a longer one.
+        _poll(page, lambda: refused.count(f"/api/runs/{run.id}") >= 2, "two reads of the run refused")
+        assert refused[0] == events_url, refused
+        assert page.locator("#yc-status").inner_text() == "Reconnecting…"
+        assert "yc-error" not in page.locator("#yc-status").get_attribute("class")
+        assert page.evaluate("() => document.getElementById('yc-live-text').textContent.length") > 0
+        _wait(lambda: _published_deltas(run.id) >= shown + 3, "three more chunks published")
+        assert AgentRun.objects.get(pk=run.pk).status == "running"
+        web = start_web("chat-web-gateway", port, chat_stack.env)
+        down = False
+
+        page.wait_for_function(
+            "() => document.getElementById('yc-app').dataset.runStatus === 'completed'",
+            timeout=(len(LONG.text) / LONG.chunk_chars * LONG.chunk_delay_ms / 1000 + WAIT_SECONDS) * 1000,
+        )
+        # One new stream, no second follower; it started from the first
+        # event and the live answer was rebuilt from it: each chunk once.
+        assert passed.count(events_url) == 1, passed
+        assert _shown_deltas(page) == _published_deltas(run.id)
+        assert page.locator("#yc-live-text").text_content() == LONG.text
+        assert "yc-error" not in page.locator("#yc-status").get_attribute("class")
+        assert _kinds(page) == ["user", "answer"]
+        assert page.locator("#yc-messages > li[data-kind='answer'] .yc-text").inner_text() == LONG.text
+        page.screenshot(path=SCREENSHOTS / "chat-after-gateway-502-1280.png", full_page=True)
+
+        page.unroute_all()
+        page.reload()
+        page.wait_for_selector("#yc-messages > li[data-kind='answer'] .yc-cost")
+        assert _kinds(page) == ["user", "answer"]
+        assert page.locator("#yc-messages > li[data-kind='answer'] .yc-text").inner_text() == LONG.text
+        watch.check()
+    finally:
+        if context is not None:
+            context.close()
+        web.stop()
+        _close_orm_connection()
