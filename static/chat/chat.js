@@ -234,7 +234,9 @@
     showThreadHead();
     el.messages.replaceChildren();
     setStatus("Loading…");
-    setComposer(true);
+    // The composer opens once the history is shown: an answer sent before
+    // would be wiped by the history load that lands after it.
+    setComposer(false);
     try {
       if (!state.thread) {
         const thread = await api("GET", `/threads/${threadId}`);
@@ -243,7 +245,9 @@
         showThreadHead();
       }
       await loadHistory();
+      if (threadId !== state.threadId) return;
       setStatus("");
+      setComposer(true);
       // A run of this thread may still be going (the page was reloaded
       // while it ran): follow it.
       const runs = await api("GET", `/threads/${threadId}/runs?limit=1`);
@@ -527,6 +531,7 @@
     let unknownCalls = 0;
     let input = 0;
     let output = 0;
+    let counted = false;
     for (const run of runs) {
       if (run.cost.total_usd !== null) {
         usd += Number(run.cost.total_usd);
@@ -536,11 +541,18 @@
       if (run.usage) {
         input += run.usage.input_tokens || 0;
         output += run.usage.output_tokens || 0;
+        counted = true;
       }
     }
     let text = known ? `Turn cost ${usdText(usd)}` : "Turn cost unknown";
     if (known && unknownCalls) text += ` + ${unknownCalls} call${unknownCalls > 1 ? "s" : ""} of unknown cost`;
-    text += ` · ${(input + output).toLocaleString()} tokens (${input.toLocaleString()} in, ${output.toLocaleString()} out)`;
+    // A run cut off before any usage was reported (cancelled mid-answer)
+    // has none: "tokens unknown", never "0 tokens" (docs/api.md, Costs).
+    if (counted) {
+      text += ` · ${(input + output).toLocaleString()} tokens (${input.toLocaleString()} in, ${output.toLocaleString()} out)`;
+    } else {
+      text += " · tokens unknown";
+    }
     return { text, usd: known ? usd.toFixed(6) : "" };
   }
 
