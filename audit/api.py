@@ -13,7 +13,7 @@ from conversations.schemas import ErrorOut
 from conversations.selectors import thread_of
 from core.config import get_config
 from core.db import release_connection
-from core.errors import InvalidInput, NotFound, PermissionDenied
+from core.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from costs.schemas import BudgetExceededOut
 from costs.selectors import run_costs
 from ops.metrics import track_sse
@@ -265,7 +265,10 @@ def export_thread(request, thread_id: uuid.UUID, query: Query[ExportQuery]):
 
 
 @router.get(
-    "/audit/runs/{run_id}/scenario", response={200: ScenarioOut, **STAFF_ERRORS}, tags=["audit"], auth=AUDIT_STAFF
+    "/audit/runs/{run_id}/scenario",
+    response={200: ScenarioOut, 409: ErrorOut, **STAFF_ERRORS},
+    tags=["audit"],
+    auth=AUDIT_STAFF,
 )
 def run_scenario(request, run_id: uuid.UUID):
     """Staff only (R-REPLAY-1): the run's turn (its first run and every
@@ -273,14 +276,15 @@ def run_scenario(request, run_id: uuid.UUID):
     server plays: the root model calls as ``turns``, each subagent's as
     ``subagents``, tool results, decisions and the end in ``recorded``.
     Save it as ``<name>.json`` in a scenario directory to replay it. 404
-    for an unknown run; 422 when the turn made no model call."""
+    for an unknown run; 409 ``nothing_to_export`` when the turn made no
+    model call (a refusal by the run's state, not a malformed request)."""
     _require_staff(request)
     try:
         scenario = export_scenario(run_id)
     except RunNotFound:
         raise NotFound("run not found") from None
     except ValueError as exc:
-        raise InvalidInput(str(exc), extra={"reason": "nothing_to_export"}) from None
+        raise Conflict(str(exc), extra={"reason": "nothing_to_export"}) from None
     # Built and validated by the exporter's own format (audit.replay.scenarios):
     # encoded as it is, so a lone surrogate travels \u-escaped, exactly.
     return json_response(scenario)
@@ -354,7 +358,10 @@ async def run_events(request, run_id: uuid.UUID):
     ``run.finished`` is answered 204, so a browser's EventSource stops;
     a ``Last-Event-ID`` ahead of a running run's stream still gets the
     terminal event (R-EVT-3)."""
-    raw = request.headers.get("Last-Event-ID", "").strip() or "0"
+    # No header: from the start. An empty one is malformed, as the schema
+    # says (a browser with no event id yet sends none).
+    raw = request.headers.get("Last-Event-ID")
+    raw = "0" if raw is None else raw.strip()
     # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise InvalidInput("Last-Event-ID must be a non-negative integer", extra={"reason": "bad_last_event_id"})

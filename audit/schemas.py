@@ -293,7 +293,9 @@ class RunFilterQuery(Schema):
     user: str | None = Field(None, max_length=150, description="Username, or numeric user id.")
     from_: IsoDateTime | None = Field(None, alias="from", description="Created at or after (ISO 8601; naive = UTC).")
     to: IsoDateTime | None = Field(
-        None, description="Created before (ISO 8601; naive = UTC); after `from` (else 422, `field: from`)."
+        None,
+        description="Created before (ISO 8601; naive = UTC); at or after `from` (else 422, `field: from`; "
+        "equal: an empty window).",
     )
     tool: str | None = Field(None, max_length=200, description="A tool row of this tool name.")
     tool_status: ExecutionStatus | None = Field(

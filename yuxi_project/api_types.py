@@ -76,7 +76,8 @@ Cursor = Annotated[
     WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 500, "pattern": r"^[A-Za-z0-9_-]+$"}),
 ]
 
-#: A live-event sequence number, as the ``Last-Event-ID`` header carries it.
+#: A live-event sequence number, as the ``Last-Event-ID`` header carries it
+#: (never empty: an EventSource with no id yet sends no header).
 EVENT_ID_SCHEMA = {"type": "string", "pattern": r"^[0-9]{1,18}$"}
 
 #: A non-negative USD amount as a decimal string: at most 9 digits before

@@ -223,3 +223,11 @@ def test_the_api_gives_staff_the_scenario_and_refuses_others_R_REPLAY_1(user, st
 
     missing = Client().get(f"/api/audit/runs/{uuid.uuid4()}/scenario", headers=bearer(staff_user))
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+    # A turn that made no model call has nothing to export: refused by its
+    # state (409), not called malformed (422; found by schemathesis).
+    thread = Conversation.objects.create(user=user, agent_id="assistant", model="replay:plain_answer")
+    pending = make_run(thread)
+    empty = Client().get(f"/api/audit/runs/{pending.id}/scenario", headers=bearer(staff_user))
+    assert empty.status_code == 409, empty.content
+    assert empty.json()["error"]["code"] == "conflict" and empty.json()["error"]["reason"] == "nothing_to_export"

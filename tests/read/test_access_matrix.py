@@ -147,7 +147,9 @@ def test_run_events_for_a_finished_run_end_with_terminal_status_R_EVT_1(thread):
     )
 
 
-@pytest.mark.parametrize("value", ["abc", "-1", "1.5", "9" * 30])
+# "": the schema's pattern refuses an empty header, and so does the server
+# (it read it as 0; found by schemathesis).
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5", "9" * 30, "", " "])
 def test_run_events_bad_last_event_id_is_422_R_READ_6(thread, value):
     run = tool_turn(thread)
     response = Client().get(f"/api/runs/{run.id}/events", headers={**bearer(thread.user), "Last-Event-ID": value})

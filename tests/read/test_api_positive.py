@@ -37,12 +37,12 @@ def breaks_the_window_rule(query: dict) -> bool:
 
 
 def breaks_the_time_order(query: dict) -> bool:
-    """Whether a run filter's ``from`` is not before its ``to`` (naive = UTC)."""
+    """Whether a run filter's ``from`` is after its ``to`` (naive = UTC)."""
     if "from" not in query or "to" not in query:
         return False
     first, last = (dt.datetime.fromisoformat(query[name]) for name in ("from", "to"))
     first, last = (t if t.tzinfo else t.replace(tzinfo=dt.UTC) for t in (first, last))
-    return first >= last
+    return first > last
 
 
 @pytest.mark.django_db(transaction=True)
