@@ -9,8 +9,9 @@ from ninja import Field, Schema
 from pydantic import WithJsonSchema
 
 from webhooks.targets import MAX_URL_LENGTH, URL_PATTERN
-from yuxi_project.api_types import USD_AMOUNT_SCHEMA, Cursor, IsoDateTime, comma_list_pattern
+from yuxi_project.api_types import USD_AMOUNT_SCHEMA, Cursor, IsoDateTime, comma_list_pattern, explained
 
+REQUEST_ID_PATTERN = explained(r"^[A-Za-z0-9._:\-]+$", "may hold only letters A-Z a-z, digits and . _ : -")
 NOT_ONLY_WHITE_SPACE = r"[^\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
 
 
@@ -32,7 +33,7 @@ WEBHOOK_FIELD = Field(
     None,
     min_length=1,
     max_length=MAX_URL_LENGTH,
-    pattern=URL_PATTERN,
+    pattern=explained(URL_PATTERN, "must be an http:// or https:// URL: a host, an optional port, no user name"),
     description="A URL the run's end is POSTed to (R-API-3): the body of `GET /api/runs/{run_id}` as it ended, "
     "signed (`X-Yuxi-Signature: sha256=<hex>`, HMAC-SHA256 of the body with the server's `WEBHOOK_SECRET`), "
     "with `X-Yuxi-Delivery` (the same id in every retry); retried until the receiver answers 2xx. Its host "
@@ -41,7 +42,7 @@ WEBHOOK_FIELD = Field(
 
 
 class RunIn(Schema):
-    request_id: str = Field(..., min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
+    request_id: str = Field(..., min_length=1, max_length=200, pattern=REQUEST_ID_PATTERN)
     input: TurnInput
     multitask_strategy: Literal["enqueue", "reject", "interrupt", "rollback"] = Field(
         "enqueue",
@@ -64,7 +65,7 @@ class DecisionIn(Schema):
 
 
 class RunResumeIn(Schema):
-    request_id: str = Field(..., min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$")
+    request_id: str = Field(..., min_length=1, max_length=200, pattern=REQUEST_ID_PATTERN)
     decisions: list[DecisionIn] = Field(..., min_length=1, max_length=100)
     webhook: str | None = WEBHOOK_FIELD
 

@@ -19,8 +19,21 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q, Value
 
-from core.storable import StorableCharField, StorableJSONField, StorableTextField
+from core.storable import StorableCharField, StorableJSONField, StorableTextField, fit_text
 from governance.triggers import MESSAGE_TRIGGERS
+
+#: How many words of its first message name an untitled thread.
+TITLE_WORDS = 8
+
+
+def title_from_text(text: str) -> str:
+    """The first :data:`TITLE_WORDS` words of ``text`` on one line, with
+    "…" when there were more, cut to fit the 200-character title (R-API-1).
+    ``"Plan a trip to Paris"`` -> ``"Plan a trip to Paris"``; blank text
+    gives ``""``."""
+    words = text.split()
+    head = " ".join(words[:TITLE_WORDS])
+    return fit_text(head + "…" if len(words) > TITLE_WORDS else head, 200)
 
 
 class ConversationQuerySet(models.QuerySet):
@@ -98,6 +111,15 @@ class Conversation(models.Model):
     def archived(self) -> bool:
         """Whether the owner archived the thread (R-API-1)."""
         return self.status == Conversation.Status.ARCHIVED
+
+    def name_after(self, text: str) -> bool:
+        """Give an untitled thread the title :func:`title_from_text` makes of
+        ``text`` (its first turn's input, R-API-1); the caller saves. Returns
+        whether the title changed: False for a thread that has a title."""
+        if self.title.strip():
+            return False
+        self.title = title_from_text(text)
+        return bool(self.title)
 
 
 class MessageQuerySet(models.QuerySet):

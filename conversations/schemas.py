@@ -10,7 +10,7 @@ from pydantic import ConfigDict, StrictBool, StrictStr
 
 from audit import catalogue
 from governance.payloads import payload_note
-from yuxi_project.api_types import Cursor
+from yuxi_project.api_types import Cursor, explained
 
 from .services import not_blank_pattern
 
@@ -37,7 +37,11 @@ class ThreadIn(Schema):
         description="A chat model (default: the first configured one).",
         json_schema_extra=_enum_of(catalogue.available_models),
     )
-    title: str = Field("", max_length=200)
+    title: str = Field(
+        "",
+        max_length=200,
+        description="Blank: the thread takes the first eight words of its first turn as its title.",
+    )
 
 
 class ThreadPatchIn(Schema):
@@ -52,7 +56,7 @@ class ThreadPatchIn(Schema):
         None,
         min_length=1,
         max_length=200,
-        pattern=not_blank_pattern(),
+        pattern=explained(not_blank_pattern(), "must not be blank (only white space)"),
         description="A new title: not blank (not only white space), at most 200 characters.",
     )
     archived: StrictBool = Field(None, description="true archives the thread, false restores it.")

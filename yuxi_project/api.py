@@ -13,6 +13,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from core.errors import ApplicationError
 from costs.budgets import BudgetExceeded
 
+from .api_types import PATTERN_MEANINGS
 from .auth import api_auth
 from .parser import CheckedJSONParser
 from .responses import RENDERER
@@ -107,9 +108,33 @@ def _budget_exceeded(request, exc: BudgetExceeded):
 
 @api.exception_handler(ValidationError)
 def _validation_error(request, exc: ValidationError):
-    return api.create_response(
-        request, error_body("invalid_input", "the request is malformed", details=exc.errors), status=422
-    )
+    details = [_explained(error) for error in exc.errors]
+    message = "the request is malformed"
+    if details:
+        first = details[0]
+        message += f": {_field_of(first.get('loc', ()))}{first.get('msg', 'invalid')}"
+        if len(details) > 1:
+            message += f" (and {len(details) - 1} more in details)"
+    return api.create_response(request, error_body("invalid_input", message, details=details), status=422)
+
+
+def _explained(error: dict) -> dict:
+    """``error`` with the words of its pattern (``api_types.explained``) in
+    place of pydantic's "String should match pattern '…'"."""
+    if error.get("type") == "string_pattern_mismatch":
+        meaning = PATTERN_MEANINGS.get((error.get("ctx") or {}).get("pattern"))
+        if meaning:
+            return {**error, "msg": meaning}
+    return error
+
+
+def _field_of(loc) -> str:
+    """``"title: "`` for ``["body", "payload", "title"]`` (ninja puts the
+    view's parameter name after ``body``), ``"limit: "`` for ``["query",
+    "limit"]``; ``""`` for the body as a whole."""
+    loc = [str(part) for part in loc]
+    skip = 2 if loc[:1] == ["body"] else 1
+    return ".".join(loc[skip:]) + ": " if loc[skip:] else ""
 
 
 @api.exception_handler(RequestDataTooBig)

@@ -30,6 +30,19 @@ def _not_a_number(value: Any) -> Any:
     return value
 
 
+#: What each explained pattern means, in words: the 422 that refuses a
+#: value says this instead of the regular expression (:func:`explained`).
+PATTERN_MEANINGS: dict[str, str] = {}
+
+
+def explained(pattern: str, meaning: str) -> str:
+    """Return ``pattern``, recording ``meaning`` ("must not be blank") as
+    what the API's 422 says of a value that does not match it
+    (``yuxi_project.api``): a person reads the rule, not the expression."""
+    PATTERN_MEANINGS[pattern] = meaning
+    return pattern
+
+
 def one_of_pattern(values) -> str:
     """A regular expression matching exactly one of ``values`` (plain words)."""
     return "(?:" + "|".join(values) + ")"

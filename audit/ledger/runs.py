@@ -86,6 +86,9 @@ def run_submit(
             :mod:`webhooks`), or ``""``; a repeat of the same request
             keeps the first request's.
 
+    An untitled thread takes its title from ``text`` with the run
+    (:meth:`~conversations.models.Conversation.name_after`, R-API-1).
+
     Returns ``(run, created)``. The same request again (same user, key,
     thread and text — also when both arrive at once) returns the existing
     run with ``created=False`` and enqueues nothing.
@@ -141,10 +144,14 @@ def run_submit(
             if active and multitask_strategy == "reject":
                 raise ThreadBusy(
                     f"the thread has {len(active)} run(s) pending or running; wait for them, or submit with "
-                    "multitask_strategy enqueue or interrupt",
+                    "multitask_strategy enqueue, interrupt or rollback",
                     extra={"runs": active},
                 )
             budget_admit(user=user)  # R-COST-3: 402 and nothing created
+            if thread.name_after(text):
+                # An untitled thread takes its first turn's words, whoever
+                # created it (the API, the chat page): a list can tell it apart.
+                thread.save(update_fields=["title", "updated_at"])
             run = AgentRun.objects.create(
                 request_id=request_id,
                 request_fingerprint=fingerprint,

@@ -51,6 +51,8 @@ def test_reject_refuses_a_turn_while_a_run_is_pending_and_creates_nothing_R_API_
     assert response.status_code == 409, response.content
     error = response.json()["error"]
     assert error["code"] == "thread_busy" and error["runs"] == [str(first.id)]
+    # It names every way through: the strategies that do not refuse.
+    assert all(strategy in error["message"] for strategy in ("enqueue", "interrupt", "rollback"))
     assert list(AgentRun.objects.values_list("pk", flat=True)) == [first.pk]
     assert list(Message.objects.filter(thread=thread).values_list("content", flat=True)) == ["first"]
     assert AgentRun.objects.get(pk=first.pk).status == "pending"

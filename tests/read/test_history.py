@@ -109,6 +109,24 @@ def test_cancelled_run_during_tool_shows_interrupted_tool_R_READ_1(thread):
     assert shape(history(thread)) == [("user", "q1", []), ("tool_carrier", "", [("call_w", "interrupted")])]
 
 
+def test_a_run_cancelled_mid_answer_leaves_its_words_out_of_history_and_memory_R_READ_1_R_READ_2(thread):
+    """What the streamed words of a cut answer are: audit, not an answer.
+    The staff timeline keeps them (``content_partial``); the history, the
+    memory and so the agent's next turn never see them."""
+    from audit import ledger
+
+    d = RunDriver(thread, text="tell me a long story")
+    d.model("lc_run--m1", finish=False, in_state=False)
+    d.run = ledger.run_finish(
+        lease=d.lease, status="cancelled", final_state=[], partial_content={"lc_run--m1": "Once upon a"}
+    )
+    row = Message.objects.get(run=d.run, operation_id="lc_run--m1")
+    assert (row.execution_status, row.content, row.metadata["content_partial"]) == ("interrupted", "Once upon a", True)
+    assert shape(history(thread)) == [("user", "tell me a long story", [])]
+    for include_tools in (True, False):
+        assert [m["content"] for m in memory(thread, include_tools)] == ["tell me a long story"]
+
+
 def test_interrupted_then_resumed_turn_R_READ_1_R_READ_2(thread):
     email = [{"id": "call_mail", "name": "send_email", "args": {"to": "a@b.c", "subject": "s", "body": "b"}}]
     first = RunDriver(thread, text="mail bob")

@@ -99,6 +99,73 @@ def test_patch_refuses_bad_input_with_the_error_body_and_changes_nothing_R_API_1
     assert (thread.title, thread.status, thread.agent_id) == ("kept", "active", "assistant")
 
 
+def test_a_refused_value_is_explained_in_words_not_as_its_pattern_R_API_1_R_READ_6(thread):
+    response = patch(thread, {"title": " \u3000 "})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["message"] == "the request is malformed: title: must not be blank (only white space)"
+    assert error["details"][0]["msg"] == "must not be blank (only white space)"
+    assert error["details"][0]["loc"] == ["body", "payload", "title"]
+    assert "should match pattern" not in response.content.decode()
+
+    response = Client().post(
+        f"/api/threads/{thread.id}/runs",
+        json.dumps({"request_id": "a b", "input": {"text": "hi"}, "webhook": "ftp://x"}),
+        content_type="application/json",
+        headers=bearer(thread.user),
+    )
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["message"] == (
+        "the request is malformed: request_id: may hold only letters A-Z a-z, digits and . _ : - (and 1 more in details)"
+    )
+    assert [d["msg"] for d in error["details"]] == [
+        "may hold only letters A-Z a-z, digits and . _ : -",
+        "must be an http:// or https:// URL: a host, an optional port, no user name",
+    ]
+    # Errors without a pattern keep pydantic's words, with the field named.
+    response = Client().get("/api/threads?limit=0", headers=bearer(thread.user))
+    assert response.json()["error"]["message"] == (
+        "the request is malformed: limit: Input should be greater than or equal to 1"
+    )
+
+
+def test_every_pattern_the_server_checks_is_explained_in_words_R_READ_6():
+    """The kind: a pattern pydantic checks on a request schema has words
+    for its 422 (``api_types.explained``); a new one without them fails."""
+    import pydantic
+
+    from yuxi_project.api import api
+    from yuxi_project.api_types import PATTERN_MEANINGS
+
+    seen = set()
+
+    def walk(model):
+        if model in seen:
+            return
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            for meta in field.metadata:
+                pattern = getattr(meta, "pattern", None)
+                if pattern is not None:
+                    assert pattern in PATTERN_MEANINGS, f"{model.__name__}.{name}: pattern without words"
+            for inner in _models_in(field.annotation):
+                walk(inner)
+
+    def _models_in(annotation):
+        if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+            yield annotation
+        for arg in getattr(annotation, "__args__", ()) or ():
+            yield from _models_in(arg)
+
+    for router in api._routers:
+        for path_view in router[1].path_operations.values():
+            for operation in path_view.operations:
+                for model in operation.models:
+                    walk(model)
+    assert len(seen) > 10 and PATTERN_MEANINGS
+
+
 @pytest.mark.parametrize(
     ("title", "status"),
     [
@@ -327,3 +394,72 @@ def test_thread_filters_and_runs_are_typed_in_the_openapi_document_R_API_1():
     assert runs["operationId"] == "listThreadRuns"
     assert {"200", "401", "404", "422"} <= {str(code) for code in runs["responses"]}
     assert {p["name"] for p in runs["parameters"]} == {"thread_id", "limit", "before"}
+
+
+# --------------------------------------------------------------------------
+# An untitled thread is named after its first turn
+# --------------------------------------------------------------------------
+
+
+def _new_thread(user, **body):
+    response = Client().post(
+        "/api/threads",
+        json.dumps({"agent_id": "assistant", **body}),
+        content_type="application/json",
+        headers=bearer(user),
+    )
+    assert response.status_code == 201, response.content
+    return Conversation.objects.get(pk=response.json()["thread_id"])
+
+
+@pytest.mark.parametrize(
+    ("text", "title"),
+    [
+        ("Plan a trip to Paris", "Plan a trip to Paris"),
+        ("  one\n\ttwo   three ", "one two three"),
+        ("a b c d e f g h i j", "a b c d e f g h…"),
+        ("深度检索的结果是什么？", "深度检索的结果是什么？"),
+        ("x" * 300, "x" * 200),
+        ("\x00" * 300, "\x00" * 33),  # stored escaped: six characters each
+    ],
+    ids=["short", "white-space", "long", "cjk", "one-long-word", "unstorable"],
+)
+def test_an_api_made_thread_is_named_after_its_first_turn_R_API_1(user, text, title):
+    thread = _new_thread(user)
+    make_run(thread, text=text)
+    thread.refresh_from_db()
+    assert thread.title == title
+    response = Client().get(f"/api/threads/{thread.id}", headers=bearer(user))
+    assert response.json()["title"] == title
+
+
+def test_a_thread_keeps_its_title_through_later_turns_and_renames_R_API_1(user):
+    thread = _new_thread(user)
+    make_run(thread, text="first words")
+    make_run(thread, text="second turn")
+    thread.refresh_from_db()
+    assert thread.title == "first words"
+    assert patch(thread, {"title": "Renamed"}).status_code == 200
+    make_run(thread, text="third turn")
+    thread.refresh_from_db()
+    assert thread.title == "Renamed"
+
+    titled = _new_thread(user, title="Given")
+    make_run(titled, text="anything")
+    titled.refresh_from_db()
+    assert titled.title == "Given"
+
+
+def test_a_refused_turn_leaves_the_thread_untitled_R_API_1(user):
+    thread = _new_thread(user)
+    first = make_run(thread, text="first")
+    Conversation.objects.filter(pk=thread.pk).update(title="")
+    response = Client().post(
+        f"/api/threads/{thread.id}/runs",
+        json.dumps({"request_id": uuid.uuid4().hex, "input": {"text": "refused"}, "multitask_strategy": "reject"}),
+        content_type="application/json",
+        headers=bearer(user),
+    )
+    assert response.status_code == 409 and first.status == "pending"
+    thread.refresh_from_db()
+    assert thread.title == ""
