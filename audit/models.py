@@ -56,13 +56,20 @@ class AgentRun(models.Model):
     # from another request under the same key; empty on runs created before
     # it was stored (see audit.ledger.idempotency).
     request_fingerprint = models.CharField(max_length=64, blank=True, default="")
-    thread = models.ForeignKey("conversations.Conversation", on_delete=models.CASCADE, related_name="runs")
+    # Not indexed alone: run_thread_created_idx (thread, created_at) serves
+    # every lookup by thread, and each index costs every run row's writes.
+    thread = models.ForeignKey(
+        "conversations.Conversation", on_delete=models.CASCADE, related_name="runs", db_index=False
+    )
     # All runs of one user input share a turn: the first run and each resume.
     turn_id = models.UUIDField(default=uuid.uuid4, db_index=True)
     resumed_from = models.OneToOneField(
         "self", on_delete=models.PROTECT, null=True, blank=True, related_name="resumed_by"
     )
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_runs")
+    # Not indexed alone: run_user_created_idx (user, -created_at) serves it.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_runs", db_index=False
+    )
     agent_id = models.CharField(max_length=100)
     model = models.CharField(max_length=200)
     # {"text": ...} for a turn, {"decisions": [...]} for a resume.
@@ -273,7 +280,8 @@ class RunReplay(models.Model):
         FAILED = "failed"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="replays")
+    # Not indexed alone: replay_run_created_idx (run, -created_at) serves it.
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="replays", db_index=False)
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )

@@ -72,7 +72,10 @@ class Conversation(models.Model):
         DELETED = "deleted"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations")
+    # Not indexed alone: conv_user_created_idx (user, -created_at) serves it.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations", db_index=False
+    )
     agent_id = models.CharField(max_length=100)
     model = models.CharField(max_length=200)
     title = StorableCharField(max_length=200, blank=True, default="")
@@ -226,7 +229,9 @@ class Message(models.Model):
         }
     )
 
-    thread = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    # Not indexed alone: message_thread_id_idx (thread, id) serves every
+    # lookup by thread, and each index costs every audit row's writes.
+    thread = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages", db_index=False)
     run = models.ForeignKey("audit.AgentRun", on_delete=models.CASCADE, null=True, blank=True, related_name="messages")
     role = models.CharField(max_length=20, choices=Role.choices)
     message_type = models.CharField(max_length=20, choices=Type.choices, default=Type.TEXT)
@@ -397,7 +402,8 @@ class MessageFeedback(models.Model):
         LIKE = "like"
         DISLIKE = "dislike"
 
-    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="feedback")
+    # Not indexed alone: feedback_message_user_uniq (message, user) serves it.
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="feedback", db_index=False)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="message_feedback")
     rating = models.CharField(max_length=10, choices=Rating.choices)
     reason = StorableTextField(blank=True, default="")

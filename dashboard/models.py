@@ -104,7 +104,8 @@ class RollupUserHour(models.Model):
     and per-tool figures do not read one row per user."""
 
     hour = models.DateTimeField()
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    # Not indexed alone: rollup_user_hour_key (user, hour) serves it.
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False)
     user_messages = _counter()
     closed_calls = _counter()
     unknown_cost_calls = _counter()

@@ -73,7 +73,10 @@ class RunReseal(models.Model):
     head and row count it had before, and the new ones (R-GOV-3)."""
 
     action = models.ForeignKey(GovernanceAction, on_delete=models.PROTECT, related_name="reseals")
-    run = models.ForeignKey("audit.AgentRun", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
+    # Not indexed alone: gov_reseal_run_idx (run, -created_at) serves it.
+    run = models.ForeignKey(
+        "audit.AgentRun", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", db_index=False
+    )
     previous_head = models.CharField(max_length=64, blank=True, default="")
     previous_row_count = models.PositiveIntegerField(null=True, blank=True)
     # Whether the rows matched the previous seal before the change (an

@@ -48,7 +48,10 @@ class WebhookDelivery(models.Model):
         SKIPPED = "skipped"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey("audit.AgentRun", on_delete=models.CASCADE, related_name="webhook_deliveries")
+    # Not indexed alone: webhook_delivery_run_end_uniq (run, run_finished_at) serves it.
+    run = models.ForeignKey(
+        "audit.AgentRun", on_delete=models.CASCADE, related_name="webhook_deliveries", db_index=False
+    )
     # The run end announced: the run's finished_at when it was queued.
     run_finished_at = models.DateTimeField()
     # The run's status at that end (completed, failed, cancelled, interrupted).
@@ -90,7 +93,8 @@ class WebhookAttempt(models.Model):
     (``status_code``) or why there was none (``error``). The receiver's
     body is not kept."""
 
-    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE, related_name="attempt_rows")
+    # Not indexed alone: webhook_attempt_number_uniq (delivery, number) serves it.
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE, related_name="attempt_rows", db_index=False)
     number = models.PositiveIntegerField()
     started_at = models.DateTimeField()
     duration_ms = models.FloatField()
