@@ -11,6 +11,7 @@ every layer above may ask it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from core.config import get_config
@@ -51,6 +52,40 @@ def available_models() -> list[str]:
     names = [f"replay:{name}" for name in bundled_scenario_names()]
     names += [m for m in get_config().MODELS if m not in names]
     return names
+
+
+def chat_models() -> list[dict[str, str]]:
+    """The models the chat page's select offers (R-UI-1), as ``[{"name",
+    "description"}]``: the bundled scenarios marked ``"chat": true`` (those
+    meant for a person to try; the fault and load scenarios stay out), then
+    the configured ``MODELS`` (description ``""``). ``DEFAULT_MODEL`` is
+    always offered, first if nothing else names it. A subset of
+    :func:`available_models`, which the API still accepts in full.
+
+    Reads the scenario files without validating them (this is the
+    foundation layer; the replay server validates them,
+    :mod:`audit.replay.scenarios`): a file that is not a JSON object is
+    left out."""
+    config = get_config()
+    models: list[dict[str, str]] = []
+    for path in sorted(BUNDLED_SCENARIO_DIR.glob("*.json")):
+        try:
+            scenario = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(scenario, dict) and scenario.get("chat") is True:
+            description = scenario.get("description")
+            models.append(
+                {"name": f"replay:{path.stem}", "description": description if isinstance(description, str) else ""}
+            )
+    names = {model["name"] for model in models}
+    for name in config.MODELS:
+        if name not in names:
+            models.append({"name": name, "description": ""})
+            names.add(name)
+    if config.DEFAULT_MODEL not in names:
+        models.insert(0, {"name": config.DEFAULT_MODEL, "description": ""})
+    return models
 
 
 def validate_model_name(name: str) -> str:

@@ -16,7 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse_lazy
 from django.views.decorators.csrf import ensure_csrf_cookie
 
-from audit.catalogue import available_models
+from audit.catalogue import chat_models
 from core.config import get_config
 
 #: The agent a new thread runs (the bundled assistant).
@@ -32,12 +32,13 @@ def chat_page(request):
     """``GET /chat/``: the signed-in user's threads and conversation.
 
     Anonymous visitors are sent to :func:`chat_login` with ``next``. The
-    model select offers what ``POST /api/threads`` accepts
-    (:func:`audit.catalogue.available_models`; no endpoint lists them),
-    ``DEFAULT_MODEL`` chosen."""
+    model select offers the models meant for a person to try
+    (:func:`audit.catalogue.chat_models`: the chat's replay scenarios, each
+    with its description, and ``MODELS``; no endpoint lists them), not
+    every name ``POST /api/threads`` accepts, ``DEFAULT_MODEL`` chosen."""
     config = {
         "agent_id": CHAT_AGENT_ID,
-        "models": available_models(),
+        "models": chat_models(),
         "default_model": get_config().DEFAULT_MODEL,
     }
     return TemplateResponse(request, template_name, {"chat_config": config})

@@ -28,7 +28,9 @@ Turn keys: ``text``, ``tool_calls``, ``usage`` (with optional
 ``prompt_tokens_details`` / ``completion_tokens_details``), ``usage_mode``,
 ``chunk_delay_ms``, ``chunk_chars``, ``http_status`` + ``error_message``,
 ``fail_after_chunks``, ``stall_after_chunks``, ``connect_error_times``,
-``fail_before_first_chunk``, ``text_if_rejected`` (see :class:`Turn`). Validation is strict: unknown keys and wrongly typed
+``fail_before_first_chunk``, ``text_if_rejected`` (see :class:`Turn`). A
+top-level ``"chat": true`` offers a scenario meant for a person to try in
+the chat page's model select (R-UI-1). Validation is strict: unknown keys and wrongly typed
 values are rejected, and every problem is reported as :class:`ScenarioError`
 naming the file.
 
@@ -322,10 +324,13 @@ class Scenario(_Strict):
     turns, at least one each). Tool call ids are unique across the whole
     scenario, subagents included, so the audit can tell the calls apart.
     ``recorded`` is set on a scenario exported from an audited run
-    (:class:`Recorded`, R-REPLAY-1); the server does not read it."""
+    (:class:`Recorded`, R-REPLAY-1); the server does not read it. ``chat``
+    true offers the scenario in the chat page's model select
+    (:func:`audit.catalogue.chat_models`, R-UI-1); the server ignores it."""
 
     name: str = Field(min_length=1)
     description: str = ""
+    chat: bool = False
     turns: tuple[Turn, ...] = Field(min_length=1, strict=False)
     subagents: dict[str, Annotated[tuple[Turn, ...], Field(strict=False)]] = Field(default_factory=dict)
     recorded: Recorded | None = None

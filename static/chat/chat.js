@@ -140,11 +140,14 @@
 
   // --- threads -------------------------------------------------------------
 
+  // The models meant for a person to try (audit.catalogue.chat_models),
+  // each scenario's description as its option's tooltip.
   function fillModels() {
-    for (const name of config.models) {
-      const option = node("option", null, name);
-      option.value = name;
-      option.selected = name === config.default_model;
+    for (const model of config.models) {
+      const option = node("option", null, model.name);
+      option.value = model.name;
+      if (model.description) option.title = model.description;
+      option.selected = model.name === config.default_model;
       el.model.append(option);
     }
   }

@@ -190,8 +190,13 @@ def test_a_user_chats_and_sees_the_answer_stream_in_R_UI_1(chat_stack, chat_user
     context, page, watch = _open_chat(browser, chat_stack.base_url, viewport, chat_user)
     try:
         assert page.locator("#yc-admin-link").count() == 0  # not staff
-        # The select offers what POST /api/threads accepts.
-        assert "replay:tool_then_answer" in page.locator("#yc-model option").all_inner_texts()
+        # The select offers the scenarios meant for a person to try, each
+        # with its description as a tooltip; not the fault scenarios.
+        offered = page.locator("#yc-model option").all_inner_texts()
+        assert "replay:tool_then_answer" in offered and "replay:model_unreachable" not in offered
+        assert page.locator("#yc-model option[value='replay:tool_then_answer']").get_attribute("title") == (
+            load_scenarios()["tool_then_answer"].description
+        )
         _new_thread(page, "replay:tool_then_answer")
         _send(page, "What is the weather in Paris today?")
 

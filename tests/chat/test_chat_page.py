@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 
-from audit.catalogue import available_models
+from audit.catalogue import available_models, chat_models
+from audit.replay.scenarios import load_scenarios
 from core.config import get_config
 
 pytestmark = pytest.mark.django_db
@@ -45,7 +46,7 @@ def test_a_user_who_is_not_staff_signs_in_and_gets_the_page_R_UI_1(client, user)
     config = json.loads(re.search(r'<script id="yc-config" type="application/json">(.*?)</script>', html).group(1))
     assert config == {
         "agent_id": "assistant",
-        "models": available_models(),
+        "models": chat_models(),
         "default_model": get_config().DEFAULT_MODEL,
     }
     assert 'data-csrf-token="' in html
@@ -105,3 +106,67 @@ def test_the_page_has_the_thread_actions_hidden_until_a_thread_is_open_R_UI_1(cl
     assert '<label for="yc-rename-input" class="yc-visually-hidden">Thread title</label>' in html
     assert re.search(r'<dialog id="yc-delete-dialog"[^>]*aria-labelledby="yc-delete-heading"', html)
     assert '<input type="checkbox" id="yc-show-archived"> Show archived threads' in html
+
+
+#: The bundled scenarios meant for a person to try in the chat (R-UI-1).
+CHAT_SCENARIOS = {
+    "replay:plain_answer",
+    "replay:long_answer",
+    "replay:slow_answer",
+    "replay:tool_then_answer",
+    "replay:two_tools_then_answer",
+    "replay:parallel_tools_then_answer",
+    "replay:approval_send_email",
+    "replay:tool_error_handled",
+}
+
+
+@pytest.fixture
+def environ(monkeypatch):
+    """Sets environment variables for one test; the configuration is read
+    again with them, and again without them after."""
+
+    def setenv(**values: str) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(name, value)
+        get_config.cache_clear()
+
+    yield setenv
+    monkeypatch.undo()
+    get_config.cache_clear()
+
+
+def test_the_model_select_offers_the_scenarios_meant_for_a_person_R_UI_1(client, user, environ):
+    """A newcomer found all 37 replay scenarios in the select, fault ones
+    such as ``replay:model_unreachable`` among them: the select offers the
+    scenarios marked ``"chat": true``, each with its description, and the
+    configured ``MODELS``; the API still accepts every available model."""
+    environ(MODELS="openai:gpt-4o-mini")
+    client.force_login(user)
+    html = client.get("/chat/").content.decode()
+    config = json.loads(re.search(r'<script id="yc-config" type="application/json">(.*?)</script>', html).group(1))
+    names = [model["name"] for model in config["models"]]
+    assert set(names) == CHAT_SCENARIOS | {"openai:gpt-4o-mini"}
+    assert names[-1] == "openai:gpt-4o-mini"
+    for internal in ("replay:model_unreachable", "replay:unstorable_surrogates", "replay:reused_call_id_email_alpha"):
+        assert internal not in names and internal in available_models()
+    scenarios = load_scenarios()
+    for model in config["models"][:-1]:
+        assert model["description"] == scenarios[model["name"].removeprefix("replay:")].description != ""
+    assert config["models"][-1] == {"name": "openai:gpt-4o-mini", "description": ""}
+    assert set(names) <= set(available_models())
+    # A thread on a scenario the select leaves out is still accepted.
+    created = client.post(
+        "/api/threads", {"agent_id": "assistant", "model": "replay:model_unreachable"}, content_type="application/json"
+    )
+    assert created.status_code == 201, created.content
+
+
+def test_the_default_model_is_offered_even_when_not_meant_for_the_chat_R_UI_1(client, user, environ):
+    environ(DEFAULT_MODEL="replay:large_lookup")
+    client.force_login(user)
+    html = client.get("/chat/").content.decode()
+    config = json.loads(re.search(r'<script id="yc-config" type="application/json">(.*?)</script>', html).group(1))
+    assert config["default_model"] == "replay:large_lookup"
+    assert config["models"][0] == {"name": "replay:large_lookup", "description": ""}
+    assert {model["name"] for model in config["models"][1:]} == CHAT_SCENARIOS

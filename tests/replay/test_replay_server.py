@@ -129,6 +129,7 @@ GOOD_TURN = {"text": "hi"}
         (json.dumps({"turns": [{"text": "x", "error_message": "boom"}]}), "error_message needs http_status"),
         (json.dumps({"name": "other", "turns": [GOOD_TURN]}), "'name' is not allowed"),
         (json.dumps({"turns": [{"text": "hi", "usage_mode": "sum"}]}), "turns[0].usage_mode"),
+        (json.dumps({"chat": "yes", "turns": [GOOD_TURN]}), "chat: Input should be a valid boolean"),
         (
             json.dumps(
                 {
