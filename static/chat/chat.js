@@ -909,6 +909,22 @@
     form.scrollIntoView({ block: "nearest" });
   }
 
+  // LangChain's HumanInTheLoopMiddleware describes a request it was given
+  // no description for as this prefix, then "Tool: <name>" and "Args: "
+  // with the arguments as a Python repr: the card shows the arguments once,
+  // as JSON, and a sentence instead (the audit keeps the description).
+  const DEFAULT_DESCRIPTION = "Tool execution requires approval";
+
+  // What the card says above the arguments: a short sentence for an
+  // approval, the agent's own description if it gave one; an outcome
+  // unknown request's description says what happened (R-RUN-15).
+  function actionSentence(request) {
+    const description = (request.description || "").trim();
+    const custom = description && !description.startsWith(DEFAULT_DESCRIPTION) ? description : "";
+    if (request.kind === "outcome_unknown") return custom || `${request.name || "A tool"} may or may not have run.`;
+    return custom || `${request.name || "This tool"} needs your approval.`;
+  }
+
   // One action request: the tool and its arguments, and a choice among its
   // allowed decisions; Edit opens the arguments as JSON, Reject a reason.
   // Choosing, then sending, keeps one stray click from running a tool.
@@ -920,7 +936,7 @@
     legend.append(node("span", "yc-badge", request.kind === "outcome_unknown" ? "outcome unknown" : "approval"));
     legend.append(node("span", "yc-tool-name", request.name || "tool"));
     card.append(legend);
-    if (request.description) card.append(node("p", "yc-muted yc-action-description", request.description));
+    card.append(node("p", "yc-action-description", actionSentence(request)));
     const args = JSON.stringify(request.args ?? {}, null, 2);
     card.append(node("pre", "yc-args", args));
     const choices = node("div", "yc-choices");

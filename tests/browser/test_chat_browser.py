@@ -19,7 +19,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from audit.models import AgentRun
+from audit.models import AgentRun, pending_action_requests
 from audit.replay.scenarios import load_scenarios
 from conversations.models import Conversation, MessageFeedback
 from core.redis_client import stream_key
@@ -300,6 +300,14 @@ def test_a_user_approves_the_email_the_assistant_wants_to_send_R_UI_1(chat_stack
         # is held: no new message, Cancel offered.
         assert card.locator(".yc-tool-name").inner_text() == "send_email"
         assert json.loads(card.locator(".yc-args").inner_text()) == EMAIL.turns[0].tool_calls[0].arguments
+        # A sentence, not LangChain's default description with the arguments
+        # as a Python repr above the same arguments as JSON (a newcomer's
+        # finding); the audit keeps that description as it was.
+        assert card.locator(".yc-action-description").inner_text() == "send_email needs your approval."
+        assert "Args:" not in card.inner_text() and "Tool execution requires approval" not in card.inner_text()
+        run = AgentRun.objects.get(status="interrupted")
+        [request] = pending_action_requests(run.interrupts)
+        assert request["description"].startswith("Tool execution requires approval")
         assert [t.strip() for t in card.locator(".yc-choice").all_inner_texts()] == ["Approve", "Edit", "Reject"]
         assert page.locator("#yc-status").inner_text() == "The run waits for your approval."
         assert page.locator("#yc-input").is_disabled() and page.locator("#yc-cancel").is_visible()
