@@ -1,7 +1,7 @@
-/* The chat page (R-UI-1): threads, a new thread, history, send, the live
-   answer over Server-Sent Events, tool calls as they run, cancel,
-   approvals (approve, edit, reject), feedback on final answers, the
-   cost of each turn, and renaming, archiving and deleting a thread.
+/* The chat page (R-UI-1): threads, a new thread, history (older pages on
+   demand), send, the live answer over Server-Sent Events, tool calls as
+   they run, cancel, approvals (approve, edit, reject), feedback on final
+   answers, the cost of each turn, and renaming, archiving and deleting a thread.
 
    Everything goes through the JSON API (docs/api.md) with the session
    cookie; unsafe methods carry the CSRF token the template renders. The
@@ -36,6 +36,7 @@
     deleteKeep: $("yc-delete-keep"),
     deleteConfirm: $("yc-delete-confirm"),
     deleteCancelRun: $("yc-delete-cancel-run"),
+    older: $("yc-older"),
     messages: $("yc-messages"),
     live: $("yc-live"),
     liveText: $("yc-live-text"),
@@ -52,6 +53,8 @@
   const RETRY_FIRST_MS = 1000;
   const RETRY_MOST_MS = 15000;
   const TITLE_WORDS = 8;
+  // Items per history page: the endpoint's most (HISTORY_PAGE_MAX).
+  const HISTORY_PAGE = 200;
   const NO_THREAD_TITLE = el.title.textContent;
 
   // `unsent`: a turn whose submission got no answer (network error); sending
@@ -60,10 +63,13 @@
   // `unresumed`: the same for a resume whose POST got no answer.
   // `thread`: the open thread (GET /threads/{id}'s body), kept apart from
   // `threads`, the list, which leaves archived threads out by default.
+  // `historyBefore`: the history's `next_before` for the page older than
+  // the ones shown, null when the oldest is shown.
   const state = {
     threads: [],
     threadId: null,
     thread: null,
+    historyBefore: null,
     runId: null,
     source: null,
     retry: null,
@@ -236,6 +242,7 @@
     renderThreads();
     showThreadHead();
     el.messages.replaceChildren();
+    setOlder(null);
     setStatus("Loading…");
     // The composer opens once the history is shown: an answer sent before
     // would be wiped by the history load that lands after it.
@@ -283,6 +290,7 @@
       state.thread = null;
       history.replaceState(null, "", location.pathname + location.search);
       el.messages.replaceChildren();
+      setOlder(null);
       setComposer(false);
     }
     renderThreads();
@@ -561,9 +569,15 @@
 
   // Each finished turn's cost goes under its last item: the final answer
   // when the turn has one. A turn with a run still going shows none yet.
-  async function showTurnCosts(threadId) {
+  // `items`: only the turns of these (an older page just shown); a turn
+  // that straddles two pages keeps its cost under its last item.
+  async function showTurnCosts(threadId, items) {
     const last = new Map();
     for (const li of el.messages.children) if (li.dataset.turnId) last.set(li.dataset.turnId, li);
+    if (items) {
+      const wanted = new Set(items.map((li) => li.dataset.turnId));
+      for (const turnId of [...last.keys()]) if (!wanted.has(turnId)) last.delete(turnId);
+    }
     if (!last.size) return;
     const byTurn = await runsByTurn(threadId, [...last.keys()]);
     if (threadId !== state.threadId) return;
@@ -579,11 +593,34 @@
     }
   }
 
+  function setOlder(before) {
+    state.historyBefore = before;
+    el.older.hidden = !before;
+    el.older.disabled = false;
+  }
+
+  // One page of the history, newest first; `before`: an older page's cursor.
+  function historyPage(threadId, before) {
+    const query = before ? `&before=${encodeURIComponent(before)}` : "";
+    return api("GET", `/threads/${threadId}/history?limit=${HISTORY_PAGE}${query}`);
+  }
+
+  // The newest page of the history, and as many older pages as it takes to
+  // show as many items as before: a history reloaded after a run keeps
+  // what the user read back with "Show older messages", with no gap.
   async function loadHistory() {
     const threadId = state.threadId;
-    const page = await api("GET", `/threads/${threadId}/history?limit=200`);
-    if (threadId !== state.threadId) return; // another thread was chosen meanwhile
-    el.messages.replaceChildren(...page.items.map(renderItem));
+    const shown = el.messages.children.length;
+    let items = [];
+    let before = null;
+    do {
+      const page = await historyPage(threadId, before);
+      if (threadId !== state.threadId) return; // another thread was chosen meanwhile
+      items = page.items.concat(items);
+      before = page.has_more ? page.next_before : null;
+    } while (before && items.length < shown);
+    el.messages.replaceChildren(...items.map(renderItem));
+    setOlder(before);
     try {
       await showTurnCosts(threadId);
     } catch (error) {
@@ -591,6 +628,38 @@
       setStatus(`Could not read the costs: ${error.message}`, true);
     }
     el.messages.lastElementChild?.scrollIntoView({ block: "end" });
+  }
+
+  // "Show older messages": the page before the oldest shown, above it; the
+  // messages in view stay where they are.
+  async function loadOlder() {
+    const threadId = state.threadId;
+    const before = state.historyBefore;
+    if (!threadId || !before) return;
+    el.older.disabled = true;
+    let page;
+    try {
+      page = await historyPage(threadId, before);
+    } catch (error) {
+      if (threadId === state.threadId) {
+        el.older.disabled = false;
+        setStatus(`Could not load older messages: ${error.message}`, true);
+      }
+      return;
+    }
+    // Another thread, or the history reloaded meanwhile (a run ended).
+    if (threadId !== state.threadId || state.historyBefore !== before) return;
+    const anchor = el.messages.firstElementChild;
+    const top = anchor ? anchor.getBoundingClientRect().top : 0;
+    const items = page.items.map(renderItem);
+    el.messages.prepend(...items);
+    if (anchor) window.scrollBy(0, anchor.getBoundingClientRect().top - top);
+    setOlder(page.has_more ? page.next_before : null);
+    try {
+      await showTurnCosts(threadId, items);
+    } catch (error) {
+      setStatus(`Could not read the costs: ${error.message}`, true);
+    }
   }
 
   // --- sending and following a run ------------------------------------------
@@ -1059,6 +1128,7 @@
   el.newThread.addEventListener("submit", createThread);
   el.send.addEventListener("submit", sendMessage);
   el.cancel.addEventListener("click", cancelRun);
+  el.older.addEventListener("click", loadOlder);
   el.approval.addEventListener("submit", submitApproval);
   el.showArchived.addEventListener("change", reloadThreads);
   el.renameButton.addEventListener("click", openRename);

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from decimal import Decimal
 
 import pytest
@@ -25,6 +26,7 @@ from conversations.models import Conversation, MessageFeedback
 from core.redis_client import stream_key
 from costs.selectors import run_cost
 from tests.e2e.stack import database_url_of, free_port, start_stack, start_web
+from tests.read.builders import RunDriver
 from tests.waiting import WAIT_SECONDS
 
 from .conftest import SCREENSHOTS, _backends_of, _wait_for_backends_to_leave
@@ -812,4 +814,77 @@ def test_the_page_recovers_when_the_browser_gives_up_on_the_stream_R_UI_1(chat_s
         if context is not None:
             context.close()
         web.stop()
+        _close_orm_connection()
+
+
+def _seed_turns(monkeypatch, user, turns: int) -> Conversation:
+    """A thread of ``turns`` completed turns, each a question and its answer
+    ("Question 1", "Answer 1", ...), written the way a worker writes them
+    (tests/read/builders.py); quicker than playing them. Nothing is
+    enqueued: the module's worker has no run of it to play."""
+    monkeypatch.setattr("audit.ledger.runs.enqueue_run", lambda run_id: None)
+    thread = Conversation.objects.create(
+        user=user, agent_id="assistant", model="replay:plain_answer", title=f"{turns} turns"
+    )
+    for i in range(1, turns + 1):
+        RunDriver(thread, text=f"Question {i}").model(f"lc_run--{uuid.uuid4().hex}", content=f"Answer {i}").finish()
+    return thread
+
+
+def _texts(page) -> list[str]:
+    return page.locator("#yc-messages > li > .yc-text").all_inner_texts()
+
+
+def _top(locator) -> float:
+    return locator.evaluate("element => element.getBoundingClientRect().top")
+
+
+@pytest.mark.parametrize(
+    "viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["1280", "390"]
+)
+def test_a_user_reads_the_older_messages_of_a_long_thread_R_UI_1(web_url, chat_user, browser, viewport, monkeypatch):
+    """A newcomer found only the newest page (200 items) of a long thread:
+    "Show older messages" prepends the page before it, the messages in view
+    staying where they were, until the first."""
+    width = viewport["width"]
+    # 105 turns, 210 items: the newest page holds turns 6 to 105.
+    thread = _seed_turns(monkeypatch, chat_user, 105)
+    context, page, watch = _open_chat(browser, web_url, viewport, chat_user)
+    try:
+        page.click(f".yc-thread[data-thread-id='{thread.id}']")
+        page.wait_for_selector("#yc-input:enabled")
+        page.wait_for_function("() => document.querySelectorAll('#yc-messages .yc-cost').length === 100")
+        texts = _texts(page)
+        assert len(texts) == 200 and texts[:2] == ["Question 6", "Answer 6"] and texts[-1] == "Answer 105"
+        older = page.get_by_role("button", name="Show older messages")
+        assert older.is_visible()
+
+        older.scroll_into_view_if_needed()
+        anchor = page.locator("#yc-messages > li").first
+        anchor = page.locator(f"#yc-messages > li[data-message-id='{anchor.get_attribute('data-message-id')}']")
+        top = _top(anchor)
+        older.click()
+        page.wait_for_function("() => document.querySelectorAll('#yc-messages > li').length === 210")
+        # The message that was first is still where it was; the older ones
+        # are above it, in order; nothing older is left to show.
+        assert abs(_top(anchor) - top) <= 1, (_top(anchor), top)
+        texts = _texts(page)
+        assert texts[:12] == [f"{kind} {i}" for i in range(1, 7) for kind in ("Question", "Answer")]
+        assert texts == [f"{kind} {i}" for i in range(1, 106) for kind in ("Question", "Answer")]
+        assert older.is_hidden()
+        # The older turns show their cost too, under their answers.
+        page.wait_for_function("() => document.querySelectorAll('#yc-messages .yc-cost').length === 105")
+        assert page.locator("#yc-messages > li").first.locator(".yc-cost").count() == 0
+        assert page.locator("#yc-messages > li").nth(1).locator(".yc-cost").count() == 1
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+        page.evaluate("() => window.scrollTo(0, 0)")
+        page.screenshot(path=SCREENSHOTS / f"chat-older-messages-{width}.png")
+
+        # A reload shows the newest page again.
+        page.reload()
+        page.wait_for_function("() => document.querySelectorAll('#yc-messages > li').length === 200")
+        assert older.is_visible()
+        watch.check()
+    finally:
+        context.close()
         _close_orm_connection()
