@@ -18,6 +18,7 @@
     model: $("yc-model"),
     newThread: $("yc-new-thread"),
     threadList: $("yc-thread-list"),
+    moreThreads: $("yc-more-threads"),
     threadsEmpty: $("yc-threads-empty"),
     showArchived: $("yc-show-archived"),
     title: $("yc-thread-title"),
@@ -53,6 +54,8 @@
   const RETRY_FIRST_MS = 1000;
   const RETRY_MOST_MS = 15000;
   const TITLE_WORDS = 8;
+  // Threads per page of the list.
+  const THREAD_PAGE = 100;
   // Items per history page: the endpoint's most (HISTORY_PAGE_MAX).
   const HISTORY_PAGE = 200;
   const NO_THREAD_TITLE = el.title.textContent;
@@ -63,10 +66,17 @@
   // `unresumed`: the same for a resume whose POST got no answer.
   // `thread`: the open thread (GET /threads/{id}'s body), kept apart from
   // `threads`, the list, which leaves archived threads out by default.
+  // `threadsOffset`: how many of the list's threads the server has given,
+  // the `offset` of the next page ("Show more threads"); `threadsMore`:
+  // whether it holds more; `threadsLoad`: counts list loads, so a page read
+  // for a list since reloaded (the archived box ticked) is dropped.
   // `historyBefore`: the history's `next_before` for the page older than
   // the ones shown, null when the oldest is shown.
   const state = {
     threads: [],
+    threadsOffset: 0,
+    threadsMore: false,
+    threadsLoad: 0,
     threadId: null,
     thread: null,
     historyBefore: null,
@@ -174,6 +184,7 @@
       item.append(button);
       el.threadList.append(item);
     }
+    el.moreThreads.hidden = !state.threadsMore;
     el.threadsEmpty.hidden = state.threads.length > 0;
     el.threadsEmpty.textContent = el.showArchived.checked
       ? "No threads yet."
@@ -182,11 +193,61 @@
 
   // Archived threads are left out of the list unless "Show archived
   // threads" is ticked; then the list holds both, archived ones marked.
-  async function loadThreads() {
+  function threadsPage(offset) {
     const filter = el.showArchived.checked ? "" : "&archived=false";
-    const page = await api("GET", `/threads?limit=100${filter}`);
-    state.threads = page.items;
+    return api("GET", `/threads?limit=${THREAD_PAGE}&offset=${offset}${filter}`);
+  }
+
+  // Pages the server gives by offset, newest first: a thread created or
+  // deleted elsewhere meanwhile shifts them by one, so a thread already
+  // listed is not listed twice.
+  function addThreads(threads) {
+    const listed = new Set(state.threads.map((t) => t.thread_id));
+    state.threads.push(...threads.filter((t) => !listed.has(t.thread_id)));
+  }
+
+  // The first page of the list; with `keep`, as many pages as it takes to
+  // list as many threads as before (the list reloaded after an archiving
+  // keeps what "Show more threads" added).
+  async function loadThreads(keep = false) {
+    const load = ++state.threadsLoad;
+    const wanted = keep ? state.threadsOffset : 0;
+    const threads = [];
+    let offset = 0;
+    let count = 0;
+    do {
+      const page = await threadsPage(offset);
+      if (load !== state.threadsLoad) return;
+      threads.push(...page.items);
+      offset += page.items.length;
+      count = page.count;
+      if (!page.items.length) break;
+    } while (offset < Math.min(wanted, count));
+    state.threads = [];
+    addThreads(threads);
+    state.threadsOffset = offset;
+    state.threadsMore = offset < count;
     renderThreads();
+  }
+
+  // "Show more threads": the next page, below; focus goes to its first thread.
+  async function loadMoreThreads() {
+    const load = state.threadsLoad;
+    const shown = state.threads.length;
+    el.moreThreads.disabled = true;
+    try {
+      const page = await threadsPage(state.threadsOffset);
+      if (load !== state.threadsLoad) return;
+      addThreads(page.items);
+      state.threadsOffset += page.items.length;
+      state.threadsMore = page.items.length > 0 && state.threadsOffset < page.count;
+      renderThreads();
+      el.threadList.children[shown]?.querySelector("button")?.focus();
+    } catch (error) {
+      setStatus(`Could not load more threads: ${error.message}`, true);
+    } finally {
+      el.moreThreads.disabled = false;
+    }
   }
 
   async function reloadThreads() {
@@ -203,6 +264,7 @@
     try {
       const thread = await api("POST", "/threads", { agent_id: config.agent_id, model: el.model.value });
       state.threads.unshift(thread);
+      state.threadsOffset += 1; // the server lists it first: later pages shift by one
       await selectThread(thread.thread_id);
       el.input.focus();
     } catch (error) {
@@ -282,7 +344,10 @@
   // The thread is gone (deleted here or elsewhere): out of the list, and
   // the page shows no thread if it was the open one.
   function forgetThread(threadId) {
+    const listed = state.threads.length;
     state.threads = state.threads.filter((t) => t.thread_id !== threadId);
+    // Later pages shift back by one.
+    if (state.threads.length < listed) state.threadsOffset = Math.max(0, state.threadsOffset - 1);
     if (state.threadId === threadId) {
       stopFollowing();
       closeRename();
@@ -351,7 +416,7 @@
       updateThread(await api("PATCH", `/threads/${thread.thread_id}`, { archived }));
       // The list changes: an archived thread leaves it (unless it shows
       // them), a restored one comes back in its place.
-      await loadThreads();
+      await loadThreads(true);
       if (!archived) setStatus("Thread unarchived: it is back in the list.");
       else if (el.showArchived.checked) setStatus("Thread archived.");
       else setStatus("Thread archived: the list hides it (Show archived threads lists it).");
@@ -1129,6 +1194,7 @@
   el.send.addEventListener("submit", sendMessage);
   el.cancel.addEventListener("click", cancelRun);
   el.older.addEventListener("click", loadOlder);
+  el.moreThreads.addEventListener("click", loadMoreThreads);
   el.approval.addEventListener("submit", submitApproval);
   el.showArchived.addEventListener("change", reloadThreads);
   el.renameButton.addEventListener("click", openRename);

@@ -4,7 +4,8 @@ stream in with its tool call, and finds both messages in the history;
 a long answer is cancelled from the page; an email the assistant wants to
 send is approved, rejected or edited from the page; final answers are
 liked and disliked, and show their rating again after a reload; each turn
-shows its cost. Real processes: uvicorn, a Celery worker and the replay
+shows its cost; a long thread's older messages and a long list's older
+threads are shown on demand. Real processes: uvicorn, a Celery worker and the replay
 model server (tests/e2e/stack.py), Chromium through Playwright. No console error and no Content Security Policy
 violation."""
 
@@ -884,6 +885,57 @@ def test_a_user_reads_the_older_messages_of_a_long_thread_R_UI_1(web_url, chat_u
         page.reload()
         page.wait_for_function("() => document.querySelectorAll('#yc-messages > li').length === 200")
         assert older.is_visible()
+        watch.check()
+    finally:
+        context.close()
+        _close_orm_connection()
+
+
+@pytest.mark.parametrize(
+    "viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["1280", "390"]
+)
+def test_a_user_with_more_than_a_page_of_threads_reaches_the_oldest_R_UI_1(web_url, chat_user, browser, viewport):
+    """A newcomer with more than 100 threads could not reach the older ones:
+    "Show more threads" lists the next page below, and the list keeps it
+    when a thread is archived."""
+    width = viewport["width"]
+    threads = [
+        Conversation.objects.create(
+            user=chat_user, agent_id="assistant", model="replay:plain_answer", title=f"Thread {i:03}"
+        )
+        for i in range(1, 106)
+    ]
+    newest_first = [str(thread.id) for thread in reversed(threads)]
+    context, page, watch = _open_chat(browser, web_url, viewport, chat_user)
+    try:
+        page.wait_for_selector("#yc-thread-list .yc-thread")
+        assert _listed(page) == newest_first[:100]
+        more = page.get_by_role("button", name="Show more threads")
+        assert more.is_visible()
+        more.click()
+        page.wait_for_function("() => document.querySelectorAll('#yc-thread-list .yc-thread').length === 105")
+        assert _listed(page) == newest_first
+        assert more.is_hidden()
+        # Focus is on the first thread of the page just listed.
+        assert page.evaluate("() => document.activeElement.dataset.threadId") == newest_first[100]
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+        page.screenshot(path=SCREENSHOTS / f"chat-more-threads-{width}.png")
+
+        # The oldest opens; archived, it leaves the list, which keeps the
+        # threads of its second page.
+        oldest = page.locator(f".yc-thread[data-thread-id='{newest_first[-1]}']")
+        oldest.click()
+        page.wait_for_function("() => document.getElementById('yc-thread-title').textContent === 'Thread 001'")
+        page.wait_for_selector("#yc-input:enabled")
+        page.get_by_role("button", name="Archive", exact=True).click()
+        page.wait_for_function("() => document.querySelectorAll('#yc-thread-list .yc-thread').length === 104")
+        assert _listed(page) == newest_first[:-1]
+        assert more.is_hidden()
+
+        # A reload lists the first page again.
+        page.reload()
+        page.wait_for_function("() => document.querySelectorAll('#yc-thread-list .yc-thread').length === 100")
+        assert more.is_visible()
         watch.check()
     finally:
         context.close()
