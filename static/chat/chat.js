@@ -53,7 +53,6 @@
   // doubled after each failed attempt up to the most (ms).
   const RETRY_FIRST_MS = 1000;
   const RETRY_MOST_MS = 15000;
-  const TITLE_WORDS = 8;
   // Threads per page of the list.
   const THREAD_PAGE = 100;
   // Items per history page: the endpoint's most (HISTORY_PAGE_MAX).
@@ -129,12 +128,6 @@
   function setStatus(text, isError) {
     el.status.textContent = text || "";
     el.status.classList.toggle("yc-error", !!isError);
-  }
-
-  function firstWords(text) {
-    const words = text.trim().split(/\s+/);
-    const head = words.slice(0, TITLE_WORDS).join(" ");
-    return (words.length > TITLE_WORDS ? head + "…" : head).slice(0, 200);
   }
 
   // crypto.randomUUID exists only in secure contexts (HTTPS, localhost);
@@ -751,7 +744,7 @@
       el.input.value = "";
       el.messages.append(renderItem({ kind: "user", content: text, tool_executions: [] }));
       const thread = currentThread();
-      if (thread && !thread.title) nameThread(thread, text);
+      if (thread && !thread.title) readTitle(thread.thread_id);
       follow(run.run_id);
     } catch (error) {
       // An answer from the server settles the request: only a lost one is retried with its id.
@@ -761,11 +754,11 @@
     }
   }
 
-  // A thread without a title is named after the first words of its first
-  // message, so the thread list can tell threads apart.
-  async function nameThread(thread, text) {
+  // The server names an untitled thread after its first message's first
+  // words, with the run: read the thread back so the list can tell it apart.
+  async function readTitle(threadId) {
     try {
-      updateThread(await api("PATCH", `/threads/${thread.thread_id}`, { title: firstWords(text) }));
+      updateThread(await api("GET", `/threads/${threadId}`));
     } catch (error) {
       // The list keeps "Untitled thread": nothing else depends on the title.
     }
