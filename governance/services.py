@@ -30,6 +30,7 @@ from audit.ledger.runs import run_request_cancel
 from audit.models import AgentRun, RunReplay
 from conversations.models import ApiToken, Conversation, Message, MessageFeedback
 from core.config import get_config
+from core.db import update_rows
 from core.errors import NotFound
 from core.redis_client import REDIS_CLIENT_OPTIONS, stream_key
 from core.workspace import (
@@ -123,41 +124,8 @@ def _reseal(action: GovernanceAction, runs: list[AgentRun], verified: dict) -> N
                 row_count=seal.row_count,
             )
         )
-    _update_rows(sealed, _SEAL_FIELDS)
+    update_rows(sealed, _SEAL_FIELDS)
     RunReseal.objects.bulk_create(reseals)
-
-
-def _update_rows(objs: list, fields: list[str] | tuple[str, ...]) -> None:
-    """Save ``fields`` of ``objs`` (instances of one model) as
-    ``bulk_update`` does, in one ``UPDATE … FROM (VALUES …)`` per 500 rows.
-    ``bulk_update`` writes a ``CASE WHEN`` per row and field, whose Python
-    expressions cost more than the UPDATE itself: three quarters of a
-    purge's time (issue 38 item 3). Each value is prepared by its field as
-    a save prepares it (``get_db_prep_save``: the storable escapes, JSON;
-    None is NULL) and cast to the column's type."""
-    if not objs:
-        return
-    meta = type(objs[0])._meta
-    pk = meta.pk
-    columns = [meta.get_field(name) for name in fields]
-    quote = connection.ops.quote_name
-    row = "(" + ", ".join(f"%s::{field.cast_db_type(connection)}" for field in (pk, *columns)) + ")"
-    sql = (
-        f"UPDATE {quote(meta.db_table)} AS t SET "
-        + ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field in columns)
-        + " FROM (VALUES {values}) AS v ("
-        + ", ".join(quote(field.column) for field in (pk, *columns))
-        + f") WHERE t.{quote(pk.column)} = v.{quote(pk.column)}"
-    )
-    with connection.cursor() as cursor:
-        for start in range(0, len(objs), 500):
-            chunk = objs[start : start + 500]
-            params = [
-                field.get_db_prep_save(getattr(obj, field.attname), connection)
-                for obj in chunk
-                for field in (pk, *columns)
-            ]
-            cursor.execute(sql.format(values=", ".join([row] * len(chunk))), params)
 
 
 def _verified(runs: list[AgentRun]) -> dict:
@@ -312,7 +280,7 @@ def _purge_batch(action, run_ids: list, *, cutoff: datetime, now: datetime, outc
         for row in rows:
             fields = payloads.purge_row(row, at=now)
         if rows:
-            _update_rows(rows, fields)
+            update_rows(rows, fields)
         touched = {row.run_id for row in rows}
         changed = [run for run in runs if run.pk in touched]
         _reseal(action, changed, verified)
@@ -579,7 +547,7 @@ def _erase_batch(action, run_ids: list, *, now: datetime, outcome: Outcome) -> N
         for row in rows:
             fields = payloads.erase_row(row, at=now)
         if rows:
-            _update_rows(rows, fields)
+            update_rows(rows, fields)
         for run in runs:
             run.save(update_fields=payloads.erase_run_input(run))
         _reseal(action, runs, verified)
@@ -624,7 +592,7 @@ def _erase_rest(action, feedback: Q, threads: list, *, now: datetime, outcome: O
         for row in rows:
             fields = payloads.erase_row(row, at=now)
         if rows:
-            _update_rows(rows, fields)
+            update_rows(rows, fields)
         MessageFeedback.objects.filter(feedback).exclude(reason="").update(reason="")
         Conversation.objects.filter(pk__in=threads).exclude(title="").update(title="")
         # A replay report quotes what the runs said (R-REPLAY-2).
