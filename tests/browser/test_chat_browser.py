@@ -11,6 +11,7 @@ violation."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -664,66 +665,112 @@ def _wait(condition, what: str) -> None:
         time.sleep(0.2)
 
 
-def test_the_answer_streams_on_across_a_web_server_restart_R_UI_1(chat_stack, chat_user, browser):
-    """The web server the page follows a run through is killed mid-stream
-    and started again on the same port: the browser's EventSource
-    reconnects with Last-Event-ID, and the page ends with the whole answer
-    once, as the history has it. A web server of this test's own (the
-    module's stays up); the stack's worker runs the turn."""
-    port = free_port()
-    web = start_web("chat-web-restart", port, chat_stack.env)
+class PrivateWeb:
+    """A web server of one test's own (the module's stays up), which the
+    test kills (SIGKILL: no draining, connections just break) and starts
+    again on the same port; the stack's worker runs the turns."""
+
+    def __init__(self, name: str, env: dict):
+        self.name, self.env, self.port = name, env, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = start_web(name, self.port, env)
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def start_again(self) -> None:
+        self.process = start_web(self.name, self.port, self.env)
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+@contextlib.contextmanager
+def _a_long_answer_through_a_private_web(name: str, chat_stack, chat_user, browser):
+    """A page on a :class:`PrivateWeb` that follows a long answer (about
+    105 chunks, one a second) until it shows three chunks: ``(web, page,
+    watch, run)``. Closes the page, stops the web server and the ORM's
+    connection at the end."""
+    web = PrivateWeb(name, chat_stack.env)
     context = None
     try:
-        context, page, watch = _open_chat(
-            browser, f"http://127.0.0.1:{port}", {"width": 1280, "height": 900}, chat_user
-        )
-        # The requests the stream makes: the first, then each reconnect.
-        streams: list = []
-        page.on("request", lambda r: "/events" in r.url and streams.append(r))
-        _new_thread(page, "replay:long_answer")
-        _send(page, "Tell me a long story.")
-        page.wait_for_function("() => Number(document.getElementById('yc-app').dataset.deltas) >= 3")
-        run = AgentRun.objects.get(thread__user=chat_user)
-        # Chromium logs the broken stream and each refused reconnect.
-        watch.allow_lost_connections(f"/api/runs/{run.id}/events")
-
-        web.kill()  # SIGKILL: no draining, the connection just breaks
-        # The run goes on without a web server: events the page must get
-        # on reconnecting, with none of those it holds repeated.
-        shown = _shown_deltas(page)
-        _wait(lambda: _published_deltas(run.id) >= shown + 3, "three more chunks published")
-        assert AgentRun.objects.get(pk=run.pk).status == "running"
-        web = start_web("chat-web-restart", port, chat_stack.env)
-
-        # The answer streams on, then completes; the bound: the answer's
-        # length (one chunk a second) and the usual wait.
-        page.wait_for_function(
-            "() => document.getElementById('yc-app').dataset.runStatus === 'completed'",
-            timeout=(len(LONG.text) / LONG.chunk_chars * LONG.chunk_delay_ms / 1000 + WAIT_SECONDS) * 1000,
-        )
-        # The stream was opened again (Playwright does not show the
-        # Last-Event-ID it carried)...
-        assert len(streams) >= 2, streams
-        # ...and went on after the last chunk the page held: every chunk
-        # once, in order (a stream read again from its start would repeat
-        # chunks: the page counts them all), the live answer the whole text.
-        assert _shown_deltas(page) == _published_deltas(run.id)
-        assert page.locator("#yc-live-text").text_content() == LONG.text
-        assert "yc-error" not in page.locator("#yc-status").get_attribute("class")
-        assert _kinds(page) == ["user", "answer"]
-        assert page.locator("#yc-messages > li[data-kind='answer'] .yc-text").inner_text() == LONG.text
-        page.screenshot(path=SCREENSHOTS / "chat-after-restart-1280.png", full_page=True)
-
-        page.reload()
-        page.wait_for_selector("#yc-messages > li[data-kind='answer'] .yc-cost")
-        assert _kinds(page) == ["user", "answer"]
-        assert page.locator("#yc-messages > li[data-kind='answer'] .yc-text").inner_text() == LONG.text
-        watch.check()
+        context, page, watch = _open_chat(browser, web.url, {"width": 1280, "height": 900}, chat_user)
+        yield web, page, watch, _start_a_long_answer(page, chat_user)
     finally:
         if context is not None:
             context.close()
         web.stop()
         _close_orm_connection()
+
+
+def _start_a_long_answer(page, chat_user) -> AgentRun:
+    _new_thread(page, "replay:long_answer")
+    _send(page, "Tell me a long story.")
+    page.wait_for_function("() => Number(document.getElementById('yc-app').dataset.deltas) >= 3")
+    return AgentRun.objects.get(thread__user=chat_user)
+
+
+def _runs_on_without_the_web_server(run, shown: int) -> None:
+    """The run goes on while no web server is up: three more chunks the
+    page must get once it reconnects, with none it holds repeated."""
+    _wait(lambda: _published_deltas(run.id) >= shown + 3, "three more chunks published")
+    assert AgentRun.objects.get(pk=run.pk).status == "running"
+
+
+def _wait_until_completed(page) -> None:
+    """The bound: the answer's length (one chunk a second) and the usual wait."""
+    page.wait_for_function(
+        "() => document.getElementById('yc-app').dataset.runStatus === 'completed'",
+        timeout=(len(LONG.text) / LONG.chunk_chars * LONG.chunk_delay_ms / 1000 + WAIT_SECONDS) * 1000,
+    )
+
+
+def _shows_the_whole_answer_once(page, run, screenshot: str) -> None:
+    """Every chunk once, in order (a stream read again from its start
+    without clearing would repeat chunks: the page counts them all), the
+    live answer the whole text, no lasting error; the same after a reload,
+    from the history."""
+    assert _shown_deltas(page) == _published_deltas(run.id)
+    assert page.locator("#yc-live-text").text_content() == LONG.text
+    assert "yc-error" not in page.locator("#yc-status").get_attribute("class")
+    for reloaded in (False, True):
+        if reloaded:
+            page.reload()
+            page.wait_for_selector("#yc-messages > li[data-kind='answer'] .yc-cost")
+        assert _kinds(page) == ["user", "answer"]
+        assert page.locator("#yc-messages > li[data-kind='answer'] .yc-text").inner_text() == LONG.text
+        if not reloaded:
+            page.screenshot(path=SCREENSHOTS / screenshot, full_page=True)
+
+
+def test_the_answer_streams_on_across_a_web_server_restart_R_UI_1(chat_stack, chat_user, browser):
+    """The web server the page follows a run through is killed mid-stream
+    and started again on the same port: the browser's EventSource
+    reconnects with Last-Event-ID, and the page ends with the whole answer
+    once, as the history has it."""
+    with _a_long_answer_through_a_private_web("chat-web-restart", chat_stack, chat_user, browser) as (
+        web,
+        page,
+        watch,
+        run,
+    ):
+        # The requests the stream makes: the first, then each reconnect.
+        streams: list = []
+        page.on("request", lambda r: "/events" in r.url and streams.append(r))
+        # Chromium logs the broken stream and each refused reconnect.
+        watch.allow_lost_connections(f"/api/runs/{run.id}/events")
+
+        web.kill()
+        _runs_on_without_the_web_server(run, _shown_deltas(page))
+        web.start_again()
+
+        _wait_until_completed(page)
+        # The stream was opened again (Playwright does not show the
+        # Last-Event-ID it carried) and went on after the last chunk the
+        # page held.
+        assert len(streams) >= 2, streams
+        _shows_the_whole_answer_once(page, run, "chat-after-restart-1280.png")
+        watch.check()
 
 
 def _poll(page, condition, what: str) -> None:
@@ -743,27 +790,20 @@ def test_the_page_recovers_when_the_browser_gives_up_on_the_stream_R_UI_1(chat_s
     reads the run once the server is back, follows it with a new stream,
     which starts from the run's first event, and rebuilds the live answer
     from it: the whole answer shows once, with no lasting error. The
-    proxy is Playwright's routes on the run's URLs, in front of a web
-    server of this test's own."""
-    port = free_port()
-    web = start_web("chat-web-gateway", port, chat_stack.env)
-    context = None
-    try:
-        context, page, watch = _open_chat(
-            browser, f"http://127.0.0.1:{port}", {"width": 1280, "height": 900}, chat_user
-        )
-        _new_thread(page, "replay:long_answer")
-        _send(page, "Tell me a long story.")
-        page.wait_for_function("() => Number(document.getElementById('yc-app').dataset.deltas) >= 3")
-        run = AgentRun.objects.get(thread__user=chat_user)
+    proxy is Playwright's routes on the run's URLs."""
+    with _a_long_answer_through_a_private_web("chat-web-gateway", chat_stack, chat_user, browser) as (
+        web,
+        page,
+        watch,
+        run,
+    ):
         events_url = f"/api/runs/{run.id}/events"
-
         down = True
         refused: list[str] = []  # the paths the proxy answered 502
         passed: list[str] = []
 
         def gateway(route):
-            path = route.request.url.removeprefix(f"http://127.0.0.1:{port}")
+            path = route.request.url.removeprefix(web.url)
             if down:
                 refused.append(path)
                 route.fulfill(status=502, content_type="text/html", body="<h1>502 Bad Gateway</h1>")
@@ -786,36 +826,17 @@ def test_the_page_recovers_when_the_browser_gives_up_on_the_stream_R_UI_1(chat_s
         assert page.locator("#yc-status").inner_text() == "Reconnecting…"
         assert "yc-error" not in page.locator("#yc-status").get_attribute("class")
         assert page.evaluate("() => document.getElementById('yc-live-text').textContent.length") > 0
-        _wait(lambda: _published_deltas(run.id) >= shown + 3, "three more chunks published")
-        assert AgentRun.objects.get(pk=run.pk).status == "running"
-        web = start_web("chat-web-gateway", port, chat_stack.env)
+        _runs_on_without_the_web_server(run, shown)
+        web.start_again()
         down = False
 
-        page.wait_for_function(
-            "() => document.getElementById('yc-app').dataset.runStatus === 'completed'",
-            timeout=(len(LONG.text) / LONG.chunk_chars * LONG.chunk_delay_ms / 1000 + WAIT_SECONDS) * 1000,
-        )
+        _wait_until_completed(page)
         # One new stream, no second follower; it started from the first
-        # event and the live answer was rebuilt from it: each chunk once.
+        # event and the live answer was rebuilt from it.
         assert passed.count(events_url) == 1, passed
-        assert _shown_deltas(page) == _published_deltas(run.id)
-        assert page.locator("#yc-live-text").text_content() == LONG.text
-        assert "yc-error" not in page.locator("#yc-status").get_attribute("class")
-        assert _kinds(page) == ["user", "answer"]
-        assert page.locator("#yc-messages > li[data-kind='answer'] .yc-text").inner_text() == LONG.text
-        page.screenshot(path=SCREENSHOTS / "chat-after-gateway-502-1280.png", full_page=True)
-
         page.unroute_all()
-        page.reload()
-        page.wait_for_selector("#yc-messages > li[data-kind='answer'] .yc-cost")
-        assert _kinds(page) == ["user", "answer"]
-        assert page.locator("#yc-messages > li[data-kind='answer'] .yc-text").inner_text() == LONG.text
+        _shows_the_whole_answer_once(page, run, "chat-after-gateway-502-1280.png")
         watch.check()
-    finally:
-        if context is not None:
-            context.close()
-        web.stop()
-        _close_orm_connection()
 
 
 def _seed_turns(monkeypatch, user, turns: int) -> Conversation:
