@@ -20,7 +20,8 @@ _worker = None
 def refuse_mismatched_schema(sender=None, **_kwargs) -> None:
     """Configure the worker's database connections, then stop the worker before it consumes anything when the settings are
     unsafe for production (R-SEC-1) or the database schema does not match the code (R-SCH-1). Celery logs and swallows exceptions
-    of signal handlers, so the refusal is a ``SystemExit``."""
+    of signal handlers, so the refusal is a ``SystemExit``. Last, the loaded code is moved out of the garbage collector's
+    way (:func:`yuxi_project.runtime.tune_gc`)."""
 
     import django
 
@@ -47,6 +48,13 @@ def refuse_mismatched_schema(sender=None, **_kwargs) -> None:
         close_pool = getattr(connections["default"], "close_pool", None)
         if close_pool is not None:
             close_pool()
+    # The run's code loaded, then out of the collector's way, before the
+    # pool forks: each pool process inherits the frozen heap (and shares
+    # its pages) and the raised threshold.
+    import audit.tasks  # noqa: F401
+    from yuxi_project.runtime import tune_gc
+
+    tune_gc()
 
 
 @worker_process_init.connect

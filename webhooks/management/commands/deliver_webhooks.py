@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand
 from core.config import get_config
 from webhooks.body import run_body
 from webhooks.services import deliveries_queue, deliveries_send
+from yuxi_project.runtime import tune_gc
 
 
 class Command(BaseCommand):
@@ -33,4 +34,7 @@ class Command(BaseCommand):
                 )
             if once:
                 return
+            # A long-lived loop: once its first pass has loaded what it uses,
+            # the loaded code goes out of the collector's way (once).
+            tune_gc()
             time.sleep(interval)
