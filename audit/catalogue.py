@@ -11,6 +11,7 @@ every layer above may ask it.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -67,17 +68,7 @@ def chat_models() -> list[dict[str, str]]:
     :mod:`audit.replay.scenarios`): a file that is not a JSON object is
     left out."""
     config = get_config()
-    models: list[dict[str, str]] = []
-    for path in sorted(BUNDLED_SCENARIO_DIR.glob("*.json")):
-        try:
-            scenario = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        if isinstance(scenario, dict) and scenario.get("chat") is True:
-            description = scenario.get("description")
-            models.append(
-                {"name": f"replay:{path.stem}", "description": description if isinstance(description, str) else ""}
-            )
+    models = [dict(model) for model in _chat_scenarios()]
     names = {model["name"] for model in models}
     for name in config.MODELS:
         if name not in names:
@@ -86,6 +77,24 @@ def chat_models() -> list[dict[str, str]]:
     if config.DEFAULT_MODEL not in names:
         models.insert(0, {"name": config.DEFAULT_MODEL, "description": ""})
     return models
+
+
+@functools.cache
+def _chat_scenarios() -> tuple[dict[str, str], ...]:
+    """The bundled scenarios marked ``"chat": true``, read once per process
+    (the files ship with the code): ``({"name", "description"}, ...)``."""
+    found = []
+    for path in sorted(BUNDLED_SCENARIO_DIR.glob("*.json")):
+        try:
+            scenario = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(scenario, dict) and scenario.get("chat") is True:
+            description = scenario.get("description")
+            found.append(
+                {"name": f"replay:{path.stem}", "description": description if isinstance(description, str) else ""}
+            )
+    return tuple(found)
 
 
 def validate_model_name(name: str) -> str:
