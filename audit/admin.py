@@ -113,15 +113,24 @@ class RunFilter(admin.SimpleListFilter):
     the admin and ``GET /api/audit/runs`` share one definition (R-ADM-2).
     A malformed value shows an error and no runs, never all runs."""
 
+    #: Parameters of other filters applied here with this one, as one
+    #: filter of the search (``tool`` with ``tool_status``: one tool row
+    #: with both, R-ADM-2).
+    together: tuple[str, ...] = ()
+
     def queryset(self, request, queryset):
         value = self.value()
         if value in (None, ""):
             return queryset
+        values = {name: request.GET[name] for name in self.together if request.GET.get(name)}
         try:
-            query = RunFilterQuery.model_validate({self.parameter_name: value})
+            query = RunFilterQuery.model_validate({**values, self.parameter_name: value})
             return search.filter_runs(queryset, query.as_filters())
         except ValidationError as exc:
-            messages.error(request, f"{self.title}: {exc.errors()[0]['msg']}")
+            error = exc.errors()[0]
+            field = str(error["loc"][0]) if error.get("loc") else self.parameter_name
+            title = self.title if field == self.parameter_name else field.replace("_", " ")
+            messages.error(request, f"{title}: {error['msg']}")
         except InvalidInput as exc:
             messages.error(request, f"{self.title}: {exc.message}")
         return queryset.none()
@@ -204,6 +213,9 @@ class ToolFilter(RunFilter):
 
     title = "tool"
     parameter_name = "tool"
+    # One tool row with the name and the status, as the API asks: apart,
+    # they found a run whose other tool failed, with a second EXISTS.
+    together = ("tool_status",)
 
     def lookups(self, request, model_admin):
         names = dict.fromkeys([tool.name for tool in ASSISTANT_TOOLS] + list(RESEARCHER_TOOL_NAMES))
@@ -213,6 +225,11 @@ class ToolFilter(RunFilter):
 class ToolStatusFilter(RunFilter):
     title = "tool status"
     parameter_name = "tool_status"
+
+    def queryset(self, request, queryset):
+        if request.GET.get(ToolFilter.parameter_name):
+            return queryset  # applied with the tool (ToolFilter.together)
+        return super().queryset(request, queryset)
 
     def lookups(self, request, model_admin):
         return Message.ExecutionStatus.choices

@@ -197,6 +197,29 @@ def test_each_filter_finds_the_same_runs_in_the_api_and_the_admin_R_ADM_2(
     assert admin_ids(client, **params) == expected
 
 
+def test_tool_and_tool_status_match_one_tool_row_in_the_admin_as_in_the_api_R_ADM_2(client, staff_user, world):
+    """A run whose get_weather call completed and whose send_email call
+    failed has no failed get_weather call: the admin applied the two
+    filters apart (two EXISTS, slower and wrong) where the API asks for one
+    tool row with both."""
+    mixed = make_run(
+        world.paris.thread,
+        created=NOW - dt.timedelta(minutes=8),
+        rows=[{"kind": "tool", "tool": "get_weather"}, {"kind": "tool", "tool": "send_email", "status": "failed"}],
+    )
+    params = {"tool": "get_weather", "tool_status": "failed"}
+    assert api_ids(client, bearer(staff_user), **params) == {str(world.other_model.pk)}
+    client.force_login(staff_user)
+    assert admin_ids(client, **params) == {str(world.other_model.pk)}
+    # Each alone still finds the mixed run.
+    assert str(mixed.pk) in admin_ids(client, tool="get_weather")
+    assert str(mixed.pk) in admin_ids(client, tool_status="failed")
+    # A bad status next to a tool is named, and shows no runs.
+    html = client.get(reverse("admin:audit_agentrun_changelist"), {"tool": "get_weather", "tool_status": "x"})
+    assert "Tool status: Input should be" in html.content.decode()
+    assert "field-short_id" not in html.content.decode()
+
+
 def test_user_filter_takes_a_username_or_an_id_R_ADM_2(client, staff_user, world, other_user):
     headers = bearer(staff_user)
     assert api_ids(client, headers, user=other_user.username) == {str(world.other_user_run.pk)}

@@ -21,7 +21,9 @@ from yuxi_project.runtime import GC_THRESHOLDS
 
 pytestmark = pytest.mark.django_db
 
-REPORT = "import gc, json, sys; print(json.dumps([gc.get_freeze_count(), gc.get_threshold(), 'langgraph' in sys.modules]))"
+REPORT = (
+    "import gc, json, sys; print(json.dumps([gc.get_freeze_count(), gc.get_threshold(), 'langgraph' in sys.modules]))"
+)
 
 
 def _python(code: str) -> list:
