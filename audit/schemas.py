@@ -277,7 +277,9 @@ ExecutionStatus = Literal["running", "completed", "failed", "interrupted", "aban
 RunStatusList = Annotated[
     str,
     Field(max_length=200),
-    WithJsonSchema({"type": "string", "maxLength": 200, "pattern": comma_list_pattern(get_args(RunStatus))}),
+    WithJsonSchema(
+        {"type": "string", "maxLength": 200, "pattern": comma_list_pattern(get_args(RunStatus), empty=True)}
+    ),
 ]
 
 
@@ -286,7 +288,7 @@ class RunFilterQuery(Schema):
     is optional; given ones must all match."""
 
     status: RunStatusList | None = Field(
-        None, description="A run status, or several separated by commas (`failed,cancelled`)."
+        None, description="A run status, or several separated by commas (`failed,cancelled`); blank: any."
     )
     error_type: str | None = Field(None, max_length=100, description="Exact error type (`model_error`, …).")
     model: str | None = Field(None, max_length=200, description="Configured model name (`replay:plain_answer`).")

@@ -22,6 +22,23 @@ from django.db.models import Q, Value
 from core.storable import StorableCharField, StorableJSONField, StorableTextField, fit_text
 from governance.triggers import MESSAGE_TRIGGERS
 
+# The characters a title may not consist of only: Unicode White_Space and
+# the BOM. One set for the server and the OpenAPI pattern, so that JSON
+# Schema (ECMA), pydantic (Rust) and Python agree on "blank"; their own
+# "\s" differ (U+001C..U+001F, U+0085, U+FEFF).
+BLANK_CHARACTERS = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680"
+    + "".join(chr(c) for c in range(0x2000, 0x200B))
+    + "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+
+
+def is_blank(text: str) -> bool:
+    """Whether ``text`` holds only :data:`BLANK_CHARACTERS` (or nothing):
+    a blank title is no title (R-API-1)."""
+    return not text.strip(BLANK_CHARACTERS)
+
+
 #: How many words of its first message name an untitled thread.
 TITLE_WORDS = 8
 
@@ -119,7 +136,7 @@ class Conversation(models.Model):
         """Give an untitled thread the title :func:`title_from_text` makes of
         ``text`` (its first turn's input, R-API-1); the caller saves. Returns
         whether the title changed: False for a thread that has a title."""
-        if self.title.strip():
+        if not is_blank(self.title):
             return False
         self.title = title_from_text(text)
         return bool(self.title)

@@ -14,7 +14,7 @@ from core.errors import InvalidInput, NotFound
 from core.storable import fit_text
 from dashboard.rollups import feedback_changed
 
-from .models import Conversation, MessageFeedback
+from .models import BLANK_CHARACTERS, Conversation, MessageFeedback, is_blank
 from .selectors import message_feedback_of
 
 
@@ -28,18 +28,9 @@ def thread_create(*, user, agent_id: str, model: str | None = None, title: str =
     """
     validate_agent_id(agent_id)
     model = validate_model_name(model or get_config().DEFAULT_MODEL)
-    return Conversation.objects.create(user=user, agent_id=agent_id, model=model, title=fit_text(title, 200))
-
-
-# The characters a title may not consist of only: Unicode White_Space and
-# the BOM. One set for the server and the OpenAPI pattern, so that JSON
-# Schema (ECMA), pydantic (Rust) and Python agree on "blank"; their own
-# "\s" differ (U+001C..U+001F, U+0085, U+FEFF).
-BLANK_CHARACTERS = (
-    "\t\n\x0b\x0c\r \x85\xa0\u1680"
-    + "".join(chr(c) for c in range(0x2000, 0x200B))
-    + "\u2028\u2029\u202f\u205f\u3000\ufeff"
-)
+    # A blank title is no title: the first turn names the thread (R-API-1).
+    title = "" if is_blank(title) else fit_text(title, 200)
+    return Conversation.objects.create(user=user, agent_id=agent_id, model=model, title=title)
 
 
 def not_blank_pattern() -> str:
@@ -68,7 +59,7 @@ def thread_update(
         RunBusy: the row was not granted within ``WEB_LOCK_TIMEOUT_MS`` (503,
             nothing changed).
     """
-    if title is not None and (not title.strip(BLANK_CHARACTERS) or len(title) > 200):
+    if title is not None and (is_blank(title) or len(title) > 200):
         raise InvalidInput("title must not be blank and at most 200 characters", extra={"reason": "bad_title"})
     with web_lock_wait():
         thread = Conversation.objects.select_for_update(no_key=True).visible_to(user).filter(pk=thread_id).first()

@@ -48,10 +48,11 @@ def one_of_pattern(values) -> str:
     return "(?:" + "|".join(values) + ")"
 
 
-def comma_list_pattern(values) -> str:
-    """``a``, ``a,b``, …: one or more of ``values`` separated by commas."""
+def comma_list_pattern(values, *, empty: bool = False) -> str:
+    """``a``, ``a,b``, …: one or more of ``values`` separated by commas;
+    with ``empty``, also ``""`` (a parameter given blank: no filter)."""
     one = one_of_pattern(values)
-    return f"^{one}(?:,{one})*$"
+    return f"^(?:{one}(?:,{one})*)?$" if empty else f"^{one}(?:,{one})*$"
 
 
 #: An ISO 8601 time (``2026-12-06T13:10:08Z``; naive = UTC); never a

@@ -128,12 +128,15 @@ class RunFilters:
 
 
 def parse_statuses(value: str | None) -> tuple[str, ...]:
-    """``"failed,cancelled"`` → ``("failed", "cancelled")``.
+    """``"failed,cancelled"`` → ``("failed", "cancelled")``; ``""`` or None
+    → ``()`` (no filter). Exactly the schema's pattern: statuses separated
+    by single commas, nothing around them (R-READ-6).
 
     Raises:
-        InvalidInput: an unknown status (``field: status``).
+        InvalidInput: an unknown or empty status, as in ``"failed,"``
+            (``field: status``).
     """
-    statuses = tuple(s.strip() for s in (value or "").split(",") if s.strip())
+    statuses = tuple(value.split(",")) if value else ()
     unknown = [s for s in statuses if s not in AgentRun.Status.values]
     if unknown:
         raise InvalidInput(

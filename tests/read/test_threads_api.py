@@ -450,6 +450,15 @@ def test_a_thread_keeps_its_title_through_later_turns_and_renames_R_API_1(user):
     assert titled.title == "Given"
 
 
+def test_a_blank_title_at_creation_is_no_title_and_the_first_turn_names_the_thread_R_API_1(user):
+    """POST took "   " as a title that PATCH would refuse, and kept it."""
+    thread = _new_thread(user, title=" \u3000\ufeff ")
+    assert thread.title == ""
+    make_run(thread, text="Where is the nearest station?")
+    thread.refresh_from_db()
+    assert thread.title == "Where is the nearest station?"
+
+
 def test_a_refused_turn_leaves_the_thread_untitled_R_API_1(user):
     thread = _new_thread(user)
     first = make_run(thread, text="first")
