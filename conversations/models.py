@@ -48,7 +48,7 @@ def title_from_text(text: str) -> str:
     "…" when there were more, cut to fit the 200-character title (R-API-1).
     ``"Plan a trip to Paris"`` -> ``"Plan a trip to Paris"``; blank text
     gives ``""``."""
-    words = text.split()
+    words = text.split(maxsplit=TITLE_WORDS)  # the rest stays one piece: a long text is not split whole
     head = " ".join(words[:TITLE_WORDS])
     return fit_text(head + "…" if len(words) > TITLE_WORDS else head, 200)
 
@@ -135,11 +135,15 @@ class Conversation(models.Model):
     def name_after(self, text: str) -> bool:
         """Give an untitled thread the title :func:`title_from_text` makes of
         ``text`` (its first turn's input, R-API-1); the caller saves. Returns
-        whether the title changed: False for a thread that has a title."""
+        whether the title changed: False for a thread that has a title, or
+        for a text whose words are blank too (the next turn names it)."""
         if not is_blank(self.title):
             return False
-        self.title = title_from_text(text)
-        return bool(self.title)
+        title = title_from_text(text)
+        if is_blank(title):
+            return False
+        self.title = title
+        return True
 
 
 class MessageQuerySet(models.QuerySet):
