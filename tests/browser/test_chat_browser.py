@@ -961,3 +961,65 @@ def test_a_user_with_more_than_a_page_of_threads_reaches_the_oldest_R_UI_1(web_u
     finally:
         context.close()
         _close_orm_connection()
+
+
+#: A thread title of one unbroken word: the server names a thread after the
+#: first words of its first message, which may be a long URL.
+LONG_TITLE = "https://example.com/" + "a" * 130
+
+
+@pytest.mark.parametrize(
+    "viewport", [{"width": 1280, "height": 900}, {"width": 390, "height": 844}], ids=["1280", "390"]
+)
+def test_a_thread_titled_by_a_long_url_keeps_the_page_readable_R_UI_1(chat_stack, chat_user, browser, viewport):
+    """A newcomer found that a title of one long word widened the thread
+    list to ~1700 px at 1280 px: the page scrolled sideways and the list
+    covered Send. The list keeps its width and cuts the title with "…", the
+    conversation's head wraps it, and Send takes a real click."""
+    width = viewport["width"]
+    assert len(LONG_TITLE) == 150 and " " not in LONG_TITLE
+    thread = Conversation.objects.create(
+        user=chat_user, agent_id="assistant", model="replay:plain_answer", title=LONG_TITLE
+    )
+    context, page, watch = _open_chat(browser, chat_stack.base_url, viewport, chat_user)
+    try:
+        listed = page.locator(f".yc-thread[data-thread-id='{thread.id}']")
+        listed.click()
+        page.wait_for_selector("#yc-input:enabled")
+        assert page.locator("#yc-thread-title").inner_text() == LONG_TITLE
+        side = page.locator(".yc-side").bounding_box()
+        if width >= 800:
+            assert abs(side["width"] - 18 * 16) <= 1, side  # 18rem
+        else:
+            assert side["width"] <= width, side
+        # The list cuts the title ("…" from text-overflow): it overflows its
+        # button, which clips it.
+        assert listed.evaluate("b => b.scrollWidth > b.clientWidth && getComputedStyle(b).textOverflow === 'ellipsis'")
+        # The head wraps the title within the conversation column.
+        main = page.locator(".yc-main").bounding_box()
+        title = page.locator("#yc-thread-title").bounding_box()
+        assert main["width"] >= (width - 18 * 16 - 3 * 16 if width >= 800 else width - 2 * 16) - 1, main
+        assert title["x"] >= main["x"] and title["x"] + title["width"] <= main["x"] + main["width"] + 0.5, title
+        # Readable at this width: the page never scrolls sideways.
+        assert page.evaluate("() => document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+        page.screenshot(path=SCREENSHOTS / f"chat-long-title-{width}.png")
+        # The delete dialog quotes the title: it wraps there too.
+        page.get_by_role("button", name="Delete", exact=True).click()
+        dialog = page.locator("#yc-delete-dialog")
+        dialog.wait_for()
+        assert dialog.evaluate("d => d.scrollWidth <= d.clientWidth"), dialog.evaluate("d => d.scrollWidth")
+        page.click("#yc-delete-keep")
+        dialog.wait_for(state="hidden")
+
+        # Send takes a real click (nothing covers it) and the answer comes.
+        page.fill("#yc-input", "Hello")
+        page.click("#yc-send-button", timeout=5_000)
+        page.wait_for_function(
+            "() => document.querySelectorAll('#yc-messages > li[data-kind=answer]').length === 1"
+            " && document.getElementById('yc-app').dataset.runStatus === 'completed'"
+        )
+        assert page.evaluate("() => document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+        watch.check()
+    finally:
+        context.close()
+        _close_orm_connection()
