@@ -629,7 +629,9 @@
   // when the turn has one. A turn with a run still going shows none yet.
   // `items`: only the turns of these (an older page just shown); a turn
   // that straddles two pages keeps its cost under its last item.
-  async function showTurnCosts(threadId, items) {
+  // `anchor`: an element that keeps its place on screen while the lines
+  // are added above it (an older page just shown).
+  async function showTurnCosts(threadId, items, anchor) {
     const last = new Map();
     for (const li of el.messages.children) if (li.dataset.turnId) last.set(li.dataset.turnId, li);
     if (items) {
@@ -639,16 +641,27 @@
     if (!last.size) return;
     const byTurn = await runsByTurn(threadId, [...last.keys()]);
     if (threadId !== state.threadId) return;
-    for (const [turnId, li] of last) {
-      const runs = byTurn.get(turnId);
-      if (!runs || !li.isConnected || runs.some((run) => ACTIVE.has(run.status))) continue;
-      const cost = turnCost(runs);
-      const line = node("div", "yc-cost", cost.text);
-      line.dataset.totalUsd = cost.usd;
-      line.dataset.runs = String(runs.length);
-      li.querySelector(".yc-cost")?.remove();
-      li.append(line);
-    }
+    keepInView(anchor, () => {
+      for (const [turnId, li] of last) {
+        const runs = byTurn.get(turnId);
+        if (!runs || !li.isConnected || runs.some((run) => ACTIVE.has(run.status))) continue;
+        const cost = turnCost(runs);
+        const line = node("div", "yc-cost", cost.text);
+        line.dataset.totalUsd = cost.usd;
+        line.dataset.runs = String(runs.length);
+        li.querySelector(".yc-cost")?.remove();
+        li.append(line);
+      }
+    });
+  }
+
+  // Run `change` (DOM changes above `anchor`), then scroll by as much as
+  // they moved `anchor`: it stays where the user saw it. Measured around
+  // every change, not some of them, or the rest shows as a jump.
+  function keepInView(anchor, change) {
+    const top = anchor?.isConnected ? anchor.getBoundingClientRect().top : null;
+    change();
+    if (top !== null && anchor.isConnected) window.scrollBy(0, anchor.getBoundingClientRect().top - top);
   }
 
   function setOlder(before) {
@@ -707,14 +720,16 @@
     }
     // Another thread, or the history reloaded meanwhile (a run ended).
     if (threadId !== state.threadId || state.historyBefore !== before) return;
+    // The first message shown stays in place: around the older page and
+    // the button hidden with the last one, then around their cost lines.
     const anchor = el.messages.firstElementChild;
-    const top = anchor ? anchor.getBoundingClientRect().top : 0;
     const items = page.items.map(renderItem);
-    el.messages.prepend(...items);
-    if (anchor) window.scrollBy(0, anchor.getBoundingClientRect().top - top);
-    setOlder(page.has_more ? page.next_before : null);
+    keepInView(anchor, () => {
+      el.messages.prepend(...items);
+      setOlder(page.has_more ? page.next_before : null);
+    });
     try {
-      await showTurnCosts(threadId, items);
+      await showTurnCosts(threadId, items, anchor);
     } catch (error) {
       setStatus(`Could not read the costs: ${error.message}`, true);
     }
