@@ -593,7 +593,11 @@
 
   // The cost of a turn: the sum of its runs' costs. A run's `total_usd` is
   // null when no call has a known cost; calls of unknown cost are never
-  // counted as zero.
+  // counted as zero. Tokens likewise (docs/api.md, Costs): a run's `usage`
+  // counts the model calls cut off before the provider reported usage in
+  // `unknown_calls`, with zero tokens for them; `usage` is null for a run
+  // with no total. A turn none of whose tokens are known says "tokens
+  // unknown", never "0 tokens"; one with some says how many calls it lacks.
   function turnCost(runs) {
     let usd = 0;
     let known = false;
@@ -601,6 +605,7 @@
     let input = 0;
     let output = 0;
     let counted = false;
+    let unknownUsage = 0;
     for (const run of runs) {
       if (run.cost.total_usd !== null) {
         usd += Number(run.cost.total_usd);
@@ -610,17 +615,18 @@
       if (run.usage) {
         input += run.usage.input_tokens || 0;
         output += run.usage.output_tokens || 0;
+        unknownUsage += run.usage.unknown_calls || 0;
         counted = true;
       }
     }
+    const calls = (n) => `${n} call${n > 1 ? "s" : ""}`;
     let text = known ? `Turn cost ${usdText(usd)}` : "Turn cost unknown";
-    if (known && unknownCalls) text += ` + ${unknownCalls} call${unknownCalls > 1 ? "s" : ""} of unknown cost`;
-    // A run cut off before any usage was reported (cancelled mid-answer)
-    // has none: "tokens unknown", never "0 tokens" (docs/api.md, Costs).
-    if (counted) {
-      text += ` · ${(input + output).toLocaleString()} tokens (${input.toLocaleString()} in, ${output.toLocaleString()} out)`;
-    } else {
+    if (known && unknownCalls) text += ` + ${calls(unknownCalls)} of unknown cost`;
+    if (!counted || (unknownUsage && input + output === 0)) {
       text += " · tokens unknown";
+    } else {
+      text += ` · ${(input + output).toLocaleString()} tokens (${input.toLocaleString()} in, ${output.toLocaleString()} out)`;
+      if (unknownUsage) text += ` + ${calls(unknownUsage)} of unknown usage`;
     }
     return { text, usd: known ? usd.toFixed(6) : "" };
   }
