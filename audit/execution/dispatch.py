@@ -2,9 +2,10 @@
 lost broker message never leaves a run ``pending`` forever.
 
 The broker is only a doorbell. The run rows are the truth: a run is handed
-to the broker (:func:`audit.ledger.handover.enqueue_run`) after its submission commits and after
-the previous run of its thread ends, and ``AgentRun.dispatched_at`` records
-when. :func:`runs_dispatch`, run by Celery beat every
+to the broker (:func:`audit.ledger.handover.enqueue_run`) after its
+submission commits when it is at its thread's head, else after the run
+before it ends (:mod:`audit.ledger.turns`), and ``AgentRun.dispatched_at``
+records when. :func:`runs_dispatch`, run by Celery beat every
 ``DISPATCH_INTERVAL_SECONDS`` on the maintenance queue, hands over again
 every pending run that waits at the head of its thread's queue and was not
 acquired within ``DISPATCH_GRACE_SECONDS`` — the message was lost to a
@@ -26,19 +27,12 @@ from core.config import get_config
 from ops import metrics
 
 from ..ledger.handover import enqueue_run
+from ..ledger.turns import at_head
 from ..models import AgentRun, RunCancelRequest
 
 log = logging.getLogger(__name__)
 
 Status = AgentRun.Status
-
-
-def head_of_thread(run: AgentRun) -> bool:
-    """Whether a pending ``run`` may start now: no run of an earlier turn of
-    its thread holds the thread (R-RUN-2)."""
-    from ..ledger.runs import _earlier_blocking_run
-
-    return _earlier_blocking_run(run) is None
 
 
 def runs_dispatch(*, now: datetime | None = None, limit: int = 200) -> dict[str, int]:
@@ -47,7 +41,10 @@ def runs_dispatch(*, now: datetime | None = None, limit: int = 200) -> dict[str,
 
     A run is handed over when it is ``pending``, its ``dispatched_at`` is
     older than ``DISPATCH_GRACE_SECONDS`` and it is at the head of its
-    thread (a resume run keeps its turn's place). ``dispatched_at`` is set
+    thread (:func:`~audit.ledger.turns.at_head`: a resume run keeps its
+    turn's place). The head is part of the query, before its ``LIMIT``:
+    runs queued behind other turns, however many, never take the place
+    of another thread's lost run. ``dispatched_at`` is set
     to ``now`` first, in a short transaction that claims the rows with
     ``SKIP LOCKED`` (several dispatchers never hand one run over twice in one
     round, and none waits on a row a worker holds); the messages are sent
@@ -60,13 +57,13 @@ def runs_dispatch(*, now: datetime | None = None, limit: int = 200) -> dict[str,
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=get_config().DISPATCH_GRACE_SECONDS)
     with transaction.atomic():
-        # Index run_pending_dispatch_idx serves this query.
-        waiting = list(
+        # Index run_pending_dispatch_idx serves this query; the head of each
+        # candidate's thread is one scan of that thread's runs.
+        due = list(
             AgentRun.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
-            .filter(status=Status.PENDING, dispatched_at__lte=cutoff)
+            .filter(at_head(), dispatched_at__lte=cutoff)
             .order_by("dispatched_at")[:limit]
         )
-        due = [run for run in waiting if head_of_thread(run)]
         AgentRun.objects.filter(pk__in=[run.pk for run in due]).update(dispatched_at=now)
     for run in due:
         log.info(

@@ -16,6 +16,7 @@ their transaction.
 - :mod:`.lease`, :mod:`.fenced`: the fencing token and the fenced write;
 - :mod:`.idempotency`: request ids and fingerprints;
 - :mod:`.locks`: bounded lock waits for web requests;
+- :mod:`.turns`: a thread's turns in order: the runs that hold it, its head;
 - :mod:`.handover`: the broker message that starts a run (sent by name);
 - :mod:`.cancellation`: the Redis cancel signal;
 - :mod:`.causes`: a failure's cause left in Redis for the sweeper.

@@ -1,8 +1,9 @@
 """Handing a run to a worker (R-RUN-9): the broker's message that starts it.
 
-:func:`enqueue_run` is the one place a run is handed over: after its
-submission commits (``audit.ledger.runs``), after the previous run of its
-thread ends (``audit.ledger.terminal``) and again by the dispatcher
+:func:`enqueue_run` is the one place a run is handed over, only when it
+is at its thread's head (``audit.ledger.turns``): after its submission
+commits (``audit.ledger.runs``), after the previous run of its thread ends
+(``audit.ledger.terminal``) and again by the dispatcher
 (``audit.execution.dispatch``) when the message may be lost. It sends the worker's
 task by name, so this module sits below the Celery tasks and the run
 execution that they call (docs/architecture.md#layers): it may import only

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
-from django.db.models import Exists, Max, Min, OuterRef, Q, Subquery
+from django.db.models import Exists, Max, Min, OuterRef, Subquery
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
@@ -38,6 +38,7 @@ from .idempotency import existing_request, resume_fingerprint, turn_fingerprint
 from .lease import Lease, lock_run
 from .locks import web_lock_wait
 from .terminal import _terminate, run_requeue_attempt
+from .turns import at_head, holding_runs
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +212,23 @@ def _refuse_if_interrupted(thread: Conversation) -> None:
 
 
 def _enqueue_on_commit(run_id: uuid.UUID) -> None:
-    transaction.on_commit(lambda: enqueue_run(run_id))
+    """After commit, hand the new run to a worker if it is at its thread's
+    head (:mod:`.turns`, R-RUN-9); a run queued behind another turn is
+    handed over when the run before it ends (:mod:`.terminal`).
+
+    Read after the commit, in a snapshot of its own: a run ending
+    meanwhile either committed before this read (it is seen ended, the new
+    run is at the head) or reads the thread's head after this commit (it
+    sees the new run and hands it over). Either way the run is handed over
+    at least once; the dispatcher covers a lost message."""
+
+    def hand_over() -> None:
+        if AgentRun.objects.filter(pk=run_id).filter(at_head()).exists():
+            enqueue_run(run_id)
+        else:
+            log.debug("run %s waits behind an earlier turn of its thread", run_id)
+
+    transaction.on_commit(hand_over)
 
 
 # --------------------------------------------------------------------------
@@ -274,7 +291,7 @@ def run_acquire_with_row(
 def _acquire_unheld(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now: datetime) -> AgentRun | None:
     """Acquire the run in one statement (its own transaction, or the
     caller's) when it is pending and no run of another turn of its thread
-    holds the thread (:func:`_holding_runs`: then no earlier turn can block
+    holds the thread (:func:`~audit.ledger.turns.holding_runs`: then no earlier turn can block
     it, R-RUN-2); the row comes back with ``thread_has_earlier_run`` and
     ``thread_has_rollback``. None, changing nothing, otherwise.
 
@@ -311,14 +328,14 @@ def _acquire_unheld_sql() -> tuple[str, tuple, list, list]:
     and the pending status, and the run's fields it returns (before
     ``thread_has_earlier_run`` and ``thread_has_rollback``) with their
     converters. The run it may take, with the thread's holding runs
-    (:func:`_holding_runs`), ``thread_has_earlier_run``
+    (:func:`~audit.ledger.turns.holding_runs`), ``thread_has_earlier_run``
     (:func:`_earlier_run_exists`) and ``thread_has_rollback``
     (:func:`_rollback_exists`), is the ORM's own query, compiled once, so
     no rule is typed twice; the status is checked on the updated row
     itself, so a run another worker took meanwhile is never taken again."""
     candidate = (
         AgentRun.objects.filter(pk=_RUN_STANDIN)
-        .filter(~Exists(_holding_runs(OuterRef("thread_id"), OuterRef("turn_id"))))
+        .filter(~Exists(holding_runs(OuterRef("thread_id"), OuterRef("turn_id"))))
         .annotate(
             thread_has_earlier_run=_earlier_run_exists(),
             thread_has_rollback=_rollback_exists(),
@@ -425,7 +442,7 @@ def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
     it is not terminal, and also while it is ``interrupted`` and not yet
     resumed: the thread waits for the approval.
     """
-    holding = list(_holding_runs(run.thread_id, run.turn_id))
+    holding = list(holding_runs(run.thread_id, run.turn_id))
     if not holding:
         return None
     turn_starts = dict(
@@ -437,16 +454,6 @@ def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
     own_start = turn_starts[run.turn_id]
     earlier = [other for other in holding if (turn_starts[other.turn_id], other.turn_id) < (own_start, run.turn_id)]
     return min(earlier, key=lambda other: turn_starts[other.turn_id]) if earlier else None
-
-
-def _holding_runs(thread_id, turn_id):
-    """The runs of the thread's other turns that hold the thread: not
-    terminal, or interrupted and not resumed (R-RUN-2)."""
-    return (
-        AgentRun.objects.filter(thread_id=thread_id)
-        .exclude(turn_id=turn_id)
-        .filter(Q(status__in=AgentRun.ACTIVE_STATUSES) | Q(status=Status.INTERRUPTED, resumed_by__isnull=True))
-    )
 
 
 @metrics.audit_write("lease_renew")

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from conversations.models import Message
 from conversations.sql import MESSAGE_TABLE, message_columns, message_rows, messages_from_values
-from core.db import atomic, execute_prepared_all, on_commit
+from core.db import atomic, execute_prepared_all, on_commit, stand_ins_bound, stand_ins_checked
 from core.errors import InvalidInput
 from costs.pricing import price_row
 from dashboard.rollups import run_roll_up
@@ -27,6 +27,7 @@ from ..models import AgentRun, pending_action_requests
 from .handover import enqueue_run
 from .lease import Lease, lock_run, lock_run_then_read
 from .tool_audit import effect_key
+from .turns import at_head
 
 log = logging.getLogger(__name__)
 
@@ -163,13 +164,7 @@ def _END_RUN_SQL() -> tuple[str, list]:  # noqa: N802 - a constant, built once t
     table = qn(AgentRun._meta.db_table)
     fields = [AgentRun._meta.get_field(name) for name in _TERMINAL_FIELDS]
     sets = ", ".join(f"{qn(f.column)} = %s" for f in fields)
-    sql = (
-        f"WITH ended AS (UPDATE {table} SET {sets} WHERE id = %s RETURNING id), "
-        f"handed AS (UPDATE {table} SET dispatched_at = %s WHERE id IN (SELECT id FROM {table} "
-        "WHERE thread_id = %s AND status = %s AND id <> %s FOR NO KEY UPDATE SKIP LOCKED) RETURNING id) "
-        "SELECT (SELECT COUNT(*) FROM ended), (SELECT COUNT(*) FROM handed)"
-    )
-    return sql, fields
+    return f"UPDATE {table} SET {sets} WHERE id = %s RETURNING id", fields
 
 
 def _update_rows(changes: list[tuple[Message, set[str]]]) -> list[Message]:
@@ -623,12 +618,7 @@ def _terminate(
     # R-GOV-3: every row is closed now; written with the run below.
     seal_run(run, rows=[*rows.prompt_facts(), *facts])
     run.updated_at = timezone.now()
-    # The run's end, and the handover of the thread's next runs: after
-    # commit; the dispatcher's grace counts from now, in case that message
-    # is lost (R-RUN-9). SKIP LOCKED: never wait for (or deadlock with) a
-    # cancel holding a pending run; a skipped run is at worst handed over
-    # once more, harmlessly. One statement writes the run (only the fields
-    # this path changes) and finds and stamps the others.
+    # One statement writes the run (only the fields this path changes).
     sql, fields = _END_RUN_SQL()
     end_run = [
         *(
@@ -636,27 +626,23 @@ def _terminate(
             for f in fields
         ),
         run.pk,
-        now,
-        run.thread_id,
-        Status.PENDING,
-        run.pk,
     ]
     # Dashboard figures of the run, added once with the run's end (R-DASH-1),
     # which goes first in the same round trip; in the worker's pooled
-    # transaction the commit and the look for the thread's pending runs
-    # follow in that round trip too.
-    _, [(ended, _)], pending = run_roll_up(run_id=run.pk, lead=(sql, end_run), commit_then=_pending_runs(run.thread_id))
+    # transaction the commit and the handover of the thread's head follow
+    # in that round trip too.
+    handover = _head_handover(run.thread_id, now=now)
+    _, ended, head = run_roll_up(run_id=run.pk, lead=(sql, end_run), commit_then=handover)
     if not ended:
         raise DatabaseError(f"run {run.pk} no longer exists")
     metrics.run_ended(run, rows=facts)
-    thread_id = run.thread_id
-    # Always after commit, also without a pending run now: a turn submitted
-    # while this transaction was open may have been refused by its worker
-    # because this run still held the thread (R-RUN-2).
-    if pending is None:
-        transaction.on_commit(lambda: _enqueue_pending(execute_prepared_all(*_pending_runs(thread_id))))
+    # Always after commit, also when no run waited: a turn submitted while
+    # this transaction was open saw this run hold the thread and was not
+    # handed over (R-RUN-2, :func:`audit.ledger.runs.run_submit`).
+    if head is None:
+        transaction.on_commit(lambda: _enqueue_head(execute_prepared_all(*handover)))
     else:
-        on_commit(lambda: _enqueue_pending(pending))
+        on_commit(lambda: _enqueue_head(head))
 
 
 def run_requeue_attempt(run: AgentRun, *, now: datetime, reason: str, rows: RunRows | None = None) -> None:
@@ -781,19 +767,38 @@ def _usage_total(rows: list[dict[str, Any]]) -> dict[str, int]:
     return total
 
 
-def _pending_runs(thread_id: uuid.UUID) -> tuple[str, list]:
-    """The statement of the thread's pending runs, oldest first (ids)."""
+def _head_handover(thread_id: uuid.UUID, *, now: datetime) -> tuple[str, list]:
+    """The statement, run after the end's commit, that reads the pending
+    runs at the thread's head (:func:`~audit.ledger.turns.at_head`: the
+    next turn; none while an earlier turn still holds the thread) and stamps
+    their ``dispatched_at`` with ``now``: the dispatcher's grace counts from
+    the handover, in case its message is lost (R-RUN-9). Returns their ids,
+    oldest first. The stamp skips a row another transaction locked (a
+    cancel, a worker's acquisition): it never waits for one."""
+    sql, params = _HEAD_HANDOVER_SQL()
+    return sql, [*stand_ins_bound(params, {_THREAD_STANDIN: thread_id}), now]
+
+
+# Compiled into the handover's statement in place of the thread id.
+_THREAD_STANDIN = uuid.UUID(int=0x7EAD)
+
+
+@functools.cache
+def _HEAD_HANDOVER_SQL() -> tuple[str, tuple]:  # noqa: N802 - a constant, built once the connection is known
+    head = AgentRun.objects.filter(thread_id=_THREAD_STANDIN).filter(at_head()).order_by().values("id", "created_at")
+    head_sql, params = head.query.get_compiler(using=connection.alias).as_sql()
     table = connection.ops.quote_name(AgentRun._meta.db_table)
-    return (
-        f"SELECT id FROM {table} WHERE thread_id = %s AND status = %s ORDER BY created_at",
-        [thread_id, Status.PENDING],
+    sql = (
+        f"WITH head AS ({head_sql}), "
+        f"stamped AS (UPDATE {table} SET dispatched_at = %s WHERE id IN (SELECT id FROM {table} "
+        "WHERE id IN (SELECT id FROM head) FOR NO KEY UPDATE SKIP LOCKED)) "
+        "SELECT id FROM head ORDER BY created_at, id"
     )
+    return sql, stand_ins_checked(params, _THREAD_STANDIN)
 
 
-def _enqueue_pending(rows: list[tuple]) -> None:
-    """FIFO (R-RUN-2): offer the thread's pending runs (``rows`` of
-    :func:`_pending_runs`), oldest first: the acquisition check decides
-    which one may start (a resume run keeps its turn's place), the others
-    are skipped and offered again when the next run ends."""
+def _enqueue_head(rows: list[tuple]) -> None:
+    """Hand the runs at the thread's head (``rows`` of
+    :func:`_head_handover`) to workers, oldest first (R-RUN-2, R-RUN-9)."""
     for (run_id,) in rows:
         enqueue_run(run_id)
