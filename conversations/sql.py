@@ -18,9 +18,10 @@ import functools
 from typing import Any
 
 from django.db import connections
-from django.db.models import Q
+from django.db.models import JSONField, Q
 
 from core.db import convert_values, field_converters
+from core.storable import json_texts_parsed
 
 from .models import Message
 
@@ -105,12 +106,12 @@ def messages_from_values(fetched: list, *, extra: tuple[str, ...] = ()) -> list[
         # values (StorableJSONField.from_db_values): on a 500-row page the
         # parser's work per call cost more than the parsing.
         fetched = [list(values) for values in fetched]
-        for i, f in batched:
+        for i, _, load_many in batched:
             present = [values for values in fetched if values[i] is not None]
-            for values, value in zip(present, f.from_db_values([v[i] for v in present], connection), strict=True):
+            for values, value in zip(present, load_many([v[i] for v in present], connection), strict=True):
                 values[i] = value
     else:
-        converters = [*converters, *((i, None, [f.from_db_value]) for i, f in batched)]
+        converters = [*converters, *((i, None, [f.from_db_value]) for i, f, _ in batched)]
     new = Message.__new__
     rows = []
     for values in fetched:
@@ -124,20 +125,33 @@ def messages_from_values(fetched: list, *, extra: tuple[str, ...] = ()) -> list[
 
 
 @functools.cache
-def _message_converters(alias: str) -> tuple[list[str], list[tuple[int, Any, list]], list[tuple[int, Any]]]:
+def _message_converters(alias: str) -> tuple[list[str], list[tuple[int, Any, list]], list[tuple[int, Any, Any]]]:
     """The attribute names of :class:`Message`'s concrete fields; per field
     that has any, ``(index, column, converters)`` as the ORM applies them on
-    the database ``alias``; and apart from those, ``(index, field)`` of the
-    fields whose only converter is their own ``from_db_value`` and that can
-    convert many values at once (``from_db_values``). Static, computed once
+    the database ``alias``; and apart from those, ``(index, field,
+    load_many)`` of the fields whose only converter is their own
+    ``from_db_value`` and whose values convert many at once: the storable
+    JSON fields (``from_db_values``) and plain JSON fields (one parse of
+    all, :func:`~core.storable.json_texts_parsed`). Static, computed once
     (a fenced audit write converts one row, and finding them cost more than
     applying them)."""
     fields = Message._meta.concrete_fields
     converters, batched = [], []
     for i, column, functions in field_converters(fields, MESSAGE_TABLE, connections[alias]):
         f = fields[i]
-        if hasattr(f, "from_db_values") and functions == [f.from_db_value]:
-            batched.append((i, f))
+        if functions != [f.from_db_value]:
+            converters.append((i, column, functions))
+        elif hasattr(f, "from_db_values"):
+            batched.append((i, f, f.from_db_values))
+        elif type(f) is JSONField and f.decoder is None:
+            # A plain JSON column (``namespace``: "[]" on almost every row).
+            batched.append((i, f, functools.partial(_json_values, f)))
         else:
             converters.append((i, column, functions))
     return [f.attname for f in fields], converters, batched
+
+
+def _json_values(field: JSONField, texts: list[str], db: Any) -> list[Any]:
+    """A plain JSON column's values, parsed at once where they can be."""
+    parsed = json_texts_parsed(texts)
+    return parsed if parsed is not None else [field.from_db_value(text, None, db) for text in texts]

@@ -419,6 +419,17 @@ def test_text_that_is_not_one_json_value_each_is_read_one_by_one():
     assert field.from_db_values([], None) == []
 
 
+def test_a_page_of_rows_reads_plain_json_columns_as_the_orm_does():
+    """``namespace`` (a plain JSON column) is parsed for the whole page at
+    once; values orjson does not read (an integer beyond 64 bits) and text
+    that is not one value each fall back to the ORM's parse, value by value."""
+    from conversations.sql import _json_values
+
+    field = Message._meta.get_field("namespace")
+    for texts in (["[]", '["tools:a"]', "[]"], [str(2**70), "[]"], ["1, 2", "3"], ['"\\u0000"', "-0.0"]):
+        assert _json_values(field, texts, connection) == [field.from_db_value(t, None, connection) for t in texts]
+
+
 _VISIBLE_JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _TEXT,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(_TEXT, children, max_size=4),

@@ -22,6 +22,7 @@ SHANGHAI = zoneinfo.ZoneInfo("Asia/Shanghai")
 VALUES = [
     {"at": dt.datetime(2026, 11, 30, 12, 1, 2, 345678, tzinfo=UTC)},  # to the millisecond, Z
     {"at": dt.datetime(2026, 11, 30, 12, 1, 2, tzinfo=UTC)},  # no fraction
+    {"at": dt.datetime(2026, 11, 30, 12, 1, 2, 999, tzinfo=dt.UTC)},  # a fraction under 1 ms: ".000"
     {"at": dt.datetime(2026, 11, 30, 20, 1, 2, 5000, tzinfo=SHANGHAI)},  # an offset kept
     {"at": dt.datetime(2026, 11, 30, 12, 1, 2, 999)},  # naive
     {"day": dt.date(2026, 11, 30), "time": dt.time(7, 8, 9, 123456), "span": dt.timedelta(seconds=90)},
@@ -44,6 +45,14 @@ def test_the_same_json_value_as_ninjas_encoder(value):
 def test_times_keep_the_millisecond_format_with_z():
     at = dt.datetime(2026, 11, 30, 12, 1, 2, 345678, tzinfo=UTC)
     assert encode_json({"at": at}) == b'{"at":"2026-11-30T12:01:02.345Z"}'
+
+
+@pytest.mark.parametrize("microsecond", [0, 1, 999, 1000, 345678, 999999])
+@pytest.mark.parametrize("zone", [UTC, SHANGHAI, None], ids=["utc", "shanghai", "naive"])
+def test_times_are_written_as_djangos_encoder_writes_them(microsecond, zone):
+    """The UTC fast path writes the very text of DjangoJSONEncoder."""
+    at = dt.datetime(2026, 11, 30, 12, 1, 2, microsecond, tzinfo=zone)
+    assert encode_json([at]) == json.dumps([at], cls=NinjaJSONEncoder, separators=(",", ":")).encode()
 
 
 def test_a_value_no_encoder_knows_raises_type_error():
