@@ -444,6 +444,23 @@ def in_transaction() -> bool:
     return connection.in_atomic_block
 
 
+def commit_without_disk_wait() -> None:
+    """Inside Django's atomic block: its commit does not wait for the
+    write-ahead log to reach the disk (PostgreSQL's ``synchronous_commit``
+    off, for this transaction only; nothing elsewhere). A crash of the
+    database server itself, not of this process, may then lose the last
+    fraction of a second of such commits, never half of one. Only for
+    progress that is safe to redo: the OpenTelemetry export's cursor,
+    whose runs a lost move sends again with the same ids (R-OTEL-1).
+    Nothing on SQLite. Raises ``TransactionManagementError`` outside an
+    atomic block."""
+    if not connection.in_atomic_block:
+        raise transaction.TransactionManagementError("commit_without_disk_wait needs an atomic block")
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
+
+
 def commit_in_pipeline(raw: Any) -> bool:
     """In a pooled transaction (:func:`call_with_pooled_statements` with
     ``atomic=True``), queue its ``COMMIT`` on ``raw`` — the pooled call's

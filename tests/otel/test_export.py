@@ -535,6 +535,25 @@ def test_a_page_of_runs_costs_the_queries_of_one_run_R_OTEL_1(user, replay_model
     assert queries_of_a_pass("three", 3) == one
 
 
+def test_the_cursor_moves_without_waiting_for_the_disk_R_OTEL_1(user, replay_models, export_config, receiver):
+    """Each accepted request moves the cursor in a transaction of its own
+    whose commit does not wait for the WAL flush (a loaded machine spent 50
+    ms per move): a move lost to a crash of PostgreSQL sends its runs again
+    with the same ids, as a crash of the exporter does."""
+    from django.test.utils import CaptureQueriesContext
+
+    execute(user, "tool_then_answer", "Weather?")
+    with CaptureQueriesContext(connection) as queries:
+        result = export_closed_runs(receiver=exporter(receiver), cursor_name="relaxed")
+    assert result.runs == 1
+    statements = [q["sql"] for q in queries.captured_queries]
+    move = next(i for i, sql in enumerate(statements) if sql.startswith('UPDATE "otel_export_exportcursor"'))
+    assert statements[move - 1] == "SET LOCAL synchronous_commit TO OFF"
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on", "only that transaction"
+
+
 def _comparable_sent(message: dict) -> tuple:
     """An OpenAI chat message as the GenAI shape below compares it."""
     if message["role"] == "tool":
