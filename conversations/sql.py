@@ -85,11 +85,16 @@ def native_timestamps(cursor: Any, db: Any) -> None:
     raw.adapters.register_loader("timestamptz", TimestamptzLoader)
 
 
-def messages_from_values(fetched: list, *, extra: tuple[str, ...] = ()) -> list[Message]:
+def messages_from_values(
+    fetched: list, *, extra: tuple[str, ...] = (), fields: tuple[str, ...] | None = None
+) -> list[Message]:
     """Rows of values — every concrete column of :class:`Message` in field
     order, then the ``extra`` columns — as loaded :class:`Message`
     instances (``_state.adding`` false; ``extra`` become attributes). Shared
-    by the paged readers and the fenced audit writes' ``RETURNING``.
+    by the paged readers, the fenced audit writes' ``RETURNING`` and the
+    OpenTelemetry export. ``fields``: the attribute names of the model
+    columns the rows hold instead, in their order (the others are deferred,
+    loaded on access as with ``QuerySet.only``).
 
     The values are converted as the ORM converts them (the stored escapes
     decoded, R-RUN-11; JSON parsed), but the instances are built without
@@ -99,7 +104,7 @@ def messages_from_values(fetched: list, *, extra: tuple[str, ...] = ()) -> list[
     from django.db import connection
     from django.db.models.base import ModelState
 
-    attnames, converters, batched = _message_converters(connection.alias)
+    attnames, converters, batched = _message_converters(connection.alias, fields)
     names = [*attnames, *extra]
     if len(fetched) > 1 and batched:
         # JSON columns parsed per column, by one json.loads of all their
@@ -125,9 +130,11 @@ def messages_from_values(fetched: list, *, extra: tuple[str, ...] = ()) -> list[
 
 
 @functools.cache
-def _message_converters(alias: str) -> tuple[list[str], list[tuple[int, Any, list]], list[tuple[int, Any, Any]]]:
-    """The attribute names of :class:`Message`'s concrete fields; per field
-    that has any, ``(index, column, converters)`` as the ORM applies them on
+def _message_converters(
+    alias: str, only: tuple[str, ...] | None = None
+) -> tuple[list[str], list[tuple[int, Any, list]], list[tuple[int, Any, Any]]]:
+    """The attribute names of :class:`Message`'s concrete fields (or of
+    the fields named ``only``, in that order); per field that has any, ``(index, column, converters)`` as the ORM applies them on
     the database ``alias``; and apart from those, ``(index, field,
     load_many)`` of the fields whose only converter is their own
     ``from_db_value`` and whose values convert many at once: the storable
@@ -136,6 +143,9 @@ def _message_converters(alias: str) -> tuple[list[str], list[tuple[int, Any, lis
     (a fenced audit write converts one row, and finding them cost more than
     applying them)."""
     fields = Message._meta.concrete_fields
+    if only is not None:
+        by_attname = {f.attname: f for f in fields}
+        fields = [by_attname[name] for name in only]
     converters, batched = [], []
     for i, column, functions in field_converters(fields, MESSAGE_TABLE, connections[alias]):
         f = fields[i]

@@ -4,6 +4,7 @@ safe to export, and their audit rows."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from django.db import connection
@@ -12,6 +13,7 @@ from django.utils import timezone
 
 from audit.models import AgentRun
 from conversations.models import Message
+from conversations.sql import messages_from_values, native_timestamps
 
 # Writers whose open transaction may still commit a terminal run. A terminal
 # transaction (run_finish, cancel, the lease sweeper) locks the run row
@@ -124,3 +126,22 @@ def runs_audit_rows(run_ids: list[uuid.UUID], *, content: bool) -> QuerySet[Mess
         # cost more to compile than the query took to run.)
         .order_by("run__finished_at", "run_id", F("sequence").asc(nulls_last=True), "id")
     )
+
+
+def runs_audit_rows_read(run_ids: list[uuid.UUID], *, content: bool, chunk_size: int) -> Iterator[Message]:
+    """The rows of :func:`runs_audit_rows`, in its order, read lazily
+    through a server-side cursor ``chunk_size`` rows at a time: each chunk's
+    values are made into :class:`Message` instances as the paged readers
+    make them (:func:`~conversations.sql.messages_from_values`: the JSON of
+    a chunk parsed at once, no ``Model.__init__``), not row by row by the
+    ORM, which cost the export a third of its pass (issue 38). The columns
+    left out are deferred, as with ``only``. Closing the iterator closes
+    the cursor."""
+    columns = SPAN_COLUMNS + (CONTENT_COLUMNS if content else ())
+    query = runs_audit_rows(run_ids, content=content).values_list(*columns, "declared_by_run_id")
+    sql, params = query.query.sql_with_params()
+    with connection.chunked_cursor() as cursor:
+        native_timestamps(cursor, connection)
+        cursor.execute(sql, params)
+        while chunk := cursor.fetchmany(chunk_size):
+            yield from messages_from_values(chunk, fields=columns, extra=("declared_by_run_id",))

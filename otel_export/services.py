@@ -41,18 +41,19 @@ from operator import attrgetter
 
 import requests
 from django.db import connection, transaction
-from django.db.models import F, QuerySet
+from django.db.models import F
 from django.utils import timezone
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.util.re import parse_env_headers
 
+from conversations.models import Message
 from core.config import get_config
 from core.db import commit_without_disk_wait
 
 from .models import ExportCursor
-from .selectors import closed_runs, export_horizon, runs_audit_rows
+from .selectors import closed_runs, export_horizon, runs_audit_rows_read
 from .spans import SdkDisabled, SpanFactory
 
 log = logging.getLogger(__name__)
@@ -284,9 +285,8 @@ def _export(
                 break
             stop = False
             # Closed at the end of the page, read or not (the rest of its rows are not needed).
-            with closing(
-                _rows_by_run(page, runs_audit_rows([run.id for run in page], content=factory.content))
-            ) as rows_of:
+            rows = runs_audit_rows_read([run.id for run in page], content=factory.content, chunk_size=ROW_CHUNK)
+            with closing(_rows_by_run(page, rows)) as rows_of:
                 for run, rows in rows_of:
                     if run.has_open_rows:
                         # Cannot happen through the services (the terminal
@@ -317,19 +317,25 @@ def _export(
     return result
 
 
-def _rows_by_run(runs: list, rows: QuerySet) -> Iterator[tuple]:
+def _rows_by_run(runs: list, rows: Iterator[Message]) -> Iterator[tuple]:
     """``(run, its rows)`` for each of ``runs`` in order, from ``rows``
-    grouped by run in the same order (:func:`otel_export.selectors.runs_audit_rows`),
-    read lazily in chunks of :data:`ROW_CHUNK`: a run's rows must be read
-    before the next pair is asked for. A run without rows gets none."""
-    groups = groupby(rows.iterator(chunk_size=ROW_CHUNK), key=attrgetter("run_id"))
-    current = next(groups, None)
-    for run in runs:
-        if current is not None and current[0] == run.id:
-            yield run, current[1]
-            current = next(groups, None)
-        else:
-            yield run, iter(())
+    grouped by run in the same order and read lazily
+    (:func:`otel_export.selectors.runs_audit_rows_read`): a run's rows must
+    be read before the next pair is asked for. A run without rows gets
+    none. Closing it closes ``rows``."""
+    groups = groupby(rows, key=attrgetter("run_id"))
+    try:
+        current = next(groups, None)
+        for run in runs:
+            if current is not None and current[0] == run.id:
+                yield run, current[1]
+                current = next(groups, None)
+            else:
+                yield run, iter(())
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
 
 
 def exporter_lock_key(cursor_name: str) -> int:
