@@ -42,6 +42,7 @@ from django.db.models import Q, QuerySet, Value
 from django.http import StreamingHttpResponse
 
 from conversations.models import Message
+from conversations.sql import messages_of
 from core.db import release_connection
 from core.errors import InvalidInput
 from core.storable import visible
@@ -73,6 +74,9 @@ SEND_CHARS = 64 * 1024
 # --------------------------------------------------------------------------
 
 
+_EXTRA = ("run_rolled_back",)
+
+
 def run_rows(run_id: uuid.UUID | str) -> Iterator[Message]:
     """The run's model and tool rows in timeline order: first the rows with
     a sequence by ``(sequence, id)``, then those without one by id. Keyset
@@ -87,14 +91,14 @@ def run_rows(run_id: uuid.UUID | str) -> Iterator[Message]:
         if last is not None:
             # ``sequence >= s`` is the index condition; the OR only filters.
             chunk = chunk.filter(Q(sequence__gte=last[0]) & (Q(sequence__gt=last[0]) | Q(pk__gt=last[1])))
-        page = list(chunk.order_by("sequence", "pk")[:ROW_CHUNK])
+        page = messages_of(chunk.order_by("sequence", "pk")[:ROW_CHUNK], extra=_EXTRA)
         yield from page
         if len(page) < ROW_CHUNK:
             break
         last = (page[-1].sequence, page[-1].pk)
     last_id = 0
     while True:
-        page = list(rows.filter(sequence__isnull=True, pk__gt=last_id).order_by("pk")[:ROW_CHUNK])
+        page = messages_of(rows.filter(sequence__isnull=True, pk__gt=last_id).order_by("pk")[:ROW_CHUNK], extra=_EXTRA)
         yield from page
         if len(page) < ROW_CHUNK:
             break
@@ -130,11 +134,14 @@ def thread_rows(thread_id: uuid.UUID | str) -> Iterator[Message]:
 
 
 def records(rows: Iterable[Message]) -> Iterator[dict[str, Any]]:
-    """One dict per row, validated by the timeline API's schema; written
-    out with the API's JSON encoder (:func:`as_json`), its values are the
-    API's, byte for byte (ISO 8601 times to the millisecond in UTC, ``Z``)."""
+    """One dict per row: the timeline API's item
+    (:func:`~audit.reads.selectors.timeline_item`, which is what its schema
+    ``TimelineItemOut`` dumps: ``tests/read/test_fast_serialisation.py``);
+    written out with the API's JSON encoder (:func:`as_json`), its values
+    are the API's, byte for byte (ISO 8601 times to the millisecond in
+    UTC, ``Z``). Not validated again row by row (issue 38)."""
     for row in rows:
-        yield TimelineItemOut.model_validate(timeline_item(row, include_raw_output=True)).model_dump()
+        yield timeline_item(row, include_raw_output=True)
 
 
 def as_json(value: Any) -> str:

@@ -456,6 +456,16 @@ def endpoints(ds: Dataset) -> list[Endpoint]:
             f"/api/audit/runs/{ds.big_run_id}/timeline?before={mid_cursor}",
             (run_page.format("AND (sequence, id) < (%s, %s)"), [ds.big_run_id, mid_seq, mid_id]),
         ),
+        Endpoint(
+            f"export, {big}, JSON lines",
+            f"/api/audit/runs/{ds.big_run_id}/export?format=jsonl",
+            # The database writing the same rows as JSON itself (issue 38).
+            (
+                """SELECT row_to_json(m)::text FROM conversations_message m
+                   WHERE run_id = %s AND operation_id IS NOT NULL ORDER BY sequence, id""",
+                [ds.big_run_id],
+            ),
+        ),
         Endpoint(f"thread timeline, {turns}", f"/api/audit/threads/{ds.long_thread_id}/timeline"),
         Endpoint("history, recent turns", f"/api/threads/{ds.long_thread_id}/history"),
         Endpoint("history, turns 25 days old", f"/api/threads/{ds.long_thread_id}/history?before={old_cursor}"),

@@ -18,7 +18,7 @@ import functools
 from typing import Any
 
 from django.db import connections
-from django.db.models import JSONField, Q
+from django.db.models import JSONField, Q, QuerySet
 
 from core.db import convert_values, field_converters
 from core.storable import json_texts_parsed
@@ -65,6 +65,17 @@ def message_rows(sql: str, params: list, *, extra: tuple[str, ...] = ()) -> list
         native_timestamps(cursor, connection)
         cursor.execute(sql, params)
         return messages_from_values(cursor.fetchall(), extra=extra)
+
+
+def messages_of(rows: QuerySet[Message], *, extra: tuple[str, ...] = ()) -> list[Message]:
+    """The rows of the ORM query ``rows`` (filtered, ordered, sliced as the
+    caller likes), read as :func:`message_rows` reads them: every model
+    column, then the annotations named ``extra``, made into instances
+    without the ORM's per-row work (issue 38: a 20,000-row export spent
+    most of its time there)."""
+    attnames = [f.attname for f in Message._meta.concrete_fields]
+    sql, params = rows.values_list(*attnames, *extra).query.sql_with_params()
+    return message_rows(sql, list(params), extra=extra)
 
 
 def native_timestamps(cursor: Any, db: Any) -> None:

@@ -26,6 +26,7 @@ def test_bench_read_paths_builds_measures_and_prints_every_endpoint():
     assert re.search(r"dataset: [\d,]+ audit rows", text), text
     for endpoint in (
         "run timeline",
+        "export,",
         "thread timeline",
         "history",
         "memory",
