@@ -452,11 +452,13 @@ def commit_without_disk_wait() -> None:
     fraction of a second of such commits, never half of one. Only for
     progress that is safe to redo: the OpenTelemetry export's cursor,
     whose runs a lost move sends again with the same ids (R-OTEL-1).
-    Nothing on SQLite. Raises ``TransactionManagementError`` outside an
-    atomic block."""
+    Nothing on SQLite, and nothing inside a savepoint (an atomic block in
+    another): the setting would outlive the block and relax the outer
+    transaction's other writes. Raises ``TransactionManagementError``
+    outside an atomic block."""
     if not connection.in_atomic_block:
         raise transaction.TransactionManagementError("commit_without_disk_wait needs an atomic block")
-    if connection.vendor == "postgresql":
+    if connection.vendor == "postgresql" and not connection.savepoint_ids:
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit TO OFF")
 

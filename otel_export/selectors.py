@@ -136,11 +136,15 @@ def runs_audit_rows_read(run_ids: list[uuid.UUID], *, content: bool, chunk_size:
     a chunk parsed at once, no ``Model.__init__``), not row by row by the
     ORM, which cost the export a third of its pass (issue 38). The columns
     left out are deferred, as with ``only``. Closing the iterator closes
-    the cursor."""
+    the cursor. With ``DISABLE_SERVER_SIDE_CURSORS`` on the connection
+    (behind PgBouncer) an ordinary cursor, fetched in the same chunks."""
     columns = SPAN_COLUMNS + (CONTENT_COLUMNS if content else ())
     query = runs_audit_rows(run_ids, content=content).values_list(*columns, "declared_by_run_id")
     sql, params = query.query.sql_with_params()
-    with connection.chunked_cursor() as cursor:
+    # A server-side cursor lives across fetches: not behind a transaction
+    # pooler (DISABLE_SERVER_SIDE_CURSORS, as QuerySet.iterator honours it).
+    server_side = not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+    with connection.chunked_cursor() if server_side else connection.cursor() as cursor:
         native_timestamps(cursor, connection)
         cursor.execute(sql, params)
         while chunk := cursor.fetchmany(chunk_size):

@@ -9,7 +9,7 @@ export_otel`` and the beat task ``otel_export.export``:
 2. compute the horizon (:func:`otel_export.selectors.export_horizon`);
 3. read closed runs after the cursor in ``(finished_at, id)`` order, pages
    of :data:`RUN_PAGE` runs, the audit rows of a page in one query
-   (:func:`otel_export.selectors.runs_audit_rows`), and turn each run into spans
+   (:func:`otel_export.selectors.runs_audit_rows_read`), and turn each run into spans
    (:class:`otel_export.spans.SpanFactory`);
 4. send the spans in requests of at most ``OTEL_EXPORT_BATCH_SPANS`` spans
    with the SDK's OTLP/HTTP exporter; after each request the receiver

@@ -118,3 +118,21 @@ def test_the_dispatcher_hands_over_a_resume_before_a_later_turn_R_RUN_2_R_RUN_9(
     handed.clear()
     assert runs_dispatch()["dispatched"] == 1
     assert handed == [resume.id]
+
+
+def test_a_submission_that_committed_answers_even_when_its_hand_over_cannot_read_R_RUN_9(
+    thread, handed, monkeypatch, caplog
+):
+    """The look at the thread's head runs after the commit: a database
+    error there is logged, never raised (the run exists; the dispatcher
+    hands it over after its grace)."""
+    from django.db import OperationalError
+
+    def unreachable():
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr("audit.ledger.runs.at_head", unreachable)
+    run = make_run(thread)
+    assert AgentRun.objects.get(pk=run.pk).status == "pending"
+    assert handed == []
+    assert "not handed over (the dispatcher will)" in caplog.text

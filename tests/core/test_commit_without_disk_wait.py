@@ -29,3 +29,10 @@ def test_outside_an_atomic_block_it_refuses():
     with pytest.raises(transaction.TransactionManagementError):
         commit_without_disk_wait()
     assert _setting() == "on"
+
+
+def test_inside_a_savepoint_it_leaves_the_outer_transaction_alone():
+    with transaction.atomic():
+        with transaction.atomic():
+            commit_without_disk_wait()
+        assert _setting() == "on", "the outer transaction's other writes still wait for the disk"

@@ -554,6 +554,23 @@ def test_the_cursor_moves_without_waiting_for_the_disk_R_OTEL_1(user, replay_mod
         assert cursor.fetchone()[0] == "on", "only that transaction"
 
 
+def test_without_server_side_cursors_the_rows_are_read_with_an_ordinary_cursor_R_OTEL_1(
+    user, replay_models, export_config, receiver, monkeypatch
+):
+    """Behind PgBouncer (DISABLE_SERVER_SIDE_CURSORS, docs/scaling.md) a
+    cursor that lives across fetches would fail: the export reads its rows
+    with an ordinary one."""
+
+    def no_server_side_cursor():
+        raise AssertionError("a server-side cursor was opened")
+
+    execute(user, "tool_then_answer", "Weather?")
+    monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
+    monkeypatch.setattr(connection, "chunked_cursor", no_server_side_cursor)
+    result = export_closed_runs(receiver=exporter(receiver), cursor_name="pooled")
+    assert result.runs == 1 and result.spans == len(receiver.unique()) > 1
+
+
 def _comparable_sent(message: dict) -> tuple:
     """An OpenAI chat message as the GenAI shape below compares it."""
     if message["role"] == "tool":
