@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
-from django.db.models import Exists, Max, Min, OuterRef, Subquery
+from django.db.models import Exists, Max, OuterRef, Subquery
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
@@ -38,7 +38,7 @@ from .idempotency import existing_request, resume_fingerprint, turn_fingerprint
 from .lease import Lease, lock_run
 from .locks import web_lock_wait
 from .terminal import _terminate, run_requeue_attempt
-from .turns import at_head, holding_runs
+from .turns import at_head, head_turn, holding_runs
 
 log = logging.getLogger(__name__)
 
@@ -443,25 +443,16 @@ def _acquire_checked(*, run_id: uuid.UUID, owner: str, expires_at: datetime, now
 
 def _earlier_blocking_run(run: AgentRun) -> AgentRun | None:
     """The run of an earlier turn of the same thread that ``run`` must wait
-    for, or None (R-RUN-2).
-
-    Turns are ordered by the submission time of their first run, so a resume
-    run keeps its turn's place in the queue. A run blocks later turns while
-    it is not terminal, and also while it is ``interrupted`` and not yet
-    resumed: the thread waits for the approval.
-    """
-    holding = list(holding_runs(run.thread_id, run.turn_id))
-    if not holding:
-        return None
-    turn_starts = dict(
-        AgentRun.objects.filter(thread_id=run.thread_id)
-        .values("turn_id")
-        .annotate(first=Min("created_at"))
-        .values_list("turn_id", "first")
+    for, or None (R-RUN-2): the first holding run of the thread's head turn
+    (:func:`~audit.ledger.turns.head_turn`) when that turn is not ``run``'s
+    own. ``run`` is pending, so its own turn holds the thread and the head
+    is never a later turn. One statement."""
+    return (
+        holding_runs(run.thread_id, run.turn_id)
+        .filter(turn_id=Subquery(head_turn(run.thread_id)))
+        .order_by("created_at", "id")
+        .first()
     )
-    own_start = turn_starts[run.turn_id]
-    earlier = [other for other in holding if (turn_starts[other.turn_id], other.turn_id) < (own_start, run.turn_id)]
-    return min(earlier, key=lambda other: turn_starts[other.turn_id]) if earlier else None
 
 
 @metrics.audit_write("lease_renew")

@@ -136,3 +136,25 @@ def test_a_submission_that_committed_answers_even_when_its_hand_over_cannot_read
     assert AgentRun.objects.get(pk=run.pk).status == "pending"
     assert handed == []
     assert "not handed over (the dispatcher will)" in caplog.text
+
+
+def test_a_run_behind_the_head_is_refused_naming_the_head_turns_run_R_RUN_2(thread, handed):
+    """A second delivery of a queued turn is refused, and the refusal names
+    the run it waits for: the head turn's, not the turn just before it —
+    the rule of :func:`audit.ledger.turns.head_turn`, typed once."""
+    from audit.errors import RunNotStartable
+
+    first = make_run(thread)
+    lease = acquire(first)
+    second, third = make_run(thread, text="second"), make_run(thread, text="third")
+    ledger.run_finish(lease=lease, status="interrupted", interrupts=[{"id": "i1", "value": {}}])
+    resume = resume_row_of(first)  # the head turn's pending resume, submitted after both
+    for queued in (second, third):
+        with pytest.raises(RunNotStartable, match=f"waits for run {resume.id} \\(pending\\)"):
+            acquire(queued)
+    assert set(AgentRun.objects.filter(pk__in=[second.pk, third.pk]).values_list("status", flat=True)) == {"pending"}
+    ledger.run_finish(lease=acquire(resume), status="completed")
+    with pytest.raises(RunNotStartable, match=f"waits for run {second.id} \\(pending\\)"):
+        acquire(third)
+    ledger.run_finish(lease=acquire(second), status="completed")
+    ledger.run_finish(lease=acquire(third), status="completed")
