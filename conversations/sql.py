@@ -15,6 +15,7 @@ re-typed in SQL.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 from django.db import connections
@@ -53,29 +54,66 @@ def predicate_sql(condition: Q, *, using: str = "default") -> tuple[str, list]:
     return sql, list(params)
 
 
-def message_rows(sql: str, params: list, *, extra: tuple[str, ...] = ()) -> list[Message]:
+def message_rows(
+    sql: str, params: list, *, extra: tuple[str, ...] = (), fields: tuple[str, ...] | None = None
+) -> list[Message]:
     """The rows of ``sql`` as :class:`Message` instances, for the paged
     readers (timelines, history; R-READ-1, R-READ-3). ``sql`` selects
-    :func:`message_columns` (every model column, in field order) and then
-    the ``extra`` columns, which become attributes of the same names; see
-    :func:`messages_from_values`."""
+    :func:`message_columns` (every model column, in field order; or the
+    columns named ``fields``) and then the ``extra`` columns, which become
+    attributes of the same names; see :func:`messages_from_values`."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         native_timestamps(cursor, connection)
         cursor.execute(sql, params)
-        return messages_from_values(cursor.fetchall(), extra=extra)
+        return messages_from_values(cursor.fetchall(), extra=extra, fields=fields)
 
 
-def messages_of(rows: QuerySet[Message], *, extra: tuple[str, ...] = ()) -> list[Message]:
+def messages_of(
+    rows: QuerySet[Message], *, extra: tuple[str, ...] = (), fields: tuple[str, ...] | None = None
+) -> list[Message]:
     """The rows of the ORM query ``rows`` (filtered, ordered, sliced as the
     caller likes), read as :func:`message_rows` reads them: every model
-    column, then the annotations named ``extra``, made into instances
+    column (or the attribute names ``fields``, the others deferred as with
+    ``only``), then the annotations named ``extra``, made into instances
     without the ORM's per-row work (issue 38: a 20,000-row export spent
     most of its time there)."""
-    attnames = [f.attname for f in Message._meta.concrete_fields]
-    sql, params = rows.values_list(*attnames, *extra).query.sql_with_params()
-    return message_rows(sql, list(params), extra=extra)
+    sql, params = _values_sql(rows, fields, extra)
+    return message_rows(sql, params, extra=extra, fields=fields)
+
+
+def messages_streamed(
+    rows: QuerySet[Message],
+    *,
+    chunk_size: int,
+    extra: tuple[str, ...] = (),
+    fields: tuple[str, ...] | None = None,
+) -> Iterator[Message]:
+    """:func:`messages_of` read lazily, ``chunk_size`` rows at a time,
+    through a server-side cursor: for readers of more rows than a page
+    (the OpenTelemetry export). Each chunk's values become instances at
+    once (:func:`messages_from_values`). Closing the iterator closes the
+    cursor. With ``DISABLE_SERVER_SIDE_CURSORS`` on the connection (behind
+    a transaction pooler such as PgBouncer, as ``QuerySet.iterator``
+    honours it) an ordinary cursor, fetched in the same chunks."""
+    from django.db import connection
+
+    sql, params = _values_sql(rows, fields, extra)
+    server_side = not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+    with connection.chunked_cursor() if server_side else connection.cursor() as cursor:
+        native_timestamps(cursor, connection)
+        cursor.execute(sql, params)
+        while chunk := cursor.fetchmany(chunk_size):
+            yield from messages_from_values(chunk, fields=fields, extra=extra)
+
+
+def _values_sql(rows: QuerySet[Message], fields: tuple[str, ...] | None, extra: tuple[str, ...]) -> tuple[str, list]:
+    """The SQL and params selecting ``rows``' columns ``fields`` (all model
+    columns when None, in field order) and then ``extra``."""
+    names = fields if fields is not None else [f.attname for f in Message._meta.concrete_fields]
+    sql, params = rows.values_list(*names, *extra).query.sql_with_params()
+    return sql, list(params)
 
 
 def native_timestamps(cursor: Any, db: Any) -> None:

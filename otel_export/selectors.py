@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from audit.models import AgentRun
 from conversations.models import Message
-from conversations.sql import messages_from_values, native_timestamps
+from conversations.sql import messages_streamed
 
 # Writers whose open transaction may still commit a terminal run. A terminal
 # transaction (run_finish, cancel, the lease sweeper) locks the run row
@@ -130,22 +130,16 @@ def runs_audit_rows(run_ids: list[uuid.UUID], *, content: bool) -> QuerySet[Mess
 
 def runs_audit_rows_read(run_ids: list[uuid.UUID], *, content: bool, chunk_size: int) -> Iterator[Message]:
     """The rows of :func:`runs_audit_rows`, in its order, read lazily
-    through a server-side cursor ``chunk_size`` rows at a time: each chunk's
-    values are made into :class:`Message` instances as the paged readers
-    make them (:func:`~conversations.sql.messages_from_values`: the JSON of
-    a chunk parsed at once, no ``Model.__init__``), not row by row by the
-    ORM, which cost the export a third of its pass (issue 38). The columns
-    left out are deferred, as with ``only``. Closing the iterator closes
-    the cursor. With ``DISABLE_SERVER_SIDE_CURSORS`` on the connection
-    (behind PgBouncer) an ordinary cursor, fetched in the same chunks."""
+    ``chunk_size`` rows at a time by
+    :func:`~conversations.sql.messages_streamed` (a server-side cursor;
+    each chunk's values made into :class:`Message` instances at once, not
+    row by row by the ORM, which cost the export a third of its pass,
+    issue 38). The columns left out are deferred, as with ``only``.
+    Closing the iterator closes the cursor."""
     columns = SPAN_COLUMNS + (CONTENT_COLUMNS if content else ())
-    query = runs_audit_rows(run_ids, content=content).values_list(*columns, "declared_by_run_id")
-    sql, params = query.query.sql_with_params()
-    # A server-side cursor lives across fetches: not behind a transaction
-    # pooler (DISABLE_SERVER_SIDE_CURSORS, as QuerySet.iterator honours it).
-    server_side = not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
-    with connection.chunked_cursor() if server_side else connection.cursor() as cursor:
-        native_timestamps(cursor, connection)
-        cursor.execute(sql, params)
-        while chunk := cursor.fetchmany(chunk_size):
-            yield from messages_from_values(chunk, fields=columns, extra=("declared_by_run_id",))
+    return messages_streamed(
+        runs_audit_rows(run_ids, content=content),
+        chunk_size=chunk_size,
+        fields=columns,
+        extra=("declared_by_run_id",),
+    )
