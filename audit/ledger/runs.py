@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
-from django.db.models import Exists, Max, OuterRef, Subquery
+from django.db.models import Case, Exists, Max, OuterRef, Subquery, When
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
@@ -38,7 +38,7 @@ from .idempotency import existing_request, resume_fingerprint, turn_fingerprint
 from .lease import Lease, lock_run
 from .locks import web_lock_wait
 from .terminal import _terminate, run_requeue_attempt
-from .turns import at_head, head_turn, holding_runs
+from .turns import at_head, head_turn, holding, holding_runs
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def run_submit(
             existing = existing_request(user=user, request_id=request_id, fingerprint=fingerprint)
             if existing is not None:
                 return existing, False
-            _refuse_if_interrupted(thread)
+            held = _held_unless_interrupted(thread)
             # The thread row is locked: no run of it starts or is submitted
             # meanwhile, so these are all the runs the new turn meets.
             active = (
@@ -170,7 +170,7 @@ def run_submit(
                 _cancel_requests_record(active, at=timezone.now())
                 if multitask_strategy == "rollback":
                     _rollbacks_record(thread, active, by_run=run)
-            _enqueue_on_commit(run.id)
+            _enqueue_on_commit(run.id, held=held)
     except IntegrityError:
         # A concurrent request of another thread with the same key won the
         # insert: the same request is a retry, any other a reuse.
@@ -195,33 +195,49 @@ def _lock_thread(*, user, thread_id: uuid.UUID) -> Conversation:
     return thread
 
 
-def _refuse_if_interrupted(thread: Conversation) -> None:
-    """Any run of the thread that waits for an approval (interrupted, not
-    resumed) holds the thread — not only the newest run: a turn submitted
-    while the earlier one was still running does not open the thread."""
-    waiting = (
-        AgentRun.objects.filter(thread=thread, status=Status.INTERRUPTED, resumed_by__isnull=True)
-        .order_by("created_at")
+def _held_unless_interrupted(thread: Conversation) -> bool:
+    """Whether a run of the (locked) thread holds it
+    (:func:`~audit.ledger.turns.holding`), in one read that also refuses
+    the submission when any of them waits for an approval (interrupted,
+    not resumed) — not only the newest run: a turn submitted while the
+    earlier one was still running does not open the thread.
+
+    Raises:
+        ThreadInterrupted: the earliest such run is named (409
+            ``thread_interrupted``)."""
+    first = (
+        AgentRun.objects.filter(thread=thread)
+        .filter(holding())
+        .order_by(Case(When(status=Status.INTERRUPTED, then=0), default=1), "created_at")
+        .values_list("pk", "status")
         .first()
     )
-    if waiting is not None:
+    if first is not None and first[1] == Status.INTERRUPTED:
         raise ThreadInterrupted(
-            f"the thread waits for an approval: resume or cancel run {waiting.id} first",
-            extra={"reason": "thread_interrupted", "run_id": str(waiting.id)},
+            f"the thread waits for an approval: resume or cancel run {first[0]} first",
+            extra={"reason": "thread_interrupted", "run_id": str(first[0])},
         )
+    return first is not None
 
 
-def _enqueue_on_commit(run_id: uuid.UUID) -> None:
+def _enqueue_on_commit(run_id: uuid.UUID, *, held: bool = True) -> None:
     """After commit, hand the new run to a worker if it is at its thread's
     head (:mod:`.turns`, R-RUN-9); a run queued behind another turn is
     handed over when the run before it ends (:mod:`.terminal`).
 
-    Read after the commit, in a snapshot of its own: a run ending
-    meanwhile either committed before this read (it is seen ended, the new
-    run is at the head) or reads the thread's head after this commit (it
-    sees the new run and hands it over). Either way the run is handed over
-    at least once; the dispatcher covers a lost message, and a failed read
-    (never raised: the submission has committed)."""
+    ``held=False``: the submission's transaction, with the thread row
+    locked, saw no run holding the thread, so the new run is its head (a
+    turn submitted later queues behind it) and is handed over without a
+    read. Otherwise the head is read after the commit, in a snapshot of its
+    own: a run ending meanwhile either committed before this read (it is
+    seen ended, the new run is at the head) or reads the thread's head
+    after this commit (it sees the new run and hands it over). Either way
+    the run is handed over at least once; the dispatcher covers a lost
+    message, and a failed read (never raised: the submission has
+    committed)."""
+    if not held:
+        transaction.on_commit(lambda: enqueue_run(run_id))
+        return
 
     def hand_over() -> None:
         try:

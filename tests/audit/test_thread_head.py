@@ -131,11 +131,26 @@ def test_a_submission_that_committed_answers_even_when_its_hand_over_cannot_read
     def unreachable():
         raise OperationalError("server closed the connection unexpectedly")
 
+    first = make_run(thread)  # holds the thread: the next turn's hand-over reads the head
     monkeypatch.setattr("audit.ledger.runs.at_head", unreachable)
     run = make_run(thread)
     assert AgentRun.objects.get(pk=run.pk).status == "pending"
-    assert handed == []
+    assert handed == [first.id]
     assert "not handed over (the dispatcher will)" in caplog.text
+
+
+def test_a_turn_of_a_free_thread_is_handed_over_without_reading_the_head_R_RUN_9(thread, handed, monkeypatch):
+    """The submission saw, with the thread locked, that no run held it:
+    the new run is the head, and no read after the commit is needed."""
+
+    def unread():
+        raise AssertionError("the head was read")
+
+    first = make_run(thread)
+    ledger.run_finish(lease=acquire(first), status="completed")
+    monkeypatch.setattr("audit.ledger.runs.at_head", unread)
+    second = make_run(thread)
+    assert handed == [first.id, second.id]
 
 
 def test_a_run_behind_the_head_is_refused_naming_the_head_turns_run_R_RUN_2(thread, handed):
