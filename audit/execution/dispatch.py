@@ -27,7 +27,7 @@ from core.config import get_config
 from ops import metrics
 
 from ..ledger.handover import enqueue_run
-from ..ledger.turns import at_head
+from ..ledger.turns import heads_of_threads
 from ..models import AgentRun, RunCancelRequest
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def runs_dispatch(*, now: datetime | None = None, limit: int = 200) -> dict[str,
 
     A run is handed over when it is ``pending``, its ``dispatched_at`` is
     older than ``DISPATCH_GRACE_SECONDS`` and it is at the head of its
-    thread (:func:`~audit.ledger.turns.at_head`: a resume run keeps its
+    thread (:func:`~audit.ledger.turns.heads_of_threads`: a resume run keeps its
     turn's place). The head is part of the query, before its ``LIMIT``:
     runs queued behind other turns, however many, never take the place
     of another thread's lost run. ``dispatched_at`` is set
@@ -58,10 +58,12 @@ def runs_dispatch(*, now: datetime | None = None, limit: int = 200) -> dict[str,
     cutoff = now - timedelta(seconds=get_config().DISPATCH_GRACE_SECONDS)
     with transaction.atomic():
         # Index run_pending_dispatch_idx serves this query; the head of each
-        # candidate's thread is one scan of that thread's runs.
+        # candidate thread is one scan of that thread's runs, once per
+        # thread however many of its turns wait.
+        stale = AgentRun.objects.filter(status=Status.PENDING, dispatched_at__lte=cutoff)
         due = list(
-            AgentRun.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
-            .filter(at_head(), dispatched_at__lte=cutoff)
+            stale.select_for_update(no_key=True, skip_locked=True, of=("self",))
+            .filter(turn_id__in=heads_of_threads(stale))
             .order_by("dispatched_at")[:limit]
         )
         AgentRun.objects.filter(pk__in=[run.pk for run in due]).update(dispatched_at=now)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery
 
+from conversations.models import Conversation
+
 from ..models import AgentRun
 
 Status = AgentRun.Status
@@ -56,3 +58,19 @@ def head_turn(thread_id) -> QuerySet:
 def at_head() -> Q:
     """The runs that may start now: pending, in their thread's head turn."""
     return Q(status=Status.PENDING, turn_id=Subquery(head_turn(OuterRef("thread_id"))))
+
+
+def heads_of_threads(runs: QuerySet[AgentRun]) -> QuerySet:
+    """The head turn ids (:func:`head_turn`) of the threads that ``runs``
+    belong to, each thread's head computed once, in a subquery that does
+    not depend on the outer row: ``turn_id__in=heads_of_threads(...)``
+    selects the runs at their thread's head without reading the thread's
+    runs again for each of them (a turn id belongs to one thread). For the
+    dispatcher, whose candidates may be thousands of queued turns of one
+    thread: :func:`at_head` on each would scan the thread once per
+    candidate."""
+    return (
+        Conversation.objects.filter(pk__in=runs.order_by().values("thread_id"))
+        .annotate(head=Subquery(head_turn(OuterRef("pk"))))
+        .values("head")
+    )

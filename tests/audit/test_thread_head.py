@@ -173,3 +173,29 @@ def test_a_run_behind_the_head_is_refused_naming_the_head_turns_run_R_RUN_2(thre
         acquire(third)
     ledger.run_finish(lease=acquire(second), status="completed")
     ledger.run_finish(lease=acquire(third), status="completed")
+
+
+def _run_rows_visited(plan: dict) -> int:
+    """Rows the plan's nodes read from the run table, times their loops."""
+    visited = plan["Actual Rows"] * plan["Actual Loops"] if plan.get("Relation Name") == "audit_agentrun" else 0
+    return visited + sum(_run_rows_visited(child) for child in plan.get("Plans", ()))
+
+
+def test_the_dispatcher_reads_a_thread_once_however_many_turns_wait_R_RUN_9(thread, handed):
+    """The head of a thread is computed once per round, not once per queued
+    turn: with n stale turns behind a running head, the round reads the
+    thread's runs a bounded number of times n, not n times n."""
+    from django.test.utils import CaptureQueriesContext
+
+    head = make_run(thread)
+    acquire(head)
+    queued = [make_run(thread, text=f"later {i}") for i in range(60)]
+    _stale(*queued, hours=1)
+    with CaptureQueriesContext(connection) as captured:
+        assert runs_dispatch()["dispatched"] == 0
+    (claim,) = [q["sql"] for q in captured.captured_queries if "SKIP LOCKED" in q["sql"]]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {claim}")
+        plan = cursor.fetchone()[0][0]["Plan"]
+    visited = _run_rows_visited(plan)
+    assert visited < 10 * len(queued), f"{visited} run rows read for {len(queued)} queued turns"
