@@ -626,3 +626,48 @@ def test_a_failed_lead_statement_rolls_up_nothing_R_DASH_1(thread):
     assert rollup_state() == before
     with transaction.atomic():
         assert rollups.run_roll_up(run_id=run.id, lead=("SELECT %s", [7])) == (False, [(7,)])  # rolled up already
+
+
+def _run_rows_read() -> int:
+    """Rows of audit_agentrun this transaction has read, by scan or index."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
+            " WHERE relname = 'audit_agentrun'"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_marking_a_rebuild_reads_each_run_about_once_R_DASH_1(thread):
+    # A batch that searched from the first id again, and joined the whole
+    # table to write its runs, read the table once per batch: 4 M runs took
+    # the best part of an hour to mark (issue 38). Each batch goes on from
+    # the last id of the one before, through the primary key.
+    runs = 2_000
+    AgentRun.objects.bulk_create(
+        AgentRun(
+            request_id=uuid.uuid4().hex,
+            thread=thread,
+            user=thread.user,
+            agent_id="assistant",
+            model=thread.model,
+            status=AgentRun.Status.COMPLETED if i % 2 else AgentRun.Status.FAILED,
+            finished_at=timezone.now(),
+        )
+        for i in range(runs)
+    )
+    running = AgentRun.objects.create(
+        request_id=uuid.uuid4().hex, thread=thread, user=thread.user, agent_id="assistant", model=thread.model
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE audit_agentrun")
+    before = _run_rows_read()
+    assert rollups.mark_terminal_runs(batch=100) == runs
+    read = _run_rows_read() - before
+    # Each run read once to choose it and once to write it, and a little
+    # more; a whole-table read per batch is 20 x 2,001.
+    assert read < 3 * runs, read
+    assert not AgentRun.objects.filter(status__in=AgentRun.TERMINAL_STATUSES, rolled_up_at__isnull=True).exists()
+    running.refresh_from_db()
+    assert running.rolled_up_at is None
+    assert rollups.mark_terminal_runs(batch=100) == 0

@@ -3,7 +3,8 @@
 
 The rebuild's first step marked every unmarked terminal run in one
 ``UPDATE`` that locked the rows in the order it scanned them (the order
-they were created), against the purge's batch locks in id order. Here the
+they were created), against the purge's batch locks in id order; it now
+marks them in batches in id order (``mark_terminal_runs``). Here the
 runs are created in descending id order and a third session holds the
 middle one, so that the two are caught in the interleaving that
 deadlocked: the rebuild holds the first-created run and waits for the
@@ -82,7 +83,7 @@ def test_a_purge_and_a_rollup_rebuild_at_once_do_not_deadlock_R_GOV_1(thread, mo
         holder.execute("SELECT 1 FROM audit_agentrun WHERE id = %s FOR NO KEY UPDATE", [middle])
         rebuild = _in_a_thread(rollups_rebuild, errors)
         _wait_until(
-            lambda: _waiting_on_a_lock(admin, "UPDATE audit_agentrun SET rolled_up_at"),
+            lambda: _waiting_on_a_lock(admin, "WITH batch AS (SELECT id FROM audit_agentrun"),
             "the rebuild to wait for the held run",
         )
         purge = _in_a_thread(lambda: payloads_purge(older_than_days=1, actor="t", now=LATER), errors)
