@@ -179,6 +179,10 @@ class AgentRun(models.Model):
                 name="run_finished_idx",
                 condition=Q(finished_at__isnull=False),
             ),
+            # Dashboard: conversation counts leave out the scratch threads of
+            # replays (threads holding a replayed run): the few replayed runs
+            # by thread, where the anti-join read the whole run table.
+            models.Index(fields=["thread"], name="run_replay_thread_idx", condition=~Q(replay_of="")),
             # Run list filtered by error type, newest first (R-ADM-2).
             models.Index(
                 fields=["error_type", "-created_at"], name="run_error_created_idx", condition=~Q(error_type="")
