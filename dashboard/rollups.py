@@ -7,9 +7,10 @@ cannot disagree:
 
 * :func:`run_roll_up`: inside the run's terminal transaction (run finish,
   its fallback and the lease sweeper all end in
-  ``audit.ledger.terminal._terminate``) one statement marks the run
-  ``rolled_up_at`` — only if it is not marked yet — and adds the run's
-  figures to the rollup tables (hourly and per UTC day). A second
+  ``audit.ledger.terminal._terminate``) the run is marked ``rolled_up_at``
+  — only if it is not marked yet: by the write of the run's end, which
+  holds the run locked and sees its mark — and one statement adds the
+  run's figures to the rollup tables (hourly and per UTC day). A second
   terminal attempt, a redelivered task or a replayed call finds the mark
   and adds nothing.
   Runs ending in the same hour and model share rollup rows; the terminal
@@ -73,15 +74,23 @@ def _upsert_sql(table: str, select: str) -> str:
     return f"INSERT INTO {table} ({columns}) {select} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {adds}"
 
 
-def _run_roll_up_sql() -> str:
-    marked = (
-        "UPDATE audit_agentrun SET rolled_up_at = now() "
-        f"WHERE id = %(run_id)s AND rolled_up_at IS NULL AND status IN ({TERMINAL}) RETURNING id"
-    )
-    ctes = [f"marked AS ({marked})"]
+def _run_roll_up_sql(*, marked_before: bool = False) -> str:
+    """The roll-up of run ``%(run_id)s``. It marks the run itself, and adds
+    only through that mark; ``marked_before``: the caller's statement
+    before it, in its transaction, marked the run (the terminal path's
+    write of the run's end), and the figures of ``%(run_id)s`` are added as
+    they are."""
+    if marked_before:
+        ctes, runs, result = [], "r.id = %(run_id)s", "SELECT 1"
+    else:
+        marked = (
+            "UPDATE audit_agentrun SET rolled_up_at = now() "
+            f"WHERE id = %(run_id)s AND rolled_up_at IS NULL AND status IN ({TERMINAL}) RETURNING id"
+        )
+        ctes, runs, result = [f"marked AS ({marked})"], "r.id IN (SELECT id FROM marked)", "SELECT COUNT(*) FROM marked"
     for i, (table, day_table) in enumerate(DAY_TABLES.items()):
         keys, counters, _ = TABLES[table]
-        ctes.append(f"f{i} AS MATERIALIZED ({facts_sql(table, runs='r.id IN (SELECT id FROM marked)')})")
+        ctes.append(f"f{i} AS MATERIALIZED ({facts_sql(table, runs=runs)})")
         ctes.append(f"h{i} AS ({_upsert_sql(table, f'SELECT * FROM f{i} ORDER BY {", ".join(keys)}')})")
         # The day rows get the sums of the same hour facts: a day row is
         # the sum of its hour rows by construction (and a block the sum of
@@ -97,14 +106,21 @@ def _run_roll_up_sql() -> str:
         else:
             day_select = f"SELECT {_day('hour')} AS day, {rest}, {sums} FROM f{i} GROUP BY 1, {rest} ORDER BY 1, {rest}"
         ctes.append(f"d{i} AS ({_upsert_sql(day_table, day_select)})")
-    return f"WITH {', '.join(ctes)} SELECT COUNT(*) FROM marked"
+    return f"WITH {', '.join(ctes)} {result}"
 
 
 _RUN_ROLL_UP = _run_roll_up_sql()
+_RUN_FIGURES = _run_roll_up_sql(marked_before=True)
+# Undoes the caller's mark when the figures could not be added.
+_UNMARK = "UPDATE audit_agentrun SET rolled_up_at = NULL WHERE id = %s"
 
 
 def run_roll_up(
-    *, run_id, lead: tuple[str, list] | None = None, commit_then: tuple[str, list] | None = None
+    *,
+    run_id,
+    lead: tuple[str, list] | None = None,
+    commit_then: tuple[str, list] | None = None,
+    marked_by_lead: bool = False,
 ) -> bool | tuple[bool, list[tuple]] | tuple[bool, list[tuple], list[tuple] | None]:
     """Add the figures of the terminal run ``run_id`` to the rollups, once.
 
@@ -128,6 +144,13 @@ def run_roll_up(
     ``(rolled up, lead's rows)``; an error of ``lead`` is raised as it is,
     with nothing rolled up.
 
+    ``marked_by_lead``: ``lead`` itself sets ``rolled_up_at`` of the run,
+    which the caller holds locked and knows was not marked (the terminal
+    path: its one write of the run's end then also marks it, one version
+    of the run row fewer than a mark of its own). The figures are added
+    without a further mark; when a held rollup row stops them, the mark is
+    undone (``rolled_up_at`` NULL again) and False returned, as above.
+
     ``commit_then`` (``(sql, params)``, prepared, returning rows): in a
     pooled transaction (:func:`core.db.commit_in_pipeline`), the
     transaction is committed in the same round trip, and this statement run
@@ -140,9 +163,11 @@ def run_roll_up(
     from core.config import get_config
     from core.db import commit_in_pipeline, in_transaction, raw_connection
 
+    if marked_by_lead and lead is None:
+        raise ValueError("marked_by_lead needs the lead that marks the run")
     if not in_transaction():
         with transaction.atomic():
-            return run_roll_up(run_id=run_id, lead=lead, commit_then=commit_then)
+            return run_roll_up(run_id=run_id, lead=lead, commit_then=commit_then, marked_by_lead=marked_by_lead)
     import psycopg
 
     wait_ms = get_config().ROLLUP_LOCK_WAIT_MS
@@ -167,7 +192,7 @@ def run_roll_up(
                     "set_config('lock_timeout', %s, true)",
                     [_PREVIOUS_LOCK_TIMEOUT, f"{wait_ms}ms"],
                 )
-                statement.execute(_RUN_ROLL_UP, {"run_id": run_id}, prepare=True)
+                statement.execute(_RUN_FIGURES if marked_by_lead else _RUN_ROLL_UP, {"run_id": run_id}, prepare=True)
                 # A commit that follows ends the savepoint and the limit with
                 # the transaction: two statements fewer in the round trip.
                 committed = after is not None and commit_in_pipeline(raw)
@@ -207,6 +232,9 @@ def run_roll_up(
             raise
         log.warning("run %s: a rollup row is held by another transaction; rolled up later", run_id)
         rolled_up = False
+        if marked_by_lead:
+            with connection.wrap_database_errors:
+                raw.execute(_UNMARK, [run_id])
         if after is not None:
             # The commit queued after the failed statement never ran: again.
             with connection.wrap_database_errors:

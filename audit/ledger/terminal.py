@@ -618,6 +618,12 @@ def _terminate(
     # R-GOV-3: every row is closed now; written with the run below.
     seal_run(run, rows=[*rows.prompt_facts(), *facts])
     run.updated_at = timezone.now()
+    # The run is locked: a run not marked yet is marked by the write of its
+    # end, and its figures are added in the same round trip below (a run
+    # marked before — an interrupted run now cancelled — adds nothing).
+    first_roll_up = run.rolled_up_at is None
+    if first_roll_up:
+        run.rolled_up_at = now
     # One statement writes the run (only the fields this path changes).
     sql, fields = _END_RUN_SQL()
     end_run = [
@@ -632,9 +638,13 @@ def _terminate(
     # transaction the commit and the handover of the thread's head follow
     # in that round trip too.
     handover = _head_handover(run.thread_id, now=now)
-    _, ended, head = run_roll_up(run_id=run.pk, lead=(sql, end_run), commit_then=handover)
+    rolled_up, ended, head = run_roll_up(
+        run_id=run.pk, lead=(sql, end_run), commit_then=handover, marked_by_lead=first_roll_up
+    )
     if not ended:
         raise DatabaseError(f"run {run.pk} no longer exists")
+    if first_roll_up and not rolled_up:  # left for the catch-up: the mark was undone
+        run.rolled_up_at = None
     metrics.run_ended(run, rows=facts)
     # Always after commit, also when no run waited: a turn submitted while
     # this transaction was open saw this run hold the thread and was not
@@ -733,6 +743,8 @@ _RUN_FIELDS = (
     "usage",
     "error_message",
     "interrupts",
+    # Whether the run's end also marks it rolled up (_terminate).
+    "rolled_up_at",
 )
 # What :func:`_terminate` changes on the run: its UPDATE writes these.
 _TERMINAL_FIELDS = (
@@ -750,6 +762,8 @@ _TERMINAL_FIELDS = (
     "seal_version",
     "sealed_at",
     "updated_at",
+    # The dashboard's mark, written with the run's end (dashboard.rollups.run_roll_up).
+    "rolled_up_at",
 )
 
 

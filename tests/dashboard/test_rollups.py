@@ -191,6 +191,31 @@ def test_a_second_terminal_attempt_or_roll_up_adds_nothing_R_DASH_1(thread):
     assert rollup_state() == once
 
 
+def _run_rows_updated() -> int:
+    """Versions of audit_agentrun rows this transaction has written."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'audit_agentrun'")
+        return cursor.fetchone()[0]
+
+
+def test_the_run_end_and_its_roll_up_mark_are_one_write_of_the_run_R_DASH_1(thread):
+    # The mark was a second UPDATE of the run in the terminal transaction:
+    # a second version of the run row, written to every index of the run
+    # table (the mark's column is the predicate of one), at every run's end.
+    # The write of the run's end marks it now; the figures follow.
+    run = make_run(thread)
+    lease = acquire(run)
+    ledger.model_call_start(lease=lease, operation_id="lc_run--a", sequence=1, started_at=T0)
+    before = _run_rows_updated()
+    ledger.run_finish(lease=lease, status="completed")
+    assert _run_rows_updated() - before == 1
+    run.refresh_from_db()
+    assert run.rolled_up_at is not None
+    assert rollup_state()[facts.HOUR_TABLE]
+    window = selectors.dashboard_window(first_day=T0.date(), last_day=timezone.now().date())
+    assert figures(window) == figures_from_rows(window)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_rollup_row_held_by_a_frozen_transaction_delays_no_run_end_R_DASH_1(thread, db_name):
     """A worker frozen inside its terminal transaction holds the rollup rows
