@@ -206,6 +206,36 @@ def build_dataset(*, rows: int = 1_000_000, log: Callable[[str], None] = print) 
     )
 
 
+#: The table of a dataset database that says which dataset it holds.
+DATASET_TABLE = "bench_read_paths_dataset"
+
+
+def stored_dataset(rows: int) -> Dataset | None:
+    """The dataset of ``rows`` audit rows the current database holds (built
+    by :func:`build_dataset` and recorded by :func:`store_dataset`), or
+    ``None``."""
+    with connection.cursor() as c:
+        c.execute(f"CREATE TABLE IF NOT EXISTS {DATASET_TABLE} (rows integer PRIMARY KEY, dataset jsonb)")
+        c.execute(f"SELECT dataset FROM {DATASET_TABLE} WHERE rows = %s", [rows])
+        found = c.fetchone()
+    if not found:
+        return None
+    data = found[0] if isinstance(found[0], dict) else json.loads(found[0])
+    return Dataset(**data)
+
+
+def store_dataset(dataset: Dataset, rows: int) -> None:
+    """Record in the current database that it holds ``dataset``, built for
+    ``rows`` audit rows."""
+    import dataclasses
+
+    with connection.cursor() as c:
+        c.execute(f"CREATE TABLE IF NOT EXISTS {DATASET_TABLE} (rows integer PRIMARY KEY, dataset jsonb)")
+        c.execute(
+            f"INSERT INTO {DATASET_TABLE} VALUES (%s, %s)", [rows, json.dumps(dataclasses.asdict(dataset), default=str)]
+        )
+
+
 def rollup_tables() -> list[str]:
     """The dashboard's rollup tables."""
     from django.apps import apps

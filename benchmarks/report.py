@@ -409,6 +409,38 @@ def read_path_rows(points, reproduce: str, *, audit_rows: int) -> list[Performan
     return rows
 
 
+#: How much a read's p95 may grow from the smaller dataset to the larger
+#: (issue 38: 10 M audit rows at most 1.3x the figure at 1 M).
+READ_SCALING_TARGET = Target(1.3)
+
+
+def read_scaling_rows(small, large, reproduce: str, *, small_rows: int, large_rows: int) -> list[PerformanceRow]:
+    """Rows comparing each read endpoint's p95 on the larger dataset
+    (``large``, ``large_rows`` audit rows) with its p95 on the smaller
+    (``small``): the same endpoints of :func:`benchmarks.read_paths.measure`
+    (matched by name; the big run and the long thread are the same size
+    from 1 M rows up). The ratio is large / small; an endpoint with a p95
+    target must stay flat (:data:`READ_SCALING_TARGET`)."""
+    by_name = {p.name: p for p in small}
+    rows = []
+    for p in large:
+        before = by_name.get(p.name)
+        if before is None:
+            continue
+        p95, p95_before = percentile(p.samples_ms, 0.95), percentile(before.samples_ms, 0.95)
+        rows.append(
+            row(
+                f"read p95, {large_rows:,} vs {small_rows:,} rows: {p.name}",
+                f"{p95:.1f} ms",
+                f"{p95_before:.1f} ms at {small_rows:,} rows",
+                p95 / p95_before if p95_before else None,
+                reproduce,
+                target=READ_SCALING_TARGET if read_target(p.name) else None,
+            )
+        )
+    return rows
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 

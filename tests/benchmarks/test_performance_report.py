@@ -275,3 +275,60 @@ def test_the_purge_row_compares_rows_per_second_with_the_same_work_by_hand():
     assert (r.product, r.baseline, r.target) == ("700 rows/s", "1,450 rows/s by hand", "≥ 0.50x")
     # The median of the rounds' ratios (0.40 and 0.57), not of the medians' ratio.
     assert r.ratio == pytest.approx((600 / 1500 + 800 / 1400) / 2) and r.met is False
+
+
+def test_reads_on_two_datasets_are_compared_endpoint_by_endpoint_R_SCALE_1():
+    from types import SimpleNamespace
+
+    from benchmarks.report import read_scaling_rows
+
+    def point(name, p95):
+        return SimpleNamespace(name=name, samples_ms=[p95] * 20)
+
+    small = [point("history, recent turns", 10.0), point("search: q=Paris (1 row in 50)", 20.0)]
+    large = [point("history, recent turns", 14.0), point("search: q=Paris (1 row in 50)", 60.0), point("new", 1.0)]
+    rows = read_scaling_rows(
+        small, large, "manage.py bench_read_paths --rows 10000000", small_rows=1000, large_rows=10000
+    )
+    assert [(r.figure, r.ratio, r.target, r.met) for r in rows] == [
+        ("read p95, 10,000 vs 1,000 rows: history, recent turns", pytest.approx(1.4), "≤ 1.30x", False),
+        # A search gathering every match grows with them: no target.
+        ("read p95, 10,000 vs 1,000 rows: search: q=Paris (1 row in 50)", pytest.approx(3.0), "", None),
+    ]
+    assert rows[0].product == "14.0 ms" and rows[0].baseline == "10.0 ms at 1,000 rows"
+
+
+@pytest.mark.parametrize("value", ["1000,many", "", "999,2000"])
+def test_performance_report_refuses_bad_read_sizes(db, value):
+    with pytest.raises(CommandError, match="--read-rows"):
+        call_command("performance_report", read_rows=value, stdout=io.StringIO())
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_performance_report_keeps_its_read_datasets_and_compares_two_sizes_R_SCALE_1():
+    from benchmarks.databases import drop_database
+
+    database = connection.settings_dict["NAME"]
+    kept = [f"{database}_bench_1000", f"{database}_bench_2000"]
+    only_reads = ["audit_writes", "run_overhead", "seal", "purge", "otel_export", "metrics"]
+    options = {**TINY, "read_rows": "2000,1000", "read_keep": True, "skip": only_reads}
+    try:
+        first, progress = io.StringIO(), io.StringIO()
+        call_command("performance_report", **options, stdout=first, stderr=io.StringIO())
+        call_command("performance_report", **options, stdout=io.StringIO(), stderr=progress)
+        figures = [_cells(line)[0] for line in _table_lines(first.getvalue())]
+        assert any(f.startswith("read (1,000 rows): history") for f in figures), figures
+        assert any(f.startswith("read (2,002 rows): history") for f in figures), figures
+        assert any(f.startswith("read p95, 2,002 vs 1,000 rows: history, recent turns") for f in figures), figures
+        assert (
+            f"`manage.py bench_read_paths --rows 2000 --rounds 1 --repeat 1 --database {kept[1]}`" in first.getvalue()
+        )
+        # The second report measured the datasets the first one built.
+        assert "reusing the 1,000-row dataset" in progress.getvalue()
+        assert "reusing the 2,000-row dataset" in progress.getvalue()
+        assert "building" not in progress.getvalue()
+        assert connection.settings_dict["NAME"] == database
+    finally:
+        for name in kept:
+            drop_database(name)

@@ -4,9 +4,6 @@ build a large audit in its own database and time every read path; see
 
 from __future__ import annotations
 
-import dataclasses
-import json
-
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, connections
@@ -14,8 +11,6 @@ from django.db import connection, connections
 from audit.management.commands._database import DatabaseCommand
 from benchmarks import read_paths
 from benchmarks.databases import create_database, drop_database, use_database
-
-_MARK_TABLE = "bench_read_paths_dataset"
 
 
 class Command(DatabaseCommand):
@@ -50,7 +45,7 @@ class Command(DatabaseCommand):
         use_database(name)
         try:
             call_command("migrate", verbosity=0)
-            dataset = None if created else _stored_dataset(rows)
+            dataset = None if created else read_paths.stored_dataset(rows)
             if dataset is None:
                 if not created:  # another size: start from an empty database
                     connections["default"].close()
@@ -58,7 +53,7 @@ class Command(DatabaseCommand):
                     call_command("migrate", verbosity=0)
                 out(f"building {rows:,} audit rows in database {name} ...")
                 dataset = read_paths.build_dataset(rows=rows, log=out)
-                _store_dataset(dataset, rows)
+                read_paths.store_dataset(dataset, rows)
                 out(f"built in {dataset.build_seconds:.0f} s")
             else:
                 out(f"reusing the dataset in database {name} (--rebuild to build it again)")
@@ -88,23 +83,3 @@ class Command(DatabaseCommand):
             use_database(original)
             if drop:
                 drop_database(name)
-
-
-def _stored_dataset(rows: int) -> read_paths.Dataset | None:
-    with connection.cursor() as c:
-        c.execute(f"CREATE TABLE IF NOT EXISTS {_MARK_TABLE} (rows integer PRIMARY KEY, dataset jsonb)")
-        c.execute(f"SELECT dataset FROM {_MARK_TABLE} WHERE rows = %s", [rows])
-        found = c.fetchone()
-    if not found:
-        return None
-    data = found[0] if isinstance(found[0], dict) else json.loads(found[0])
-    return read_paths.Dataset(**data)
-
-
-def _store_dataset(dataset: read_paths.Dataset, rows: int) -> None:
-    with connection.cursor() as c:
-        c.execute(f"CREATE TABLE IF NOT EXISTS {_MARK_TABLE} (rows integer PRIMARY KEY, dataset jsonb)")
-        c.execute(
-            f"INSERT INTO {_MARK_TABLE} VALUES (%s, %s)",
-            [rows, json.dumps(dataclasses.asdict(dataset), default=str)],
-        )

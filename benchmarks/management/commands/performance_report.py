@@ -7,7 +7,10 @@ own, no worker may take them): ``bench_audit_writes``,
 ``bench_run_overhead`` (after ``settle_unless_autovacuum``, as its command
 does), ``bench_seal``, ``bench_purge``, ``bench_otel_export``, ``bench_metrics`` and ``bench_read_paths`` (its dataset in a database
 of its own, ``<database>_report_bench``, created, migrated and dropped
-here). ``bench_dashboard`` is not run: it empties the rollup tables of the
+here; with ``--read-keep``, ``<database>_bench_<rows>``, kept and reused).
+With several ``--read-rows`` sizes each is measured and the largest's p95
+compared with the smallest's (issue 38: flat, at most 1.3x from 1 M to
+10 M audit rows). ``bench_dashboard`` is not run: it empties the rollup tables of the
 database it is given and has no library function returning figures; the
 dashboard's endpoints are measured by ``bench_read_paths``. Progress goes
 to stderr, the page to stdout or ``--write``.
@@ -37,7 +40,8 @@ BENCHMARKS = ("audit_writes", "run_overhead", "seal", "purge", "otel_export", "m
 # bench_purge adds about 50 s, most of it driving its 400 sealed runs.
 # The first three are the sizes the README's figures were taken with; the
 # read paths' targets are for 1M rows (--read-rows 1000000: several minutes
-# more, most of it building the dataset and its rollups).
+# more, most of it building the dataset and its rollups; 10,000,000: about
+# 8 minutes to build and 15 to roll up, once with --read-keep).
 DEFAULTS = {
     "writes": 200,
     "rounds": 5,
@@ -78,7 +82,18 @@ class Command(DatabaseCommand):
         parser.add_argument(
             "--metrics-models", type=int, default=d["metrics_models"], help="bench_metrics --models (100 tools)"
         )
-        parser.add_argument("--read-rows", type=int, default=d["read_rows"], help="bench_read_paths --rows")
+        parser.add_argument(
+            "--read-rows",
+            default=str(d["read_rows"]),
+            help="bench_read_paths --rows: comma-separated sizes (e.g. 1000000,10000000: each measured, and the "
+            "largest compared with the smallest)",
+        )
+        parser.add_argument(
+            "--read-keep",
+            action="store_true",
+            help="keep each read dataset in a database <database>_bench_<rows> and reuse one that holds it "
+            "(as bench_read_paths --database <database>_bench_<rows> built it), its rollups as they are",
+        )
         parser.add_argument("--read-rounds", type=int, default=d["read_rounds"], help="bench_read_paths --rounds")
         parser.add_argument("--read-repeat", type=int, default=d["read_repeat"], help="bench_read_paths --repeat")
         parser.add_argument(
@@ -92,6 +107,7 @@ class Command(DatabaseCommand):
 
     def handle(self, *args, **options) -> None:
         sizes = {k: options[k] for k in DEFAULTS}
+        sizes["read_keep"] = options["read_keep"]
         skip = {name.removeprefix("bench_") for name in options["skip"]}
         unknown = skip - set(BENCHMARKS)
         if unknown:
@@ -108,12 +124,20 @@ class Command(DatabaseCommand):
                 ("purge_runs", 1),
                 ("otel_runs", 1),
                 ("metrics_models", 1),
-                ("read_rows", 1000),
                 ("read_rounds", 1),
                 ("read_repeat", 1),
             )
             if sizes[name] < least
         ]
+        try:
+            read_rows = tuple(int(part) for part in str(sizes["read_rows"]).split(","))
+        except ValueError:
+            read_rows = ()
+        if not read_rows:
+            too_small.append(f"--read-rows takes comma-separated row counts, not {sizes['read_rows']!r}")
+        elif min(read_rows) < 1000:
+            too_small.append("--read-rows must be at least 1000")
+        sizes["read_rows"] = tuple(sorted(set(read_rows)))
         try:
             writers = tuple(int(part) for part in options["writers"].split(","))
         except ValueError:
@@ -229,30 +253,59 @@ class Command(DatabaseCommand):
         )
 
     def _read_paths(self, sizes: dict, log) -> list[report.PerformanceRow]:
+        rows: list[report.PerformanceRow] = []
+        measured = {}
+        for size in sizes["read_rows"]:
+            dataset, points, command = self._read_paths_at(size, sizes, log)
+            rows += report.read_path_rows(points, command, audit_rows=dataset.audit_rows)
+            measured[dataset.audit_rows] = (points, command)
+        if len(measured) > 1:
+            small, large = min(measured), max(measured)
+            rows += report.read_scaling_rows(
+                measured[small][0], measured[large][0], measured[large][1], small_rows=small, large_rows=large
+            )
+        return rows
+
+    def _read_paths_at(self, size: int, sizes: dict, log):
         # The database helpers of bench_read_paths' command: its dataset
         # lives in a database of its own, never the configured one.
         from benchmarks import read_paths
         from benchmarks.databases import create_database, drop_database, use_database
 
-        rows, rounds, repeat = sizes["read_rows"], sizes["read_rounds"], sizes["read_repeat"]
+        rounds, repeat, keep = sizes["read_rounds"], sizes["read_repeat"], sizes["read_keep"]
         original = connection.settings_dict["NAME"]
         # Not bench_read_paths' own <database>_bench, which may hold a large
-        # dataset someone built on purpose: this one is dropped at the end.
-        name = f"{original}_report_bench"
-        create_database(name, drop_first=True)
+        # dataset someone built on purpose: this one is dropped at the end,
+        # unless kept (then one database per size).
+        name = f"{original}_bench_{size}" if keep else f"{original}_report_bench"
+        created = create_database(name, drop_first=not keep)
         use_database(name)
         try:
             call_command("migrate", verbosity=0, stdout=io.StringIO())
-            log(f"building {rows:,} audit rows in database {name} ...")
-            dataset = read_paths.build_dataset(rows=rows, log=lambda _line: None)
-            call_command("rebuild_rollups", stdout=io.StringIO())
+            dataset = None if created else read_paths.stored_dataset(size)
+            if dataset is None:
+                if not created:  # it holds another dataset: start again
+                    use_database(original)
+                    create_database(name, drop_first=True)
+                    use_database(name)
+                    call_command("migrate", verbosity=0, stdout=io.StringIO())
+                log(f"building {size:,} audit rows in database {name} ...")
+                dataset = read_paths.build_dataset(rows=size, log=lambda _line: None)
+                call_command("rebuild_rollups", stdout=io.StringIO())
+                if keep:
+                    read_paths.store_dataset(dataset, size)
+            else:
+                log(f"reusing the {size:,}-row dataset in database {name}")
             read_paths.settle(log=lambda _line: None)
             points = read_paths.measure(dataset, rounds=rounds, repeat=repeat, log=log)
         finally:
             use_database(original)
-            drop_database(name)
-        command = f"manage.py bench_read_paths --rows {rows} --rounds {rounds} --repeat {repeat}"
-        return report.read_path_rows(points, command, audit_rows=dataset.audit_rows)
+            if not keep:
+                drop_database(name)
+        command = f"manage.py bench_read_paths --rows {size} --rounds {rounds} --repeat {repeat}"
+        if keep:
+            command += f" --database {name}"
+        return dataset, points, command
 
 
 def _postgresql_version() -> str:
