@@ -83,7 +83,7 @@ def test_a_purge_and_a_rollup_rebuild_at_once_do_not_deadlock_R_GOV_1(thread, mo
         holder.execute("SELECT 1 FROM audit_agentrun WHERE id = %s FOR NO KEY UPDATE", [middle])
         rebuild = _in_a_thread(rollups_rebuild, errors)
         _wait_until(
-            lambda: _waiting_on_a_lock(admin, "WITH batch AS (SELECT id FROM audit_agentrun"),
+            lambda: _waiting_on_a_lock(admin, "WITH batch AS (SELECT id, created_at FROM audit_agentrun"),
             "the rebuild to wait for the held run",
         )
         purge = _in_a_thread(lambda: payloads_purge(older_than_days=1, actor="t", now=LATER), errors)
