@@ -339,13 +339,15 @@ def mark_terminal_runs(*, batch: int = MARK_BATCH) -> int:
     whole-table ``UPDATE`` locked them in the order it read them, and a
     purge locking its batch in id order deadlocked with it (issue 38).
     Each batch is the next runs in creation order after the last of the
-    batch before (keyset, index ``run_created_idx``): a batch reads about
-    ``batch`` runs however large the table, and the runs of a batch lie
-    together on disk (in id order, a random one for UUIDs, each batch
-    wrote as many pages as runs: the marking of 4 M runs took 18 minutes;
-    a batch searching from the first id again, the best part of an hour).
-    A run a concurrent terminal write marks meanwhile is left to it. Call
-    it outside a transaction (R-DASH-1)."""
+    batch before (keyset over ``(created_at, id)``, index
+    ``run_not_rolled_up_idx``, which holds only the runs not marked): a
+    batch reads about ``batch`` runs however large the table, and the runs
+    of a batch lie together on disk. (A batch that searched from the first
+    id again read the table once per batch: the best part of an hour for
+    4 M runs; in id order, a random one for UUIDs, each batch touched about
+    as many pages as runs: 7,800 runs a second against 10,000 measured on
+    a 10 M-row dataset.) A run a concurrent terminal write marks meanwhile
+    is left to it. Call it outside a transaction (R-DASH-1)."""
     from django.db import transaction
 
     if connection.vendor == "postgresql":
