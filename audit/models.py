@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from conversations.triggers import RUN_REPLAY_TRIGGERS
 from core.storable import StorableCharField, StorableJSONField, StorableTextField
 from governance.triggers import ROLLBACK_TRIGGERS, RUN_TRIGGERS
 
@@ -144,7 +145,8 @@ class AgentRun(models.Model):
     class Meta:
         ordering = ["created_at"]
         # Append-only once sealed; no DELETE (R-GOV-3, governance.triggers).
-        triggers = RUN_TRIGGERS
+        # A replayed run marks its thread (holds_replay, conversations.triggers).
+        triggers = [*RUN_TRIGGERS, *RUN_REPLAY_TRIGGERS]
         constraints = [
             # request_id first: the index also serves the admin's exact
             # search by request id alone.

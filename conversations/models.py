@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q, Value
 
+from conversations.triggers import THREAD_TRIGGERS
 from core.storable import StorableCharField, StorableJSONField, StorableTextField, fit_text
 from governance.triggers import MESSAGE_TRIGGERS
 
@@ -102,11 +103,19 @@ class Conversation(models.Model):
     # When a deleted thread's content was erased (R-API-1, R-GOV-2); null
     # while the erasure waits for its runs to end, and for every other thread.
     erased_at = models.DateTimeField(null=True, blank=True)
+    # Whether one of the thread's runs is a replay (a replay's scratch
+    # thread, which no figure counts): set by the database when a run's
+    # replay_of changes (conversations.triggers), never by the application.
+    # The dashboard's conversation counts follow it; ``counted()`` reads the
+    # runs themselves. ``db_default``: rows inserted by raw SQL hold none.
+    holds_replay = models.BooleanField(default=False, db_default=False, editable=False)
 
     objects = ConversationQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]
+        # The dashboard's conversation counts per hour (conversations.triggers).
+        triggers = THREAD_TRIGGERS
         indexes = [
             # GET /api/threads: a user's threads, newest first.
             models.Index(fields=["user", "-created_at"], name="conv_user_created_idx"),

@@ -21,7 +21,8 @@ kind of fact with GROUP BY, bucketed by the fact's own timestamp.
 
 Definitions only, nothing here writes: both the ledger (the roll-up) and
 the reads (the selectors) import it (docs/architecture.md#layers), so it
-may import only the models (:mod:`audit.models`, :mod:`conversations.models`,
+may import only the models (:mod:`audit.models`, :mod:`conversations.models`
+and its :mod:`conversations.triggers`,
 :mod:`dashboard.models`), the foundation (``yuxi_project``), Django and the
 standard library.
 """
@@ -33,11 +34,10 @@ import math
 from dataclasses import dataclass, field
 
 from audit.models import AgentRun, counted_runs_sql
+from conversations.triggers import THREAD_DAY_TABLE, THREAD_TABLE, day_of, hour_of
 
 from .models import RUN_STATUS_COLUMNS
 
-GRAIN = "1 hour"
-ORIGIN = "TIMESTAMPTZ '2000-01-01 00:00:00+00'"
 LATENCY_BUCKETS = 128
 # Four buckets per doubling: bucket i >= 1 is [2**((i-1)/4), 2**(i/4)) ms.
 BUCKETS_PER_DOUBLING = 4
@@ -48,9 +48,12 @@ LATENCY_TABLE = "dashboard_rolluplatencyhour"
 DAY_TABLE = "dashboard_rollupday"
 USER_DAY_TABLE = "dashboard_rollupuserday"
 LATENCY_DAY_TABLE = "dashboard_rolluplatencyday"
-# Each hourly table -> its per-UTC-day twin (same keys after the first,
-# same counters).
-DAY_TABLES = {HOUR_TABLE: DAY_TABLE, USER_TABLE: USER_DAY_TABLE, LATENCY_TABLE: LATENCY_DAY_TABLE}
+# Each hourly table of the runs' facts -> its per-UTC-day twin (same keys
+# after the first, same counters): what a run's end adds to.
+RUN_DAY_TABLES = {HOUR_TABLE: DAY_TABLE, USER_TABLE: USER_DAY_TABLE, LATENCY_TABLE: LATENCY_DAY_TABLE}
+# Every hourly table -> its day twin: the runs' and the conversation counts
+# (written by the database as threads change, conversations.triggers).
+DAY_TABLES = {**RUN_DAY_TABLES, THREAD_TABLE: THREAD_DAY_TABLE}
 # The per-user day table also holds aligned blocks of these many days
 # (block starts are multiples of the span after BLOCK_EPOCH): a window's
 # whole days are then at most two blocks per span, a few rows per user.
@@ -83,6 +86,8 @@ USER_DAY_KEYS = ("day", "span", "user_id")
 USER_COUNTERS = ("user_messages", "closed_calls", "unknown_cost_calls", "cost_usd")
 LATENCY_KEYS = ("hour", "model", "bucket")
 LATENCY_COUNTERS = ("calls",)
+THREAD_KEYS = ("hour", "model", "agent_id")
+THREAD_COUNTERS = ("conversations",)
 
 
 def bucket_value(bucket: int) -> float:
@@ -103,17 +108,8 @@ def bucket_of(duration_ms: float) -> int:
     return min(1 + math.floor(BUCKETS_PER_DOUBLING * math.log2(duration_ms)), LATENCY_BUCKETS - 1)
 
 
-def hour_bucket(column: str) -> str:
-    """The SQL of the UTC hour (its start) holding the timestamp ``column``."""
-    return _hour(column)
-
-
-def _hour(column: str) -> str:
-    return f"date_bin('{GRAIN}', {column}, {ORIGIN})"
-
-
-def _day(column: str) -> str:
-    return f"({column} AT TIME ZONE 'UTC')::date"
+_hour = hour_of
+_day = day_of
 
 
 def _block(day: str, span: str) -> str:
@@ -147,13 +143,16 @@ def _bucket(grain: str, column: str) -> str:
 @dataclass(frozen=True)
 class Branch:
     """One kind of fact: rows ``source`` (with run ``r`` joined), bucketed
-    by ``time`` and aggregated into ``counters``."""
+    by ``time`` and aggregated into ``counters``. ``of_runs=False``: a fact
+    of the threads, no run joined (``source`` and ``where`` say which
+    count); only a rebuild computes it (:func:`facts_sql`)."""
 
     source: str
     time: str
     where: str
     keys: dict[str, str]
     counters: dict[str, str] = field(default_factory=dict)
+    of_runs: bool = True
 
 
 # The runs whose facts are figures: every run but a replay (issue 34). Part of
@@ -293,6 +292,22 @@ def _latency_branches() -> list[Branch]:
     ]
 
 
+def _thread_branches() -> list[Branch]:
+    return [
+        Branch(
+            # Conversation.objects.counted(): no replay's scratch thread.
+            # From the runs themselves, not the threads' holds_replay flag
+            # the triggers follow: a rebuild corrects the flag's counts too.
+            source="conversations_conversation c",
+            time="c.created_at",
+            where=f"NOT EXISTS (SELECT 1 FROM audit_agentrun r WHERE r.thread_id = c.id AND NOT {COUNTED_RUNS})",
+            keys={"model": "c.model", "agent_id": "c.agent_id"},
+            counters={"conversations": "COUNT(*)"},
+            of_runs=False,
+        )
+    ]
+
+
 def _day_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
     return ("day", *keys[1:])
 
@@ -305,11 +320,19 @@ TABLES = {
     DAY_TABLE: (_day_keys(HOUR_KEYS), HOUR_COUNTERS, _hour_branches),
     USER_DAY_TABLE: (USER_DAY_KEYS, USER_COUNTERS, _user_branches),
     LATENCY_DAY_TABLE: (_day_keys(LATENCY_KEYS), LATENCY_COUNTERS, _latency_branches),
+    THREAD_TABLE: (THREAD_KEYS, THREAD_COUNTERS, _thread_branches),
+    THREAD_DAY_TABLE: (_day_keys(THREAD_KEYS), THREAD_COUNTERS, _thread_branches),
 }
 
 
 def facts_sql(
-    table: str, *, runs: str, since: str | None = None, until: str | None = None, only: tuple[str, ...] | None = None
+    table: str,
+    *,
+    runs: str,
+    since: str | None = None,
+    until: str | None = None,
+    only: tuple[str, ...] | None = None,
+    threads: bool = False,
 ) -> str:
     """SELECT of the figures of ``table``'s shape (its key columns then its
     counters, one row per key) for the runs ``r`` that match the SQL
@@ -317,7 +340,10 @@ def facts_sql(
     replay), counting only facts whose own timestamp is in
     ``[since, until)`` (SQL expressions; ``None``: unbounded), bucketed by
     UTC hour or UTC day as the table's first key says. ``only``
-    keeps just these counters (and the branches that feed them)."""
+    keeps just these counters (and the branches that feed them).
+    ``threads``: the facts of the threads too (the conversation counts,
+    which the database keeps as threads change: only a rebuild computes
+    them; without it they are no part of any run's figures)."""
     keys, counters, branches = TABLES[table]
     if only is not None:
         counters = tuple(c for c in counters if c in only)
@@ -325,7 +351,11 @@ def facts_sql(
     for branch in branches():
         if only is not None and not set(branch.counters) & set(counters):
             continue
-        where = [f"({runs})", COUNTED_RUNS, f"({branch.where})", f"{branch.time} IS NOT NULL"]
+        if not branch.of_runs and not threads:
+            continue
+        where = [f"({branch.where})", f"{branch.time} IS NOT NULL"]
+        if branch.of_runs:
+            where = [f"({runs})", COUNTED_RUNS, *where]
         if since is not None:
             where.append(f"{branch.time} >= {since}")
         if until is not None:

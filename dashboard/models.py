@@ -234,3 +234,36 @@ class RollupLatencyDay(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["day", "model", "bucket"], name="rollup_latency_day_key")]
+
+
+class RollupThreadHour(models.Model):
+    """Conversations created in one UTC hour × the thread's model × agent,
+    replay scratch threads excluded (``Conversation.objects.counted``).
+    Written by the database, in the transaction that creates, deletes or
+    relabels a thread (:mod:`conversations.triggers`); kept apart from
+    :class:`RollupHour` so that creating a thread never waits for a run's
+    terminal transaction, nor a run's end for a thread."""
+
+    hour = models.DateTimeField()
+    model = models.CharField(max_length=200)
+    agent_id = models.CharField(max_length=100)
+    conversations = _counter()
+
+    class Meta:
+        constraints = [
+            # The triggers' conflict target; its leading hour serves the
+            # dashboard's edge hours.
+            models.UniqueConstraint(fields=["hour", "model", "agent_id"], name="rollup_thread_hour_key"),
+        ]
+
+
+class RollupThreadDay(models.Model):
+    """:class:`RollupThreadHour` summed over one UTC day."""
+
+    day = models.DateField(help_text="UTC calendar day.")
+    model = models.CharField(max_length=200)
+    agent_id = models.CharField(max_length=100)
+    conversations = _counter()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["day", "model", "agent_id"], name="rollup_thread_day_key")]

@@ -52,6 +52,7 @@ from .facts import (
     DAY_TABLES,
     HOUR_COUNTERS,
     HOUR_TABLE,
+    RUN_DAY_TABLES,
     TABLES,
     USER_COUNTERS,
     USER_DAY_TABLE,
@@ -88,7 +89,7 @@ def _run_roll_up_sql(*, marked_before: bool = False) -> str:
             f"WHERE id = %(run_id)s AND rolled_up_at IS NULL AND status IN ({TERMINAL}) RETURNING id"
         )
         ctes, runs, result = [f"marked AS ({marked})"], "r.id IN (SELECT id FROM marked)", "SELECT COUNT(*) FROM marked"
-    for i, (table, day_table) in enumerate(DAY_TABLES.items()):
+    for i, (table, day_table) in enumerate(RUN_DAY_TABLES.items()):
         keys, counters, _ = TABLES[table]
         ctes.append(f"f{i} AS MATERIALIZED ({facts_sql(table, runs=runs)})")
         ctes.append(f"h{i} AS ({_upsert_sql(table, f'SELECT * FROM f{i} ORDER BY {", ".join(keys)}')})")
@@ -414,7 +415,11 @@ def _rebuild_range(since: dt.datetime, until: dt.datetime) -> None:
         for table in DAY_TABLES:
             cursor.execute(f"DELETE FROM {table} WHERE hour >= %(since)s AND hour < %(until)s", params)
             select = facts_sql(
-                table, runs="r.rolled_up_at IS NOT NULL", since="%(since)s::timestamptz", until="%(until)s::timestamptz"
+                table,
+                runs="r.rolled_up_at IS NOT NULL",
+                since="%(since)s::timestamptz",
+                until="%(until)s::timestamptz",
+                threads=True,
             )
             keys, counters, _ = TABLES[table]
             cursor.execute(f"INSERT INTO {table} ({', '.join((*keys, *counters))}) {select}", params)
@@ -481,10 +486,12 @@ def clear_outside(first: dt.date, last: dt.date) -> None:
 
 def fact_span() -> tuple[dt.date, dt.date] | None:
     """The first and last UTC day that holds a fact of a marked run (run
-    creation, message, call or feedback), or ``None`` without runs."""
+    creation, message, call or feedback) or a thread's creation, or
+    ``None`` without runs and threads."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT LEAST((SELECT MIN(created_at) FROM audit_agentrun),"
+            " (SELECT MIN(created_at) FROM conversations_conversation),"
             " (SELECT MIN(created_at) FROM conversations_message WHERE message_type = 'text'),"
             " (SELECT MIN(started_at) FROM conversations_message WHERE operation_id IS NOT NULL),"
             " (SELECT MIN(finished_at) FROM conversations_message WHERE operation_id IS NOT NULL AND role = 'assistant'),"
@@ -493,6 +500,7 @@ def fact_span() -> tuple[dt.date, dt.date] | None:
             " (SELECT MAX(finished_at) FROM conversations_message WHERE operation_id IS NOT NULL AND role = 'assistant'),"
             " (SELECT MAX(started_at) FROM conversations_message WHERE operation_id IS NOT NULL),"
             " (SELECT MAX(created_at) FROM conversations_message WHERE message_type = 'text'),"
+            " (SELECT MAX(created_at) FROM conversations_conversation),"
             " (SELECT MAX(created_at) FROM audit_agentrun))"
         )
         first, last = cursor.fetchone()

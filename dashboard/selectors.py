@@ -600,12 +600,13 @@ def overview(window: Window) -> dict:
         return overview_from_rows(window)
     token_names = ("input_tokens", "output_tokens", "total_tokens")
     (totals,) = rollup_figures(window, sums=(*RUN_STATUS_COLUMNS, "messages", *token_names), where=NOT_TOOLS)
+    (conversations,) = rollup_figures(window, table=facts.THREAD_TABLE, sums=("conversations",))
     with connection.cursor() as cursor:
         cursor.execute(_ACTIVE_USERS, rollup_params(window))
         (active_users,) = cursor.fetchone()
     by_status = {status: totals[f"runs_{status}"] or 0 for status in AgentRun.Status.values}
     return {
-        "conversations": Conversation.objects.counted().filter(_in(window, "created_at")).count(),
+        "conversations": conversations["conversations"] or 0,
         "active_users": active_users,
         "messages": totals["messages"] or 0,
         "runs": sum(by_status.values()),
@@ -770,27 +771,14 @@ def timeseries(window: Window) -> list[dict]:
     return series
 
 
-# Conversation.objects.counted() in SQL: no replay's scratch thread.
-_CONVERSATIONS_BY_HOUR = (
-    f"SELECT {facts.hour_bucket('c.created_at')} AS hour, COUNT(*) FROM conversations_conversation c"
-    " WHERE c.created_at >= %(start)s AND c.created_at < %(end)s"
-    f" AND NOT EXISTS (SELECT 1 FROM audit_agentrun r WHERE r.thread_id = c.id AND NOT {facts.COUNTED_RUNS})"
-    " GROUP BY 1"
-)
-
-
 def _conversations_by_day(window: Window) -> dict[dt.date, int]:
     """``{day: conversations created}`` of a window :func:`uses_rollups`
-    accepts. Counted per UTC hour (a bare bucket of the index's column)
-    and the hours summed per local day here: each whole UTC hour lies in
-    one local day, and no row pays a time zone conversion in SQL."""
-    by_day: dict[dt.date, int] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(_CONVERSATIONS_BY_HOUR, rollup_params(window))
-        for hour, count in cursor.fetchall():
-            day = hour.astimezone(window.tz).date()
-            by_day[day] = by_day.get(day, 0) + count
-    return by_day
+    accepts (days without any left out), from the thread rollups the
+    database keeps as threads change (:mod:`conversations.triggers`;
+    replay scratch threads excluded, as ``Conversation.objects.counted``):
+    a few rows per day, model and agent, however many threads (R-DASH-1)."""
+    rows = rollup_figures(window, table=facts.THREAD_TABLE, group={"day": DAY}, sums=("conversations",))
+    return {row["day"]: row["conversations"] for row in rows}
 
 
 def feedback_summary(window: Window) -> dict:
