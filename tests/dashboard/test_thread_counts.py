@@ -79,6 +79,27 @@ def test_a_thread_is_counted_in_its_hour_and_day_as_it_is_written_R_DASH_1(user)
     assert [day["conversations"] for day in selectors.timeseries(window)] == [1, 1]
 
 
+def test_threads_written_in_bulk_are_counted_once_per_hour_by_the_statement_R_DASH_1(user):
+    # One INSERT of many threads (a bulk import, a benchmark's dataset):
+    # counted once per statement, grouped by hour. A trigger per row
+    # upserted the same hour row once per thread (577 s for 400,000).
+    written = _rows_written(facts.THREAD_TABLE)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO conversations_conversation (id, user_id, agent_id, model, title, status, created_at,"
+            " updated_at) SELECT gen_random_uuid(), %s, 'assistant', 'replay:plain_answer', '', 'active',"
+            " %s + i * interval '1 minute', now() FROM generate_series(0, 5999) i",
+            [user.id, HOUR],
+        )
+    assert _rows_written(facts.THREAD_TABLE) - written == 100  # one version per hour, not per thread
+    hours = _counts()[facts.THREAD_TABLE]
+    assert [(hour, n) for hour, _, _, n in hours] == [(HOUR + dt.timedelta(hours=h), 60) for h in range(100)]
+    assert sum(n for *_, n in _counts()[facts.THREAD_DAY_TABLE]) == 6000
+    Conversation.objects.filter(created_at__lt=HOUR + dt.timedelta(hours=50)).delete()
+    assert sum(n for *_, n in _counts()[facts.THREAD_TABLE]) == 3000
+    assert _counts()[facts.THREAD_TABLE][0][0] == HOUR + dt.timedelta(hours=50)
+
+
 def test_a_thread_holding_a_replayed_run_is_not_counted_and_counted_again_without_it_R_DASH_1(user):
     thread = _thread(user)
     first, second = make_run(thread), make_run(thread)
@@ -141,6 +162,13 @@ def test_the_migration_fills_the_flags_and_counts_of_threads_already_there_R_DAS
     migration.fill(None, types.SimpleNamespace(connection=connection))
     assert Conversation.objects.get(pk=threads[1].pk).holds_replay
     assert _counts() == kept
+
+
+def _rows_written(table: str) -> int:
+    """Row versions this transaction has written to ``table``."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT n_tup_ins + n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = %s", [table])
+        return cursor.fetchone()[0]
 
 
 def _conversation_rows_read() -> int:
