@@ -23,7 +23,9 @@ cannot disagree:
 * :func:`feedback_changed`: feedback is given after the run ended; its
   like/dislike delta is added to the hour the feedback was created in.
 * :func:`rebuild_day`: ``rebuild_rollups`` recomputes one UTC day from the
-  rows of the marked runs.
+  rows of the marked runs, and the day's conversation counts from its
+  threads (kept between rebuilds by the database itself, as threads change:
+  :mod:`conversations.triggers`).
 
 Every writer adds the same facts to an hourly table and to its per-UTC-day
 twin (:data:`~dashboard.facts.DAY_TABLES`), in the same statement (the
