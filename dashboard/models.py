@@ -31,6 +31,8 @@ from django.db import models
 
 from audit.models import AgentRun
 
+from .triggers import USER_HOUR_TRIGGERS
+
 RUN_STATUS_COLUMNS = tuple(f"runs_{status}" for status in AgentRun.Status.values)
 
 
@@ -110,10 +112,18 @@ class RollupUserHour(models.Model):
     closed_calls = _counter()
     unknown_cost_calls = _counter()
     cost_usd = models.DecimalField(max_digits=30, decimal_places=12, default=0, db_default=0)
+    # Not indexed: rewriting it (when an hour before is added) is a HOT update.
+    previous_active_hour = models.DateTimeField(
+        null=True,
+        editable=False,
+        help_text="An hour in which the user was active (user messages): the hour they were last active before"
+        " it; empty for their first. Kept by the database (dashboard.triggers).",
+    )
 
     class Meta:
         constraints = [
-            # User first: active users probe each user's hours (EXISTS).
+            # User first: a user's hours in order (the hours the triggers
+            # link, the probe of a user counted live).
             models.UniqueConstraint(fields=["user", "hour"], name="rollup_user_hour_key"),
         ]
         indexes = [
@@ -125,6 +135,9 @@ class RollupUserHour(models.Model):
                 name="rollup_user_hour_idx",
             )
         ]
+        # The links of active hours (RollupActiveHour, RollupActiveDay),
+        # kept by the database.
+        triggers = USER_HOUR_TRIGGERS
 
 
 class RollupUserDay(models.Model):
@@ -158,6 +171,47 @@ class RollupUserDay(models.Model):
                 fields=["span", "day", "user"],
                 include=["user_messages", "closed_calls", "unknown_cost_calls", "cost_usd"],
                 name="rollup_user_day_key",
+            ),
+        ]
+
+
+class RollupActiveHour(models.Model):
+    """How many users were active (wrote an ordinary message, counted in
+    :class:`RollupUserHour`) in the UTC hour ``hour`` and were last active
+    before it in the hour ``since`` (``NULL``: never before). The users
+    active in ``[start, end)`` are each counted once, on their first active
+    hour in it: the links with ``since`` before ``start`` (or ``NULL``).
+    Read for a window's edge hours; kept by the database
+    (:mod:`dashboard.triggers`)."""
+
+    hour = models.DateTimeField()
+    since = models.DateTimeField(null=True, help_text="The hour the users were last active before (empty: never).")
+    users = _counter()
+
+    class Meta:
+        constraints = [
+            # The triggers' conflict target (one row for since NULL too);
+            # covering users, one index-only range scan per edge.
+            models.UniqueConstraint(
+                fields=["hour", "since"], include=["users"], nulls_distinct=False, name="rollup_active_hour_key"
+            ),
+        ]
+
+
+class RollupActiveDay(models.Model):
+    """:class:`RollupActiveHour`'s links of each user's first active hour of
+    the UTC day ``day`` (``since`` before the day), per ``(day, since)``:
+    for the window's whole UTC days, a few rows per day (one per distinct
+    hour its users were last active in), not one per user."""
+
+    day = models.DateField(help_text="UTC day.")
+    since = models.DateTimeField(null=True, help_text="The hour the users were last active before (empty: never).")
+    users = _counter()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "since"], include=["users"], nulls_distinct=False, name="rollup_active_day_key"
             ),
         ]
 

@@ -27,6 +27,10 @@ cannot disagree:
   threads (kept between rebuilds by the database itself, as threads change:
   :mod:`conversations.triggers`).
 
+The links of the users' active hours (active users, :mod:`dashboard.triggers`)
+follow the per-user hour rows by themselves, whoever writes them; a
+rebuild ends by recomputing them all (:func:`rebuild_active_links`).
+
 Every writer adds the same facts to an hourly table and to its per-UTC-day
 twin (:data:`~dashboard.facts.DAY_TABLES`), in the same statement (the
 terminal roll-up, feedback), or recomputes the day rows as the sum of the
@@ -64,6 +68,7 @@ from .facts import (
     _day,
     facts_sql,
 )
+from .triggers import LINK_COUNTS_SQL, LINKS_REWRITE_SQL, USER_HOUR_TABLE
 
 log = logging.getLogger(__name__)
 
@@ -473,6 +478,23 @@ def rebuild_day_rows(first: dt.date, last: dt.date | None = None) -> None:
             )
 
 
+def rebuild_active_links() -> None:
+    """Recompute the links of the users' active hours (each hour's
+    ``previous_active_hour`` and their counts,
+    :class:`~dashboard.models.RollupActiveHour` and
+    :class:`~dashboard.models.RollupActiveDay`, kept by the triggers of
+    :mod:`dashboard.triggers` as the hour rows change) from the hour rows,
+    with them locked against writers: what a rebuild ends with, so links
+    gone wrong (written with the triggers disabled) are right again. Three
+    passes over the active user hours. Call it inside a transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {USER_HOUR_TABLE} IN SHARE ROW EXCLUSIVE MODE")
+        cursor.execute(LINKS_REWRITE_SQL)
+        for table, counts in LINK_COUNTS_SQL.items():
+            cursor.execute(f"DELETE FROM {table}")
+            cursor.execute(counts)
+
+
 def clear_outside(first: dt.date, last: dt.date) -> None:
     """Delete rollup rows outside the UTC days ``first..last`` (a full
     rebuild recomputes exactly those days)."""
@@ -521,7 +543,8 @@ def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
     ``since`` (a UTC day): from it to today, so that the rows of runs
     deleted since then go too — the benchmarks, which delete the runs they
     created, call it with the day they started (found by a newcomer: the
-    dashboard of the database they ran on counted their runs).
+    dashboard of the database they ran on counted their runs). Last, the
+    links of the users' active days (:func:`rebuild_active_links`).
     ``progress(day, done, total)`` is called after each day. Returns the
     number of days recomputed (R-DASH-1).
     """
@@ -541,9 +564,11 @@ def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
         today = timezone.now().astimezone(dt.UTC).date()
         first, last = since, max(span[1], today) if span else today
     elif span is None:
-        with transaction.atomic(), connection.cursor() as cursor:
-            for table in TABLES:
-                cursor.execute(f"DELETE FROM {table}")
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                for table in TABLES:
+                    cursor.execute(f"DELETE FROM {table}")
+            rebuild_active_links()
         return 0
     else:
         first, last = span
@@ -554,4 +579,6 @@ def rollups_rebuild(*, since: dt.date | None = None, progress=None) -> int:
         rebuild_day(day)
         if progress:
             progress(day, done, len(days))
+    with transaction.atomic():
+        rebuild_active_links()
     return len(days)

@@ -196,19 +196,6 @@ def test_json_group_by_works_with_server_side_binding_and_rebuilt_expression_fai
         _server_side_rows(Rebuilt)
 
 
-def test_active_users_probe_each_users_hours_never_join_all_of_them_R_DASH_1(world):
-    """Active users read one index range per user (a subplan per user),
-    whatever the statistics say: as a semi-join PostgreSQL read every user
-    hour of the window first (15x slower at 1M audit rows)."""
-    window = selectors.dashboard_window(first_day=D, last_day=D)
-    with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (FORMAT JSON) " + selectors._ACTIVE_USERS, selectors.rollup_params(window))
-        plan = cursor.fetchone()[0]
-    text = str(plan)
-    assert "SubPlan" in text and "dashboard_rollupuserhour" in text
-    assert "Semi Join" not in text and "Hash Join" not in text
-
-
 def test_conversation_counts_read_only_the_replayed_runs_R_DASH_1(user):
     # The scratch thread of a replay (a thread holding a replayed run) is
     # not a conversation; leaving it out read every run of the table (a
