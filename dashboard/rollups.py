@@ -142,7 +142,8 @@ def run_roll_up(
 
     A rollup row that another transaction holds longer than
     ``ROLLUP_LOCK_WAIT_MS`` (a worker frozen inside its terminal
-    transaction) is not waited for: the statement is undone to a savepoint,
+    transaction), or held in a cycle of locks PostgreSQL breaks as a
+    deadlock, is not waited for: the statement is undone to a savepoint,
     the run stays unmarked (the dashboard counts it from its rows) and
     :func:`rollups_catch_up` adds it later; returns False then.
 
@@ -236,7 +237,9 @@ def run_roll_up(
             undone = False
         if not undone or not isinstance(exc, OperationalError):
             raise
-        if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
+        # lock_not_available (the lock limit), deadlock_detected (a limit
+        # set above deadlock_timeout): either way a held row, try later.
+        if getattr(exc.__cause__, "sqlstate", None) not in ("55P03", "40P01"):
             raise
         log.warning("run %s: a rollup row is held by another transaction; rolled up later", run_id)
         rolled_up = False

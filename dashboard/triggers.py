@@ -27,19 +27,21 @@ were last active): bounded by the hours of the history, not by the users.
 Statement triggers on ``dashboard_rollupuserhour``, over their transition
 tables, keep both, in the transaction that changes the hour rows (a run's
 end, the rebuild, a user deleted with their rows, a raw ``INSERT`` in a
-benchmark):
+benchmark; TRUNCATE empties the counts):
 
-1. every row version of an active hour the statement writes is counted
-   ``+1`` and every one it replaces ``-1``, by ``(hour, since)`` and, if
-   first of its day, by ``(day, since)``: the INSERT and UPDATE triggers
-   of one upsert, which fire one after the other, each count their own
-   rows and add up;
-2. where the statement made hours of a user active or inactive (its
-   *flips*), the user's links between their last active hour before the
-   first flip and the first after the last one are recomputed from the
-   rows and rewritten where they differ: an UPDATE of
-   ``previous_active_hour``, counted by the same trigger one level down,
-   where nothing flips.
+* where the statement made hours of a user active or inactive (its
+  *flips*), the user's links between their last active hour before the
+  first flip and the first after the last one are recomputed from the rows
+  and rewritten where they differ (an UPDATE of ``previous_active_hour``
+  whose own triggers count nothing);
+* the counts then get the net change of the statement's row versions of
+  active hours (``+1`` written, ``-1`` replaced) and of the links
+  rewritten, by ``(hour, since)`` and, for a user's first hour of a day,
+  by ``(day, since)``, one grouped upsert per table in key order. A new
+  hour is counted once, with its link: never as a user's first hour and
+  then moved, which would make every first run of an hour of every user
+  wait on that one row. The INSERT and UPDATE triggers of one upsert each
+  count their own rows, and add up in either order.
 
 A run's end in an hour its user was already active in changes neither
 activity nor links: each trigger stops at its first test.
@@ -47,10 +49,13 @@ activity nor links: each trigger stops at its first test.
 Two transactions changing hours of the same user would each see the
 other's hours missing and link both to the same earlier hour: the trigger
 takes a transaction-level advisory lock per user (in user order) before it
-reads the user's hours, and under READ COMMITTED its next statement sees
-what the other committed. A run's end waits for it no longer than for a
-rollup row (its lock limit, ``ROLLUP_LOCK_WAIT_MS``), then is rolled up
-later.
+reads the user's hours, and under READ COMMITTED (it refuses to relink
+under any other level) its next statement sees what the other committed. A
+statement flipping more than :data:`MAX_USER_LOCKS` users (a rebuild's
+hour, a benchmark's fill) locks the hour rows against every other writer
+instead. A run's end waits for these locks no longer than for a rollup row
+(its lock limit, ``ROLLUP_LOCK_WAIT_MS``; a deadlock the same), then is
+rolled up later.
 
 Definitions only (the models declare them, so their migrations own them).
 """
@@ -80,7 +85,9 @@ def _first_of_day(hour: str, since: str) -> str:
 
 def _count(counted: str) -> str:
     """Add ``counted`` (SQL of ``(hour, since, delta)``) to the link counts:
-    grouped, in key order, the hour table first."""
+    the net change per key (keys whose changes cancel out are not
+    written), in key order, the hour table first, as every transaction
+    writing them does."""
     return "".join(
         f"""
         INSERT INTO {table} ({bucket}, since, users)
@@ -94,21 +101,48 @@ def _count(counted: str) -> str:
     )
 
 
+# A statement flipping more users than this locks the hour rows against
+# every other writer (SHARE ROW EXCLUSIVE, what the rebuild holds anyway)
+# instead of taking a lock per user: each advisory lock takes a slot of the
+# server's shared lock table (max_locks_per_transaction x connections).
+MAX_USER_LOCKS = 256
+# Set (transaction-local) while the trigger rewrites links: that UPDATE's
+# own triggers count nothing, its writer counts its moves.
+RELINKING = "yuxi.relinking_active_hours"
+
+
 def _links(*, changed: str, counted: str, flips: str) -> str:
     """The body of a statement trigger on the hour rows: stop unless
-    ``changed`` (SQL, a condition); count ``counted`` (SQL of ``(hour,
-    since, delta)``); relink the users of ``flips`` (SQL of ``(user_id,
-    hour)``)."""
+    ``changed`` (SQL, a condition), and inside the trigger's own rewrite of
+    links; count ``counted`` (SQL of ``(hour, since, delta)``, the
+    statement's row versions) and, where ``flips`` (SQL of ``(user_id,
+    hour)``) holds rows, first relink their users and count the moves with
+    them, so that only net changes are written (a new hour is not counted
+    as a user's first and then moved: every first run of an hour would
+    wait on that one row)."""
+    moves = (
+        "SELECT hour, since, 1 FROM unnest(moved_hours, moved_to) m(hour, since)"
+        " UNION ALL SELECT hour, since, -1 FROM unnest(moved_hours, moved_from) m(hour, since)"
+    )
     return f"""
-        IF NOT ({changed}) THEN
+        IF NOT ({changed}) OR current_setting('{RELINKING}', true) = 'on' THEN
             RETURN NULL;
         END IF;
-        {_count(counted)}
         IF NOT EXISTS (SELECT 1 FROM ({flips}) flips) THEN
+            {_count(counted)}
             RETURN NULL;
         END IF;
-        PERFORM pg_advisory_xact_lock({ACTIVE_LOCK_SPACE}, user_id)
-        FROM (SELECT DISTINCT user_id FROM ({flips}) flips ORDER BY user_id) users;
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'the hours of active users are linked under READ COMMITTED only, not %',
+                current_setting('transaction_isolation');
+        END IF;
+        IF (SELECT COUNT(DISTINCT user_id) FROM ({flips}) flips) > {MAX_USER_LOCKS} THEN
+            LOCK TABLE {USER_HOUR_TABLE} IN SHARE ROW EXCLUSIVE MODE;
+        ELSE
+            PERFORM pg_advisory_xact_lock({ACTIVE_LOCK_SPACE}, user_id)
+            FROM (SELECT DISTINCT user_id FROM ({flips}) flips ORDER BY user_id) users;
+        END IF;
+        PERFORM set_config('{RELINKING}', 'on', true);
         WITH touched AS (SELECT user_id, MIN(hour) AS first, MAX(hour) AS last FROM ({flips}) flips GROUP BY user_id),
         bounds AS (
             SELECT t.user_id,
@@ -119,13 +153,23 @@ def _links(*, changed: str, counted: str, flips: str) -> str:
             FROM touched t
         ),
         links AS (
-            SELECT a.id, a.hour, LAG(a.hour) OVER (PARTITION BY a.user_id ORDER BY a.hour) AS since, b.lo
+            SELECT a.id, a.hour, LAG(a.hour) OVER (PARTITION BY a.user_id ORDER BY a.hour) AS since,
+                a.previous_active_hour AS was, b.lo
             FROM bounds b JOIN {USER_HOUR_TABLE} a ON a.user_id = b.user_id AND {_is_active("a")}
             AND a.hour >= COALESCE(b.lo, '-infinity'::timestamptz) AND a.hour <= COALESCE(b.hi, 'infinity'::timestamptz)
+        ),
+        moved AS (
+            UPDATE {USER_HOUR_TABLE} a SET previous_active_hour = l.since FROM links l
+            WHERE a.id = l.id AND (l.lo IS NULL OR l.hour > l.lo) AND a.previous_active_hour IS DISTINCT FROM l.since
+            RETURNING l.hour, l.was, l.since
         )
-        UPDATE {USER_HOUR_TABLE} a SET previous_active_hour = l.since FROM links l
-        WHERE a.id = l.id AND (l.lo IS NULL OR l.hour > l.lo) AND a.previous_active_hour IS DISTINCT FROM l.since;
+        SELECT array_agg(hour), array_agg(was), array_agg(since) INTO moved_hours, moved_from, moved_to FROM moved;
+        PERFORM set_config('{RELINKING}', 'off', true);
+        {_count(f"{counted} UNION ALL {moves}")}
         RETURN NULL;"""
+
+
+_DECLARE = [("moved_hours", "timestamptz[]"), ("moved_from", "timestamptz[]"), ("moved_to", "timestamptz[]")]
 
 
 def _counted(rows: str, delta: int) -> str:
@@ -142,6 +186,7 @@ user_hours_insert = pgtrigger.Trigger(
     when=pgtrigger.After,
     operation=pgtrigger.Insert,
     referencing=pgtrigger.Referencing(new="inserted"),
+    declare=_DECLARE,
     func=_links(
         changed=f"EXISTS ({_active('inserted')})",
         counted=_counted("inserted", 1),
@@ -158,6 +203,7 @@ user_hours_update = pgtrigger.Trigger(
     when=pgtrigger.After,
     operation=pgtrigger.Update,
     referencing=pgtrigger.Referencing(old="before_rows", new="after_rows"),
+    declare=_DECLARE,
     func=_links(
         changed="EXISTS (SELECT 1 FROM after_rows n FULL JOIN before_rows o ON o.id = n.id"
         f" WHERE ({_is_active('n')}, n.hour, n.user_id, n.previous_active_hour)"
@@ -174,6 +220,7 @@ user_hours_delete = pgtrigger.Trigger(
     when=pgtrigger.After,
     operation=pgtrigger.Delete,
     referencing=pgtrigger.Referencing(old="deleted"),
+    declare=_DECLARE,
     func=_links(
         changed=f"EXISTS ({_active('deleted')})",
         counted=_counted("deleted", -1),
@@ -181,8 +228,17 @@ user_hours_delete = pgtrigger.Trigger(
     ),
 )
 
+# TRUNCATE fires no row or DELETE trigger: the counts go with the rows.
+user_hours_truncate = pgtrigger.Trigger(
+    name="user_hours_truncate",
+    level=pgtrigger.Statement,
+    when=pgtrigger.After,
+    operation=pgtrigger.Truncate,
+    func=f"DELETE FROM {ACTIVE_HOUR_TABLE}; DELETE FROM {ACTIVE_DAY_TABLE}; RETURN NULL;",
+)
+
 #: Declared on ``RollupUserHour``.
-USER_HOUR_TRIGGERS = [user_hours_insert, user_hours_update, user_hours_delete]
+USER_HOUR_TRIGGERS = [user_hours_insert, user_hours_update, user_hours_delete, user_hours_truncate]
 
 #: The links rewritten from the hour rows (a rebuild's last step, with the
 #: hour rows locked): each active hour's previous active hour of its user.

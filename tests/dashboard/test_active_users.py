@@ -308,3 +308,77 @@ def test_the_rebuild_and_the_migration_recompute_the_links_R_DASH_1(user, other_
     migration = importlib.import_module("dashboard.migrations.0006_active_user_links")
     migration.fill(None, types.SimpleNamespace(connection=connection))
     assert _links() == kept
+
+
+def _all_counts() -> dict[str, list[tuple]]:
+    """Every row of the link counts, zeros included."""
+    rows = {}
+    for table, bucket in ((ACTIVE_HOUR_TABLE, "hour"), (ACTIVE_DAY_TABLE, "day")):
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {bucket}, since, users FROM {table} ORDER BY 1, 2 NULLS FIRST")
+            rows[table] = cursor.fetchall()
+    return rows
+
+
+def test_a_new_hour_writes_only_its_net_links_R_DASH_1():
+    # Counted first as a user's first hour ("since" NULL) and then moved, a
+    # new hour left a row of zero behind and made every first run of an
+    # hour, of every user, wait on that one row until the run's commit.
+    (user,) = _users(1)
+    _insert([_row(user.pk, _hour(3), 1)])
+    _insert([_row(user.pk, _hour(5), 1)])  # the same day
+    _insert([_row(user.pk, _hour(30), 1)])  # the next day
+    _insert([_row(user.pk, _hour(4), 1)])  # between: the next hour relinked
+    assert _all_counts() == {
+        ACTIVE_HOUR_TABLE: [(_hour(3), None, 1), (_hour(4), _hour(3), 1), (_hour(5), _hour(3), 0)]
+        + [(_hour(5), _hour(4), 1), (_hour(30), _hour(5), 1)],
+        ACTIVE_DAY_TABLE: [(_day(0), None, 1), (_day(1), _hour(5), 1)],
+    }
+
+
+def _own_locks() -> dict[str, int]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*) FILTER (WHERE locktype = 'advisory'), COUNT(*) FILTER (WHERE relation = %s::regclass"
+            " AND mode = 'ShareRowExclusiveLock') FROM pg_locks WHERE pid = pg_backend_pid()",
+            [facts.USER_TABLE],
+        )
+        advisory, table = cursor.fetchone()
+    return {"advisory": advisory, "table": table}
+
+
+@pytest.mark.parametrize("users", [12, 300])
+def test_a_statement_flipping_many_users_locks_the_table_not_each_user_R_DASH_1(users):
+    # One advisory lock per user of a rebuild's hour or a benchmark's fill
+    # would fill the server's shared lock table ("out of shared memory").
+    ids = [user.pk for user in _users(users)]
+    _insert([_row(u, _hour(h), 1) for u in ids for h in (2, 9)])
+    assert _own_locks() == ({"advisory": users, "table": 0} if users <= 256 else {"advisory": 0, "table": 1})
+    assert _links() == _recomputed()
+    assert _links()[ACTIVE_DAY_TABLE] == [(_day(0), None, users)]
+
+
+def test_truncating_the_hour_rows_empties_the_counts_R_DASH_1():
+    (user,) = _users(1)
+    _insert([_row(user.pk, _hour(3), 1), _row(user.pk, _hour(30), 1)])
+    _execute("SET CONSTRAINTS ALL IMMEDIATE")
+    _execute(f"TRUNCATE {facts.USER_TABLE}")
+    assert _all_counts() == {ACTIVE_HOUR_TABLE: [], ACTIVE_DAY_TABLE: []}
+
+
+def test_links_are_refused_outside_read_committed_R_DASH_1(db_name):
+    # Under REPEATABLE READ the relinking would not see hours another
+    # transaction committed while it waited for the user's lock.
+    import psycopg
+
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as other:
+        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        (user_id,) = other.execute(
+            "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name, email, is_staff,"
+            " is_active, date_joined) VALUES ('!', false, 'rr-user', '', '', '', false, true, now()) RETURNING id"
+        ).fetchone()
+        with pytest.raises(psycopg.errors.RaiseException, match="READ COMMITTED"):
+            other.execute(
+                f"INSERT INTO {facts.USER_TABLE} (hour, user_id, user_messages) VALUES {_row(user_id, _hour(1), 1)}"
+            )
+        other.rollback()

@@ -250,6 +250,50 @@ def test_a_rollup_row_held_by_a_frozen_transaction_delays_no_run_end_R_DASH_1(th
     assert rollup_state() == incremental
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_deadlock_over_a_rollup_row_delays_the_run_instead_of_failing_its_end_R_DASH_1(thread, db_name, monkeypatch):
+    """With a lock limit above PostgreSQL's deadlock_timeout, a roll-up
+    waiting in a cycle of locks gets a deadlock, not the limit: its run's
+    end must still commit, with the run left for the catch-up."""
+    import threading
+    import time
+
+    import psycopg
+    from django.db import transaction
+
+    from core.config import get_config
+
+    monkeypatch.setattr(get_config(), "ROLLUP_LOCK_WAIT_MS", 20_000)
+    run, _ = _completed_run(thread)
+    AgentRun.objects.filter(pk=run.pk).update(rolled_up_at=None)
+    with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres") as other:
+        other.execute(f"SELECT 1 FROM {facts.HOUR_TABLE} FOR UPDATE")  # the rollup rows the run's end adds to
+        closing = []
+
+        def close_the_cycle() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # until the roll-up waits for those rows
+                with psycopg.connect(dbname=db_name, host="127.0.0.1", user="postgres", autocommit=True) as probe:
+                    if probe.execute("SELECT COUNT(*) FROM pg_locks WHERE NOT granted").fetchone()[0]:
+                        break
+                time.sleep(0.05)
+            try:  # waits for the run row the terminal transaction holds
+                other.execute("SELECT 1 FROM audit_agentrun WHERE id = %s FOR UPDATE", [run.pk])
+            except psycopg.Error as exc:
+                closing.append(exc)
+
+        closer = threading.Thread(target=close_the_cycle)
+        with transaction.atomic():
+            AgentRun.objects.select_for_update(no_key=True).filter(pk=run.pk).exists()
+            closer.start()
+            assert rollups.run_roll_up(run_id=run.pk) is False
+        closer.join(timeout=60)
+        assert not closer.is_alive() and not closing, closing
+        other.rollback()
+    assert AgentRun.objects.get(pk=run.pk).rolled_up_at is None
+    assert rollups.rollups_catch_up() == 1
+
+
 def test_a_run_that_is_not_terminal_is_not_rolled_up_R_DASH_1(thread):
     run = make_run(thread)
     assert rollups.run_roll_up(run_id=run.id) is False
